@@ -1,0 +1,200 @@
+"""The one naming module: every stream, subject, consumer, bucket, file, cloud resource and tag.
+
+`name(stage, component, purpose)` gives `skypurza-<stage>-<component>-<purpose>`; everything
+else here is built from it (or, for NATS subjects, which use dots, from `subject_prefix`).
+No other module writes a resource name: a test greps the tree for literal `skypurza-`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PROJECT = "skypurza"
+DEFAULT_STAGE = "dev"
+
+_STAGE_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,23}$")
+_PART_RE = re.compile(r"^[a-z0-9][a-z0-9_.]*$")
+
+
+def check_stage(stage: str) -> str:
+    """A stage is a short lower-case token: it ends up in stream, bucket and AWS names."""
+    if not _STAGE_RE.match(stage):
+        raise ValueError(
+            f"invalid stage {stage!r}: use 1-24 lower-case letters, digits or '_', starting with a letter or digit"
+        )
+    return stage
+
+
+def name(stage: str, component: str, purpose: str) -> str:
+    """`skypurza-<stage>-<component>-<purpose>`: the one shape of every resource name."""
+    check_stage(stage)
+    for part in (component, purpose):
+        if not _PART_RE.match(part):
+            raise ValueError(f"invalid name part {part!r}")
+    return f"{PROJECT}-{stage}-{component}-{purpose}"
+
+
+# ---------------------------------------------------------------- NATS: streams, subjects, consumers
+
+def events_stream(stage: str) -> str:
+    return name(stage, "bus", "events")
+
+
+def logs_stream(stage: str) -> str:
+    return name(stage, "bus", "logs")
+
+
+def dead_letter_stream(stage: str) -> str:
+    return name(stage, "bus", "deadletters")
+
+
+def consumer(stage: str, service: str, purpose: str = "main") -> str:
+    """Durable consumer name of a service (NATS allows '-' and '_' but not '.')."""
+    return name(stage, service, purpose).replace(".", "_")
+
+
+def secrets_bucket(stage: str) -> str:
+    return name(stage, "secrets", "kv")
+
+
+def subject_prefix(stage: str) -> str:
+    check_stage(stage)
+    return f"{PROJECT}.{stage}"
+
+
+_TOKEN_SAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def subject_token(value: str) -> str:
+    """Make an id safe as one NATS subject token: '.', '*', '>' and spaces are escaped as `%XX`."""
+    if value == "":
+        raise ValueError("empty subject token")
+    return _TOKEN_SAFE.sub(lambda m: "%" + format(ord(m.group(0)), "02X"), value)
+
+
+def event_subject(stage: str, aggregate: str, aggregate_id: str, event_type: str) -> str:
+    """`skypurza.<stage>.evt.<aggregate>.<id>.<event_type>`: one aggregate's history is one wildcard."""
+    return f"{subject_prefix(stage)}.evt.{aggregate}.{subject_token(aggregate_id)}.{event_type}"
+
+
+def aggregate_subjects(stage: str, aggregate: str, aggregate_id: str) -> str:
+    return f"{subject_prefix(stage)}.evt.{aggregate}.{subject_token(aggregate_id)}.>"
+
+
+def all_events_subject(stage: str) -> str:
+    return f"{subject_prefix(stage)}.evt.>"
+
+
+def aggregate_events_subject(stage: str, aggregate: str) -> str:
+    return f"{subject_prefix(stage)}.evt.{aggregate}.>"
+
+
+def log_subject(stage: str, cluster: str, job_id: int | str, rank: int | str) -> str:
+    return f"{subject_prefix(stage)}.log.{subject_token(cluster)}.{subject_token(str(job_id))}.{rank}"
+
+
+def logs_subject_filter(stage: str, cluster: str | None = None, job_id: int | str | None = None) -> str:
+    if cluster is None:
+        return f"{subject_prefix(stage)}.log.>"
+    if job_id is None:
+        return f"{subject_prefix(stage)}.log.{subject_token(cluster)}.>"
+    return f"{subject_prefix(stage)}.log.{subject_token(cluster)}.{subject_token(str(job_id))}.*"
+
+
+def all_logs_subject(stage: str) -> str:
+    return f"{subject_prefix(stage)}.log.>"
+
+
+def dead_letter_subject(stage: str, service: str) -> str:
+    return f"{subject_prefix(stage)}.dlq.{subject_token(service)}"
+
+
+def query_subject(stage: str, service: str, query: str) -> str:
+    """Request-reply subject of a query a service answers (e.g. the ledger's `status`)."""
+    return f"{subject_prefix(stage)}.query.{service}.{query}"
+
+
+def public_subject(stage: str, aggregate: str, aggregate_id: str, event_type: str) -> str:
+    """CloudEvents (structured mode) mirror for outside consumers."""
+    return f"{subject_prefix(stage)}.public.{aggregate}.{subject_token(aggregate_id)}.{event_type}"
+
+
+def heartbeat_subject(stage: str, cluster: str, rank: int | str) -> str:
+    return f"{subject_prefix(stage)}.hb.{subject_token(cluster)}.{rank}"
+
+
+def heartbeats_filter(stage: str) -> str:
+    return f"{subject_prefix(stage)}.hb.>"
+
+
+# ---------------------------------------------------------------- local files
+
+def state_dir(stage: str, home: Path | None = None) -> Path:
+    """`~/.skypurza/<stage>/` (SKYPURZA_HOME overrides `~/.skypurza`)."""
+    import os
+
+    check_stage(stage)
+    root = Path(os.environ["SKYPURZA_HOME"]) if "SKYPURZA_HOME" in os.environ and home is None else (
+        home or Path.home() / f".{PROJECT}"
+    )
+    return root / stage
+
+
+def home_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("SKYPURZA_HOME") or Path.home() / f".{PROJECT}")
+
+
+def projections_file(stage: str) -> Path:
+    return state_dir(stage) / f"{name(stage, 'ledger', 'projections')}.duckdb"
+
+
+def nats_store_dir(stage: str) -> Path:
+    return state_dir(stage) / "jetstream"
+
+
+# ---------------------------------------------------------------- cloud resources and tags
+
+TAG_PROJECT = "Project"
+TAG_STAGE = "Stage"
+TAG_NAME = "Name"
+TAG_CLUSTER = f"{PROJECT}:cluster"
+TAG_JOB = f"{PROJECT}:job"
+TAG_RANK = f"{PROJECT}:node-rank"
+TAG_LAUNCH_TOKEN = f"{PROJECT}:launch-token"
+
+
+def base_tags(stage: str) -> dict[str, str]:
+    return {TAG_PROJECT: PROJECT, TAG_STAGE: check_stage(stage)}
+
+
+def instance_name(stage: str, cluster: str, rank: int) -> str:
+    return name(stage, "node", f"{_cloud_part(cluster)}.{rank}".replace(".", "_"))
+
+
+def security_group(stage: str, cluster: str | None = None) -> str:
+    return name(stage, "sg", _cloud_part(cluster) if cluster else "shared")
+
+
+def key_pair(stage: str, cluster: str | None = None) -> str:
+    return name(stage, "key", _cloud_part(cluster) if cluster else "shared")
+
+
+def placement_group(stage: str, cluster: str) -> str:
+    return name(stage, "pg", _cloud_part(cluster))
+
+
+def bucket(stage: str, purpose: str) -> str:
+    """S3 bucket names: lower case, digits, '-' and '.', 3-63 characters."""
+    n = name(stage, "bucket", _cloud_part(purpose))
+    return n.replace("_", "-")[:63]
+
+
+def log_group(stage: str, component: str) -> str:
+    return name(stage, "logs", component)
+
+
+def _cloud_part(value: str) -> str:
+    return re.sub(r"[^a-z0-9_.]", "_", value.lower()).strip("_.") or "x"
