@@ -498,7 +498,7 @@ def billing(
             exact_sum = _EXACT.add(exact_sum, value)
             dbl_sum += dvalue
         if key in w.weights or count:
-            terms.append(BillingTerm(key, count, weight, value, role))
+            terms.append(BillingTerm(key, count, weight, _tidy(value), role))
 
     exact = _tidy(_EXACT.add(exact_max, exact_sum))
     dbl = dbl_max + dbl_sum
