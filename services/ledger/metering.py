@@ -155,7 +155,9 @@ def _interval(node: MeteredNode, start: datetime, end: datetime, *, final: bool,
         tres=dict(node.tres),
         start=start,
         end=end,
-        cost_micros=interval_cost_micros(node.hourly_price_micros, node.start, start, end),
+        # A correction takes back [start, end): the cost of that span, negated.
+        cost_micros=interval_cost_micros(node.hourly_price_micros, node.start, start, end)
+        * (-1 if correction else 1),
         final=final,
         correction=correction,
         instance_id=node.instance_id,
