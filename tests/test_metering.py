@@ -16,6 +16,7 @@ from skypurza.services.ledger.metering import (
     advance,
     cumulative_cost_micros,
     instance_tres,
+    interval_billing_seconds,
     interval_cost_micros,
     next_boundary,
     next_intervals,
@@ -241,6 +242,8 @@ def test_intervals_tile_the_lifetime_and_costs_sum_exactly(
         assert i.start.date() == (i.end - timedelta(microseconds=1)).date() or i.start == i.end
     # Integer costs add up to the lifetime's cost exactly.
     assert sum(i.cost_micros for i in log) == cumulative_cost_micros(price, life)
+    units = [interval_billing_seconds(13, start, i.start, i.end) for i in log]
+    assert sum(units) == 13 * (life // timedelta(microseconds=1)) // 1_000_000
     # Restarts change nothing: an uninterrupted meter records the very same intervals.
     assert log == run_meter(n, [], stop, tick, None)
 

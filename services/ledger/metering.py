@@ -31,6 +31,7 @@ __all__ = [
     "advance",
     "cumulative_cost_micros",
     "instance_tres",
+    "interval_billing_seconds",
     "interval_cost_micros",
     "next_boundary",
     "next_intervals",
@@ -82,6 +83,24 @@ def interval_cost_micros(
     return cumulative_cost_micros(hourly_price_micros, _utc("end", end) - ls) - cumulative_cost_micros(
         hourly_price_micros, _utc("start", start) - ls
     )
+
+
+def interval_billing_seconds(
+    billing_int: int, lifetime_start: datetime, start: datetime, end: datetime
+) -> int:
+    """Billing-seconds (Slurm's stored integer billing × seconds, sreport's basis) of
+    [start, end), telescoping like the cost so the sum over ticks is the lifetime's exactly."""
+    if not isinstance(billing_int, int) or billing_int < 0:
+        raise ValueError(f"billing must be a non-negative int (the stored billing), got {billing_int!r}")
+    ls = _utc("lifetime_start", lifetime_start)
+
+    def cum(t: datetime) -> int:
+        us = _us(_utc("time", t) - ls)
+        if us < 0:
+            raise ValueError(f"{t.isoformat()} is before the lifetime start {ls.isoformat()}")
+        return billing_int * us // 1_000_000
+
+    return cum(end) - cum(start)
 
 
 def accrued_cost_micros(hourly_price_micros: int, start: datetime, at: datetime) -> int:
