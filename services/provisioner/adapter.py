@@ -1,0 +1,280 @@
+"""The backend interface of the provisioner: what every compute backend (AWS, local, later
+Kubernetes and Slurm over SSH) offers, and the plain data it takes and gives.
+
+A backend launches a *gang*: the N nodes of one cluster, all or nothing. It can describe,
+stop, start and terminate a cluster, and list everything it holds for a stage so that the
+provisioner can reconcile the cloud with the event log. Nothing here does I/O.
+
+Failures are exceptions carrying a `Failure`: what kind of failure it is and how wide its
+blast radius is (zone, region, the whole cloud, or just this request). The provisioner turns
+capacity-class failures into CapacityError events and the optimizer blocks the `scope` and
+picks the next placement; fatal ones stop the task with the actionable hint.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+
+class FailureKind(enum.StrEnum):
+    CAPACITY = "capacity"  # no capacity for this type in this zone right now
+    SPOT_CAPACITY = "spot_capacity"  # no spot capacity, or the spot price is above our maximum
+    QUOTA = "quota"  # account limit (vCPUs, instances, spot requests) in this region
+    UNSUPPORTED = "unsupported"  # this configuration is not offered here (type, image, zone)
+    AUTH = "auth"  # credentials or permissions: fatal until a human acts
+    TRANSIENT = "transient"  # throttling, internal errors: retry the same thing later
+    INVALID = "invalid"  # the request itself is wrong: fatal for this task
+    UNKNOWN = "unknown"
+
+
+class FailureScope(enum.StrEnum):
+    """What the optimizer should stop trying after this failure."""
+
+    ZONE = "zone"
+    REGION = "region"
+    CLOUD = "cloud"
+    REQUEST = "request"  # nothing to block: retry (transient) or give up (invalid)
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    scope: FailureScope
+    code: str  # the provider's own error code (e.g. InsufficientInstanceCapacity)
+    message: str  # the provider's own message, unchanged
+    hint: str = ""  # what a human should do (auth, quota, unsupported)
+
+    @property
+    def failover(self) -> bool:
+        """True when another placement may succeed (the optimizer should try the next one)."""
+        return self.kind in _FAILOVER_KINDS
+
+    @property
+    def fatal(self) -> bool:
+        return self.kind in (FailureKind.AUTH, FailureKind.INVALID)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in (FailureKind.TRANSIENT, FailureKind.UNKNOWN)
+
+
+_FAILOVER_KINDS = frozenset(
+    {FailureKind.CAPACITY, FailureKind.SPOT_CAPACITY, FailureKind.QUOTA, FailureKind.UNSUPPORTED}
+)
+
+
+class ProvisionError(Exception):
+    """A classified backend failure, with the placement it happened in."""
+
+    def __init__(
+        self,
+        failure: Failure,
+        *,
+        infra: str = "",
+        region: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        use_spot: bool | None = None,
+    ) -> None:
+        text = f"{failure.code}: {failure.message}"
+        if failure.hint:
+            text += f" ({failure.hint})"
+        super().__init__(text)
+        self.failure = failure
+        self.infra = infra
+        self.region = region
+        self.zone = zone
+        self.instance_type = instance_type
+        self.use_spot = use_spot
+
+    @property
+    def kind(self) -> FailureKind:
+        return self.failure.kind
+
+    @property
+    def scope(self) -> FailureScope:
+        return self.failure.scope
+
+    @property
+    def code(self) -> str:
+        return self.failure.code
+
+
+class CapacityError(ProvisionError):
+    """Capacity, spot capacity, quota or unsupported configuration: fail over elsewhere."""
+
+
+class FatalProvisionError(ProvisionError):
+    """Auth/permission or an invalid request: no other placement will help."""
+
+
+class TransientProvisionError(ProvisionError):
+    """Still failing after the retries: the same placement may work later."""
+
+
+def provision_error(failure: Failure, **context: object) -> ProvisionError:
+    """The exception class that matches the failure's kind."""
+    if failure.failover:
+        cls: type[ProvisionError] = CapacityError
+    elif failure.fatal:
+        cls = FatalProvisionError
+    else:
+        cls = TransientProvisionError
+    return cls(failure, **context)  # type: ignore[arg-type]
+
+
+class NodeState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    UNKNOWN = "unknown"
+
+
+ALIVE_STATES = frozenset({NodeState.PENDING, NodeState.RUNNING, NodeState.STOPPING, NodeState.STOPPED})
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch attempt: a gang of `num_nodes` identical nodes in one placement.
+
+    `launch_token` is derived from the PlacementChosen event id: the same token always means
+    the same attempt, so a redelivered event or a restarted provisioner finds the nodes that
+    were already launched instead of launching a second set.
+    """
+
+    stage: str
+    cluster: str
+    launch_token: str
+    instance_type: str
+    region: str
+    zone: str | None = None  # zone name (us-east-1a) or zone id (use1-az4)
+    num_nodes: int = 1
+    use_spot: bool = False
+    infra: str = "aws"
+    task_id: str | None = None
+    job_id: str | None = None
+    image_id: str | Mapping[str, str] | None = None  # one id, or {region: id}
+    disk_size_gb: int | None = None
+    disk_tier: str | None = None  # low | medium | high | ultra | best
+    network_tier: str | None = None  # standard | best
+    placement_group: bool = False  # pack the gang close together (cluster placement group)
+    user_data: str | None = None  # bootstrap script: starts the node agent
+    ports: tuple[str, ...] = ()  # "8080" or "8000-8010", opened to the world
+    labels: Mapping[str, str] = field(default_factory=dict)  # extra tags
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        if not self.launch_token:
+            raise ValueError("launch_token is required: it makes launches idempotent")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    instance_id: str  # instance id, pod name, slurm node name
+    rank: int | None
+    state: NodeState
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    use_spot: bool = False
+    private_ip: str | None = None
+    public_ip: str | None = None
+    stage: str | None = None
+    cluster: str | None = None
+    job_id: str | None = None
+    launch_token: str | None = None
+    state_reason_code: str | None = None
+    state_reason_message: str | None = None
+    launched_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    """Enough to find a cluster's nodes again: its name, where it is, and the ids we know."""
+
+    stage: str
+    cluster: str
+    region: str | None = None
+    zone: str | None = None
+    instance_ids: tuple[str, ...] = ()
+    infra: str = "aws"
+
+
+@runtime_checkable
+class ComputeBackend(Protocol):
+    """What the provisioner needs from a backend. Every method is idempotent."""
+
+    infra: str
+
+    async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:
+        """Launch (or find, for a known launch token) the whole gang and wait until every node
+        runs. Returns nodes ordered by rank. All or nothing: on failure no node stays up and a
+        ProvisionError is raised."""
+        ...
+
+    async def describe(self, ref: ClusterRef) -> list[NodeInfo]:
+        """The cluster's nodes that still exist, any state, ordered by rank."""
+        ...
+
+    async def stop(self, ref: ClusterRef) -> list[NodeInfo]:
+        ...
+
+    async def start(self, ref: ClusterRef) -> list[NodeInfo]:
+        ...
+
+    async def terminate(self, ref: ClusterRef) -> list[str]:
+        """Terminate every node of the cluster, wait until they are gone, release the per-cluster
+        resources nobody uses any more. Returns the node ids terminated."""
+        ...
+
+    async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
+        """Every node this stage holds (any state but terminated), for reconciliation."""
+        ...
+
+    async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
+        """Terminate the given nodes (orphans); only nodes tagged with `stage` are touched."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+
+def find_orphans(
+    owned: Iterable[NodeInfo],
+    live_clusters: Mapping[str, Collection[str]] | Collection[str],
+) -> tuple[list[NodeInfo], dict[str, tuple[str, ...]]]:
+    """Compare what the cloud holds with what the event log says is alive.
+
+    `live_clusters` maps each live cluster to the node ids the log knows for it (empty while a
+    launch is in flight: then any node tagged with that cluster is accepted). A plain
+    collection of names means "ids unknown". Returns (orphans, vanished): orphans are owned
+    nodes that no live cluster accounts for; vanished maps a live cluster to the node ids the
+    log knows but the cloud no longer holds alive.
+    """
+    expected: dict[str, frozenset[str]] = (
+        {c: frozenset(ids) for c, ids in live_clusters.items()}
+        if isinstance(live_clusters, Mapping)
+        else {c: frozenset() for c in live_clusters}
+    )
+    orphans: list[NodeInfo] = []
+    present: set[str] = set()
+    for node in owned:
+        if node.state not in ALIVE_STATES:
+            continue  # already going away: neither an orphan nor proof of life
+        present.add(node.instance_id)
+        ids = expected.get(node.cluster or "")
+        if ids is None or (ids and node.instance_id not in ids):
+            orphans.append(node)
+    vanished = {
+        cluster: tuple(sorted(ids - present)) for cluster, ids in expected.items() if ids - present
+    }
+    orphans.sort(key=lambda n: (n.region or "", n.cluster or "", n.instance_id))
+    return orphans, vanished
