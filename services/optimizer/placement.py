@@ -1,0 +1,724 @@
+"""The placement decision: (requests, catalog, blocks) -> ranked candidates. Pure: no I/O.
+
+Ranking (see docs/optimizer.md):
+- Every feasible instance type is expanded, not only the cheapest one (SkyPilot expands the
+  cheapest type only), so failover can move to the next-cheapest type when a type has no
+  capacity anywhere.
+- On-demand: one candidate per region (zone None = any zone of the region; `zones` lists the
+  zones the provisioner may use). Spot: one candidate per zone (spot prices are per zone).
+- Sort key: (order, total hourly price, region, zone, instance type, market, infra). `order`
+  is the request's position in an `ordered` list (or 0), so `ordered` keeps the user's order
+  and everything else (any_of, accelerator sets, spot and on-demand alike) interleaves by price.
+- `local` costs 0, so it ranks first whenever it is enabled and the request fits.
+
+Blocks remove what failed: `block_for_error` maps the provisioner's error class to a scope,
+and `next_placement` picks the next candidate: other zones of the same region first, then
+the rest in rank order.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from skypurza.events.taskspec.request import ResourceRequest
+
+from .catalog.model import Catalog, InstanceType, dollars_to_micros, format_dollars
+from .local import LocalResources
+
+SUPPORTED_INFRAS = ("aws", "local")
+# Clouds SkyPilot 0.14.1 knows (ALL_CLOUDS) plus the container/HPC backends: recognised, so
+# we can say "not supported yet" instead of "unknown".
+KNOWN_INFRAS = frozenset({
+    "aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "runpod", "vast", "vsphere", "cudo",
+    "fluidstack", "paperspace", "primeintellect", "do", "nebius", "ssh", "slurm", "hyperbolic",
+    "seeweb", "shadeform", "yotta", "mithril", "verda", "kubernetes", "local",
+})
+
+# SkyPilot's default CPU instance: these families, cpus 8+, memory 4x vCPUs, cheapest first.
+DEFAULT_CPU_FAMILIES = frozenset({"m6i", "m6id", "m7i", "r6i", "r6id", "r7i", "c6i", "c6id", "c7i"})
+DEFAULT_CPUS = 8.0
+DEFAULT_MEMORY_RATIO = 4.0
+DEFAULT_DISK_SIZE_GB = 256  # SkyPilot's default disk size
+
+LOCAL_INSTANCE_TYPE = "local"
+
+
+class Candidate(NamedTuple):
+    """One place a task can run (one node's price and the total for all nodes)."""
+
+    infra: str  # "aws" | "local"
+    region: str | None
+    zone: str | None  # None: any zone of `zones` will do (on-demand)
+    instance_type: str
+    accelerators: dict[str, float] | None
+    use_spot: bool
+    hourly_price_micros: int
+    total_hourly_price_micros: int
+    vcpus: float
+    memory_gib: float
+    image_id: str | None
+    disk_size_gb: int
+    num_nodes: int
+    zones: tuple[str, ...]  # zones the provisioner may try (zone IDs, or a requested zone name)
+    request_index: int  # which ResourceRequest this came from (ports, labels, extra ...)
+    order: int
+
+    def key(self) -> tuple[str, str | None, str | None, str, bool]:
+        return (self.infra, self.region, self.zone, self.instance_type, self.use_spot)
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.order, self.total_hourly_price_micros, self.region or "", self.zone or "",
+                self.instance_type, self.use_spot, self.infra)
+
+    @property
+    def market(self) -> str:
+        return "spot" if self.use_spot else "on-demand"
+
+    def label(self) -> str:
+        where = "/".join(p for p in (self.infra, self.region, self.zone) if p)
+        return f"{where} {self.instance_type} {self.market}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict; its keys are a superset of the events' `Candidate` model."""
+        d = self._asdict()
+        d["zones"] = list(self.zones)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Candidate":
+        n = int(d.get("num_nodes") or 1)
+        price = int(d.get("hourly_price_micros") or 0)
+        return cls(
+            infra=d["infra"], region=d.get("region"), zone=d.get("zone"),
+            instance_type=d.get("instance_type") or LOCAL_INSTANCE_TYPE,
+            accelerators=d.get("accelerators"), use_spot=bool(d.get("use_spot")),
+            hourly_price_micros=price, total_hourly_price_micros=int(d.get("total_hourly_price_micros") or price * n),
+            vcpus=float(d.get("vcpus") or 0), memory_gib=float(d.get("memory_gib") or 0),
+            image_id=d.get("image_id"), disk_size_gb=int(d.get("disk_size_gb") or DEFAULT_DISK_SIZE_GB),
+            num_nodes=n, zones=tuple(d.get("zones") or ((d["zone"],) if d.get("zone") else ())),
+            request_index=int(d.get("request_index") or 0), order=int(d.get("order") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    candidates: tuple[Candidate, ...]
+    num_nodes: int
+    reason: str | None = None  # why nothing is feasible (None when there are candidates)
+    notes: tuple[str, ...] = ()  # why some requests gave nothing (e.g. the first `ordered` entry)
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.candidates)
+
+
+# ---------------------------------------------------------------------------------- blocks
+
+BLOCK_SCOPES = ("zone", "region", "spot_market", "candidate", "infra")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A place not to try again. None fields are wildcards.
+
+    scope names what the block covers: `zone` (an instance type in a zone, both markets),
+    `spot_market` (the spot market of a type in a zone), `region` (a quota class and market
+    in a region), `candidate` (exactly one candidate), `infra` (a whole infra).
+    """
+
+    scope: str
+    infra: str
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    use_spot: bool | None = None
+    quota_class: str | None = None  # AWS quota class ("P", "G", "Standard" ...), for region blocks
+    error_class: str | None = None  # what caused it (for messages)
+
+    def covers(self, infra: str, region: str | None, zone: str | None, instance_type: str,
+               use_spot: bool) -> bool:
+        return (self.infra == infra
+                and (self.region is None or self.region == region)
+                and (self.zone is None or self.zone == zone)
+                and (self.instance_type is None or self.instance_type == instance_type)
+                and (self.use_spot is None or self.use_spot == use_spot)
+                and (self.quota_class is None or self.quota_class == quota_class(instance_type)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Block":
+        return cls(**{k: d.get(k) for k in ("scope", "infra", "region", "zone", "instance_type",
+                                              "use_spot", "quota_class", "error_class")})
+
+
+_QUOTA_CLASSES = {"p": "P", "g": "G", "vt": "G", "f": "F", "inf": "Inf", "x": "X", "dl": "DL",
+                  "trn": "Trn", "hpc": "HPC", "u": "HighMemory"}
+
+
+def quota_class(instance_type: str) -> str:
+    """AWS's vCPU quota class of an instance type (quotas are per class, region and market)."""
+    fam = instance_type.split(".", 1)[0]
+    letters = ""
+    for ch in fam:
+        if not ch.isalpha():
+            break
+        letters += ch
+    for n in range(len(letters), 0, -1):
+        if letters[:n] in _QUOTA_CLASSES:
+            return _QUOTA_CLASSES[letters[:n]]
+    return "Standard"
+
+
+def block_for_error(candidate: Candidate, error_class: str, zone: str | None = None) -> Block:
+    """The block a failed launch of `candidate` earns. `zone`: where it failed, if known.
+
+    - capacity: that instance type in that zone, both markets (spot capacity is the spare
+      on-demand capacity: when on-demand has none, spot has none). Without a zone, the region.
+    - spot_capacity (or capacity on a spot candidate): the spot market of that type in that
+      zone; on-demand in the same zone stays available.
+    - quota: the region, for that market and quota class (AWS vCPU quotas are per class of
+      family, per region, separately for spot and on-demand).
+    - unsupported, transient, other: exactly that candidate (its zone, or the whole region
+      for a region-level candidate).
+    - auth: the whole infra (credentials are per cloud).
+    """
+    infra, region, it = candidate.infra, candidate.region, candidate.instance_type
+    z = zone or candidate.zone
+    if error_class == "auth":
+        return Block("infra", infra, error_class=error_class)
+    if error_class == "spot_capacity" or (error_class == "capacity" and candidate.use_spot):
+        return Block("spot_market", infra, region, z, it, True, error_class=error_class)
+    if error_class == "capacity":
+        return Block("zone" if z else "region", infra, region, z, it, None, error_class=error_class)
+    if error_class == "quota":
+        return Block("region", infra, region, None, None, candidate.use_spot, quota_class(it),
+                     error_class=error_class)
+    return Block("candidate", infra, region, z, it, candidate.use_spot, error_class=error_class)
+
+
+def _surviving_zones(blocks: Sequence[Block], infra: str, region: str | None, zones: tuple[str, ...],
+                     it: str, spot: bool) -> tuple[str, ...]:
+    return tuple(z for z in zones if not any(b.covers(infra, region, z, it, spot) for b in blocks))
+
+
+def apply_blocks(c: Candidate, blocks: Sequence[Block]) -> Candidate | None:
+    """The candidate with blocked zones removed, or None when nothing of it is left."""
+    if not blocks:
+        return c
+    if not c.zones:  # local: no zones
+        return None if any(b.covers(c.infra, c.region, c.zone, c.instance_type, c.use_spot) for b in blocks) else c
+    left = _surviving_zones(blocks, c.infra, c.region, c.zones, c.instance_type, c.use_spot)
+    if not left:
+        return None
+    return c if left == c.zones else c._replace(zones=left)
+
+
+def next_placement(plan: PlacementPlan, blocks: Sequence[Block], last: Candidate | None = None) -> PlacementPlan:
+    """What to try after a failure: the plan minus blocked places, reordered so that [0] is next.
+
+    Order rule: first the remaining candidates of the same infra, region, instance type and
+    market as the one that failed (`last`; by default inferred from the newest block that
+    names a region and an instance type), within the same `order` group, in rank order -- that
+    is, the other zones of the region; then all other remaining candidates in rank order (the
+    next cheapest region). An on-demand candidate whose failed zone was blocked stays, with
+    fewer `zones`, so its region is tried again in the zones left.
+    """
+    remaining = [c2 for c in plan.candidates if (c2 := apply_blocks(c, blocks)) is not None]
+    if not remaining:
+        tried = len(plan.candidates)
+        reason = (f"all {tried} candidate place(s) were tried and are blocked" if tried
+                  else (plan.reason or "no candidates"))
+        return PlacementPlan((), plan.num_nodes, reason, plan.notes)
+    affinity: tuple[Any, ...] | None = None
+    if last is not None:
+        affinity = (last.infra, last.region, last.instance_type, last.use_spot, last.order)
+    else:
+        for b in reversed(blocks):
+            if b.region and b.instance_type:
+                # The order group of the failed candidate, if it is still in the plan.
+                order = next((c.order for c in plan.candidates if c.infra == b.infra and c.region == b.region
+                              and c.instance_type == b.instance_type
+                              and (b.use_spot is None or c.use_spot == b.use_spot)), None)
+                affinity = (b.infra, b.region, b.instance_type, b.use_spot, order)
+                break
+    if affinity is not None:
+        infra, region, it, spot, order = affinity
+        same = [c for c in remaining if c.infra == infra and c.region == region and c.instance_type == it
+                and (spot is None or c.use_spot == spot) and (order is None or c.order == order)]
+        if same:
+            ids = {id(c) for c in same}
+            remaining = same + [c for c in remaining if id(c) not in ids]
+    return PlacementPlan(tuple(remaining), plan.num_nodes, None, plan.notes)
+
+
+# ---------------------------------------------------------------------------------- place
+
+def normalize_infra(cloud: str | None) -> str | None:
+    if cloud is None:
+        return None
+    c = cloud.strip().lower()
+    if c in ("", "*"):
+        return None
+    return "kubernetes" if c == "k8s" else c
+
+
+def default_enabled_infras(clouds_enabled: Iterable[str], allowed_infras: Iterable[str] | None = None) -> frozenset[str]:
+    """Infras a task without an explicit infra may use.
+
+    `local` is enabled by default only while no cloud is; `allowed_infras` (config) overrides.
+    An explicit `infra: local` is always honoured by `place`, whatever this returns.
+    """
+    clouds = {normalize_infra(c) for c in clouds_enabled} - {None, "local"}
+    if allowed_infras is not None:
+        allowed = {normalize_infra(a) for a in allowed_infras}
+        return frozenset(a for a in allowed if a in clouds or a == "local")  # type: ignore[misc]
+    return frozenset(clouds) if clouds else frozenset({"local"})
+
+
+def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
+          blocks: Sequence[Block] = (), enabled_infras: Iterable[str] = ("aws",),
+          local_resources: LocalResources | None = None) -> PlacementPlan:
+    """Rank every feasible candidate for `requests` (alternatives of one task) over `catalog`."""
+    if num_nodes < 1:
+        raise ValueError("num_nodes must be at least 1")
+    reqs = list(requests) or [ResourceRequest()]
+    enabled = frozenset(normalize_infra(e) for e in enabled_infras) - {None}
+    cands: list[Candidate] = []
+    failures: list[tuple[int, str]] = []
+    for i, req in enumerate(reqs):
+        got, why = _expand(i, req, num_nodes, catalog, blocks, enabled, local_resources)
+        if got:
+            cands.extend(got)
+        else:
+            failures.append((i, why))
+    cands.sort(key=Candidate.sort_key)
+    seen: set[tuple[Any, ...]] = set()
+    unique = []
+    for c in cands:
+        k = c.key()
+        if k not in seen:
+            seen.add(k)
+            unique.append(c)
+    notes = tuple(f"{describe_request(reqs[i])}: {why}" for i, why in failures)
+    if unique:
+        return PlacementPlan(tuple(unique), num_nodes, None, notes)
+    if len(reqs) == 1:
+        return PlacementPlan((), num_nodes, failures[0][1], notes)
+    return PlacementPlan((), num_nodes, "no alternative is feasible: " + "; ".join(notes), notes)
+
+
+def describe_request(req: ResourceRequest) -> str:
+    parts = []
+    if req.accelerator:
+        parts.append(f"{req.accelerator}:{_fmt_count(req.accelerator_count or 1)}")
+    if req.instance_type:
+        parts.append(req.instance_type)
+    if req.cpus is not None:
+        parts.append(f"cpus {req.cpus:g}{'+' if req.cpus_plus else ''}")
+    if req.memory_gib is not None:
+        parts.append(f"memory {req.memory_gib:g}{'+' if req.memory_plus else ''} GiB")
+    if req.memory_ratio is not None:
+        parts.append(f"memory {req.memory_ratio:g}x")
+    if not parts:
+        parts.append("default CPU instance")
+    where = "/".join(p for p in (req.cloud, req.region, req.zone) if p)
+    if where:
+        parts.append(f"on {where}")
+    parts.append("spot" if req.use_spot else "on-demand")
+    return " ".join(parts)
+
+
+def _fmt_count(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence[Block],
+            enabled: frozenset[str], local: LocalResources | None) -> tuple[list[Candidate], str]:
+    cloud = normalize_infra(req.cloud)
+    if cloud is not None and cloud not in SUPPORTED_INFRAS:
+        known = "" if cloud in KNOWN_INFRAS else " (unknown infra)"
+        return [], (f"infra {req.cloud!r}{known} is not supported yet: SkyPurza places work on "
+                    f"AWS and on this machine (local) today; use infra: aws or infra: local")
+    out: list[Candidate] = []
+    whys: list[str] = []
+    if cloud == "local" or (cloud is None and "local" in enabled):
+        c, why = _local_candidate(i, req, n, local, blocks)
+        if c is not None:
+            out.append(c)
+        elif why:
+            whys.append(why)
+    if cloud in (None, "aws"):
+        if "aws" not in enabled:
+            if cloud == "aws" or not ("local" in enabled):
+                whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
+        else:
+            got, why = _aws_candidates(i, req, n, cat, blocks)
+            out.extend(got)
+            if not got:
+                whys.insert(0, why)
+    return out, "; ".join(whys) if whys else "no infra is enabled: run `spz check`"
+
+
+# ---------------------------------------------------------------------------------- local
+
+def _local_candidate(i: int, req: ResourceRequest, n: int, local: LocalResources | None,
+                     blocks: Sequence[Block]) -> tuple[Candidate | None, str]:
+    def no(why: str) -> tuple[None, str]:
+        return None, f"local: {why}"
+
+    if req.region not in (None, "local") or req.zone:
+        return no("this machine has no regions or zones: drop region/zone")
+    if req.instance_type:
+        return no("this machine has no instance types: drop instance_type")
+    if req.use_spot:
+        return no("this machine has no spot market: use use_spot: false")
+    if req.image_id:
+        return no("tasks run on this machine's own OS: image_id is not supported there")
+    if local is None:
+        return no("this machine's resources are not known")
+    if req.cpus is not None and local.cpus < req.cpus:
+        return no(f"the task asks for {req.cpus:g} CPUs, this machine has {local.cpus}")
+    need_mem = req.memory_gib
+    if req.memory_ratio is not None and req.cpus is not None:
+        need_mem = max(need_mem or 0.0, req.memory_ratio * req.cpus)
+    if need_mem is not None and local.memory_gib < need_mem:
+        return no(f"the task asks for {need_mem:g} GiB memory, this machine has {local.memory_gib:g} GiB")
+    accs: dict[str, float] | None = None
+    if req.accelerator:
+        count = req.accelerator_count or 1
+        have = local.gpus.get(req.accelerator, 0)
+        # Each local "node" is an agent on this one machine: GPUs are not shared between them.
+        need = math.ceil(count) * n
+        if have < need:
+            has = ", ".join(f"{g}:{c}" for g, c in sorted(local.gpus.items())) or "no NVIDIA GPU"
+            return no(f"the task asks for {req.accelerator}:{_fmt_count(count)}"
+                      f"{f' x {n} nodes' if n > 1 else ''}, this machine has {has}")
+        accs = {req.accelerator: count}
+    if any(b.covers("local", None, None, LOCAL_INSTANCE_TYPE, False) for b in blocks):
+        return no("blocked after a failed attempt")
+    return Candidate(
+        infra="local", region=None, zone=None, instance_type=LOCAL_INSTANCE_TYPE, accelerators=accs,
+        use_spot=False, hourly_price_micros=0, total_hourly_price_micros=0, vcpus=float(local.cpus),
+        memory_gib=local.memory_gib, image_id=None, disk_size_gb=req.disk_size_gb or DEFAULT_DISK_SIZE_GB,
+        num_nodes=n, zones=(), request_index=i, order=req.order or 0,
+    ), ""
+
+
+# ---------------------------------------------------------------------------------- AWS
+
+@dataclass
+class _Need:
+    cpus: float | None
+    cpus_plus: bool
+    mem: float | None
+    mem_plus: bool
+    ratio: float | None
+
+    def fits(self, t: InstanceType) -> bool:
+        if self.cpus is not None:
+            if self.cpus_plus:
+                if t.vcpus < self.cpus:
+                    return False
+            elif t.vcpus != self.cpus:
+                return False
+        if self.mem is not None:
+            if self.mem_plus:
+                if t.memory_gib < self.mem:
+                    return False
+            elif t.memory_gib != self.mem:
+                return False
+        if self.ratio is not None and t.memory_gib < self.ratio * t.vcpus:
+            return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        if self.cpus is not None:
+            parts.append(f"{self.cpus:g}{'+' if self.cpus_plus else ''} vCPUs")
+        if self.mem is not None:
+            parts.append(f"{self.mem:g}{'+' if self.mem_plus else ''} GiB memory")
+        if self.ratio is not None:
+            parts.append(f"memory >= {self.ratio:g}x vCPUs")
+        return ", ".join(parts) or "no minimums"
+
+
+def _need(req: ResourceRequest, defaults: bool) -> _Need:
+    cpus, cpus_plus = req.cpus, req.cpus_plus
+    mem, mem_plus, ratio = req.memory_gib, req.memory_plus, req.memory_ratio
+    if defaults:
+        if cpus is None:
+            cpus, cpus_plus = DEFAULT_CPUS, True
+        if mem is None and ratio is None:
+            ratio = DEFAULT_MEMORY_RATIO
+    return _Need(cpus, cpus_plus, mem, mem_plus, ratio)
+
+
+def _close(word: str, options: Iterable[str]) -> str:
+    m = difflib.get_close_matches(word, list(options), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(m)}?" if m else ""
+
+
+def _aws_types(req: ResourceRequest, cat: Catalog) -> tuple[list[InstanceType], str, str]:
+    """(instance types, what-was-asked, why-none)."""
+    acc = None
+    count = req.accelerator_count or 1
+    mem_form = _GPU_MEMORY_FORM.match(req.accelerator or "")
+    if mem_form and not req.instance_type:
+        return _types_by_gpu_memory(req, cat, float(mem_form.group(1)), bool(mem_form.group(2)), count)
+    if req.accelerator:
+        acc = cat.canonical_accelerator(req.accelerator)
+        if acc is None:
+            return [], req.accelerator, (f"unknown accelerator {req.accelerator!r}"
+                                         f"{_close(req.accelerator.upper(), cat.accelerators())}"
+                                         f" (AWS accelerators in the catalog: {', '.join(cat.accelerators())})")
+    asked_acc = f"{acc}:{_fmt_count(count)}" if acc else ""
+    if req.instance_type:
+        t = cat.types.get(req.instance_type)
+        if t is None:
+            return [], req.instance_type, (
+                f"instance type {req.instance_type} is not in the AWS catalog (built {cat.built_at})"
+                f"{_close(req.instance_type, cat.types)}")
+        if acc and (t.accelerator != acc or t.accelerator_count != count):
+            has = f"{t.accelerator}:{t.accelerator_count}" if t.accelerator else "no accelerator"
+            return [], t.name, f"{t.name} has {has}, not {asked_acc}: drop one of instance_type and accelerators"
+        need = _need(req, defaults=False)
+        if not need.fits(t):
+            return [], t.name, (f"{t.name} has {t.vcpus:g} vCPUs and {t.memory_gib:g} GiB, "
+                                f"which does not meet {need.describe()}")
+        return [t], t.name, ""
+    if acc:
+        pool = cat.types_with_accelerator(acc)
+        if not pool:
+            clouds = cat.accelerator_clouds.get(acc, ())
+            where = (f"{acc} is offered by {', '.join(clouds)}, which SkyPurza does not run yet"
+                     if clouds and "AWS" not in clouds else f"no AWS instance type in the catalog has {acc}")
+            return [], asked_acc, (f"{where} (AWS accelerators in the catalog: {', '.join(cat.accelerators())}); "
+                                   f"if AWS added it, run `spz catalog refresh`")
+        exact = [t for t in pool if t.accelerator_count == count]
+        if not exact:
+            return [], asked_acc, _closest_count(cat, acc, count, pool, req.use_spot)
+        need = _need(req, defaults=False)
+        fits = [t for t in exact if need.fits(t)]
+        if not fits:
+            biggest = max(exact, key=lambda t: (t.vcpus, t.memory_gib))
+            return [], asked_acc, (f"no {asked_acc} instance type meets {need.describe()} "
+                                   f"(largest: {biggest.name}, {biggest.vcpus:g} vCPUs, {biggest.memory_gib:g} GiB)")
+        return fits, asked_acc, ""
+    need = _need(req, defaults=True)
+    cpu_types = [t for t in cat.types.values() if not t.accelerator]
+    pool = [t for t in cpu_types if t.family in DEFAULT_CPU_FAMILIES and need.fits(t)]
+    if not pool:
+        # Better than SkyPilot, which gives up here: any CPU-only type that meets the minimums.
+        pool = [t for t in cpu_types if need.fits(t)]
+    if not pool:
+        biggest = max(cpu_types, key=lambda t: (t.vcpus, t.memory_gib), default=None)
+        extra = (f" (largest CPU type: {biggest.name}, {biggest.vcpus:g} vCPUs, {biggest.memory_gib:g} GiB)"
+                 if biggest else "")
+        return [], "a CPU instance", f"no CPU-only AWS instance type has {need.describe()}{extra}"
+    return pool, f"a CPU instance with {need.describe()}", ""
+
+
+# `80GB+:8` (SkyPilot's GPU-memory form): any GPU with at least (or about) that much memory.
+_GPU_MEMORY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GB(\+)?\s*$", re.IGNORECASE)
+# Marketed "48GB" is 45,776 MiB as AWS reports it: allow 10% below the nominal size.
+_GPU_MEMORY_SLACK = 0.9
+
+
+def _types_by_gpu_memory(req: ResourceRequest, cat: Catalog, gb: float, plus: bool,
+                         count: float) -> tuple[list[InstanceType], str, str]:
+    low = gb * 1024 * _GPU_MEMORY_SLACK
+    high = float("inf") if plus else gb * 1024 / _GPU_MEMORY_SLACK
+    what = f"{gb:g}GB{'+' if plus else ''}:{_fmt_count(count)}"
+    need = _need(req, defaults=False)
+    pool = [t for t in cat.types.values() if t.accelerator and t.gpu_memory_mib
+            and low <= t.gpu_memory_mib <= high and t.accelerator_count == count and need.fits(t)]
+    if not pool:
+        sizes = sorted({f"{t.accelerator} ({t.gpu_memory_mib / 1024:.0f} GiB)" for t in cat.types.values()
+                        if t.accelerator and t.gpu_memory_mib})
+        return [], what, (f"no AWS instance type has {_fmt_count(count)} GPU(s) with "
+                          f"{'at least ' if plus else ''}{gb:g} GB each meeting {need.describe()}; "
+                          f"GPUs in the catalog: {', '.join(sizes)}")
+    return sorted(pool), what, ""
+
+
+def _cheapest(cat: Catalog, types: Iterable[InstanceType], use_spot: bool,
+              region: str | None = None) -> tuple[int, str, str, str | None] | None:
+    best: tuple[int, str, str, str | None] | None = None
+    for t in types:
+        for o in cat.offerings(t.name):
+            if region and o.region != region:
+                continue
+            if use_spot:
+                for z in o.zones:
+                    if z.spot_micros is not None and not cat.is_local_zone(z.zone):
+                        cand = (z.spot_micros, o.region, t.name, z.zone)
+                        if best is None or cand < best:
+                            best = cand
+            elif o.ondemand_micros is not None:
+                cand2 = (o.ondemand_micros, o.region, t.name, None)
+                if best is None or cand2 < best:
+                    best = cand2
+    return None if best is None else (best[0], best[2], best[1], best[3])
+
+
+def _closest_count(cat: Catalog, acc: str, count: float, pool: Sequence[InstanceType], use_spot: bool) -> str:
+    counts = sorted({t.accelerator_count for t in pool})
+    near = min(counts, key=lambda c: (abs(c - count), -c))
+    types = [t for t in pool if t.accelerator_count == near]
+    best = _cheapest(cat, types, use_spot) or _cheapest(cat, types, not use_spot)
+    offered = ", ".join(f"{acc}:{c}" for c in counts)
+    msg = f"no AWS region offers {acc}:{_fmt_count(count)}"
+    if best:
+        price, it, region, zone = best
+        market = "spot" if (zone is not None) else "on demand"
+        msg += (f"; closest: {acc}:{near} on {it} in {region}{'/' + zone if zone else ''} "
+                f"({format_dollars(price)}/h {market})")
+    msg += f". AWS offers {acc} as {offered}"
+    if near < count:
+        msg += f"; ask for {acc}:{near} per node and use num_nodes for more"
+    return msg
+
+
+def _region_of_zone_name(zone: str, regions: Iterable[str]) -> str | None:
+    best = None
+    for r in regions:
+        if zone.startswith(r) and zone != r and (best is None or len(r) > len(best)):
+            best = r
+    return best
+
+
+def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
+                    blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
+    types, what, why = _aws_types(req, cat)
+    if not types:
+        return [], why
+    region = req.region
+    zone_id: str | None = None
+    zone_name: str | None = None  # a zone name we cannot map to an ID (no account mapping)
+    if req.zone:
+        zid = cat.resolve_zone(req.zone)
+        zr = cat.zone_region(zid) if zid else None
+        if zid and zr:
+            zone_id = zid
+        else:
+            zr = _region_of_zone_name(req.zone, cat.regions)
+            if zr is None:
+                return [], (f"unknown AWS zone {req.zone!r}: give a zone ID (e.g. use1-az4) "
+                            f"or a zone name of a catalog region")
+            if req.use_spot:
+                ids = sorted({z.zone for t in types for o in cat.offerings(t.name) if o.region == zr
+                              for z in o.zones})
+                return [], (f"spot prices are per zone ID, and zone name {req.zone} cannot be mapped to an ID "
+                            f"without this account's mapping: give the zone ID (in {zr}: {', '.join(ids)}) "
+                            f"or run `spz catalog refresh` with AWS credentials")
+            zone_name = req.zone
+        if region and region != zr:
+            return [], f"zone {req.zone} is in region {zr}, not {region}"
+        region = zr
+    if region and region not in cat.regions:
+        return [], (f"AWS region {region!r} is not in the catalog{_close(region, cat.regions)} "
+                    f"(regions: {', '.join(cat.regions)})")
+    image_regions: frozenset[str] | None = None
+    if isinstance(req.image_id, dict):
+        image_regions = frozenset(req.image_id)
+    max_micros = dollars_to_micros(req.max_hourly_cost) if req.max_hourly_cost is not None else None
+    spot = req.use_spot
+    disk = req.disk_size_gb or DEFAULT_DISK_SIZE_GB
+    order = req.order or 0
+    n_loc = n_market = n_price = 0
+    cheapest_seen: int | None = None
+    out: list[Candidate] = []
+    append = out.append
+    is_local_zone = cat.is_local_zone
+    for t in types:
+        accs = {t.accelerator: float(t.accelerator_count)} if t.accelerator else None
+        name = t.name
+        for off in cat.offerings(name):
+            r = off.region
+            if region is not None and r != region:
+                continue
+            if image_regions is not None and r not in image_regions:
+                continue
+            if zone_id is not None:
+                zs = tuple(z for z in off.zones if z.zone == zone_id)
+            elif zone_name is not None:
+                zs = ()
+            else:
+                zs = tuple(z for z in off.zones if not is_local_zone(z.zone))
+            if not zs and zone_name is None:
+                continue
+            n_loc += 1
+            image = req.image_id[r] if image_regions is not None else req.image_id  # type: ignore[index]
+            if spot:
+                for z in zs:
+                    p = z.spot_micros
+                    if p is None:
+                        continue
+                    n_market += 1
+                    if cheapest_seen is None or p < cheapest_seen:
+                        cheapest_seen = p
+                    if max_micros is not None and p > max_micros:
+                        continue
+                    n_price += 1
+                    if blocks and any(b.covers("aws", r, z.zone, name, True) for b in blocks):
+                        continue
+                    append(Candidate("aws", r, z.zone, name, accs, True, p, p * n, t.vcpus, t.memory_gib,
+                                     image, disk, n, (z.zone,), i, order))
+            else:
+                p = off.ondemand_micros
+                if p is None:
+                    continue
+                n_market += 1
+                if cheapest_seen is None or p < cheapest_seen:
+                    cheapest_seen = p
+                if max_micros is not None and p > max_micros:
+                    continue
+                n_price += 1
+                zones = (zone_name,) if zone_name is not None else tuple(z.zone for z in zs)
+                if blocks:
+                    zones = _surviving_zones(blocks, "aws", r, zones, name, False)
+                    if not zones:
+                        continue
+                append(Candidate("aws", r, zone_id or zone_name, name, accs, False, p, p * n, t.vcpus,
+                                 t.memory_gib, image, disk, n, zones, i, order))
+    if out:
+        return out, ""
+    return [], _why_empty(req, cat, types, what, region, zone_id or zone_name, image_regions,
+                          n_loc, n_market, n_price, cheapest_seen, max_micros)
+
+
+def _why_empty(req: ResourceRequest, cat: Catalog, types: Sequence[InstanceType], what: str,
+               region: str | None, zone: str | None, image_regions: frozenset[str] | None,
+               n_loc: int, n_market: int, n_price: int, cheapest: int | None, max_micros: int | None) -> str:
+    market = "spot" if req.use_spot else "on demand"
+    names = ", ".join(sorted({t.name for t in types})[:6])
+    what_full = what if what in names else f"{what} ({names})"
+    where = "/".join(p for p in (region, zone) if p) or "any AWS region"
+    if n_loc == 0:
+        offered = sorted({o.region for t in types for o in cat.offerings(t.name)})
+        if image_regions is not None:
+            return (f"image_id names only {', '.join(sorted(image_regions))}, where {what_full} is not offered"
+                    f"{' in ' + where if region else ''}; it is offered in: {', '.join(offered)}")
+        return f"{what_full} is not offered in {where}; it is offered in: {', '.join(offered)}"
+    if n_market == 0:
+        other = _cheapest(cat, types, not req.use_spot, region)
+        hint = ""
+        if other:
+            hint = (f"; {'spot' if not req.use_spot else 'on demand'} it is {format_dollars(other[0])}/h "
+                    f"in {other[2]}{'/' + other[3] if other[3] else ''}"
+                    f" (set use_spot: {'true' if not req.use_spot else 'false'})")
+        return f"{what_full} is not sold {market} in {where}{hint}"
+    if n_price == 0 and max_micros is not None:
+        return (f"the cheapest {what_full} {market} in {where} costs {format_dollars(cheapest)}/h, "
+                f"above max_hourly_cost {format_dollars(max_micros)}/h")
+    return f"every place for {what_full} {market} in {where} was tried and is blocked"
