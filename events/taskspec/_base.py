@@ -1,0 +1,120 @@
+"""Building blocks for the task models: strict bases, "present but not null", tagged unions and
+errors that carry their own message and sub-path.
+
+SkyPilot validates a task with JSON Schema: a key may be absent, but a key written as `null`
+is only accepted where the schema says so. `NotNull` gives fields that behaviour while keeping
+`None` as "not given" in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Discriminator
+from pydantic_core import PydanticCustomError, core_schema
+
+# Tags of discriminated unions show up in pydantic error locations; this invisible prefix lets
+# the error formatter drop them without confusing them with a user's own keys.
+TAG = "\u2063"
+
+
+def tag(name: str) -> str:
+    return TAG + name
+
+
+def spz_error(message: str, *subpath: str | int, found: bool = False) -> PydanticCustomError:
+    """A validation error with our own message, located `subpath` below the field that raised it."""
+    return PydanticCustomError("spz", "{message}", {"message": message, "subpath": tuple(subpath), "append_found": found})
+
+
+def _reject_null(value: Any) -> Any:
+    if value is None:
+        raise spz_error("null is not accepted here", found=False)
+    return value
+
+
+def _drop_null(schema: dict[str, Any]) -> dict[str, Any]:
+    any_of = schema.get("anyOf")
+    if isinstance(any_of, list):
+        rest = [s for s in any_of if s != {"type": "null"}]
+        if len(rest) != len(any_of):
+            schema = {k: v for k, v in schema.items() if k != "anyOf"}
+            if len(rest) == 1:
+                schema.update(rest[0])
+            else:
+                schema["anyOf"] = rest
+    return schema
+
+
+class _NotNull:
+    """Annotated marker: the key may be absent (None in Python), but not written as null."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_before_validator_function(_reject_null, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        return _drop_null(handler(schema))
+
+
+NotNull = _NotNull()
+
+
+def choose(description: str, *branches: tuple[str, Callable[[Any], bool]]) -> Discriminator:
+    """A discriminator picking the first branch whose predicate holds, else one clear error."""
+
+    def pick(value: Any) -> str | None:
+        for name, test in branches:
+            if test(value):
+                return tag(name)
+        return None
+
+    # The error type "spz_choice" tells the formatter to add what was found (the context must
+    # stay empty: Annotated metadata has to be hashable).
+    return Discriminator(pick, custom_error_type="spz_choice", custom_error_message=f"expected {description}")
+
+
+def is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def is_dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def is_list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_enum(value: str, accepted: tuple[str, ...], what: str, *, case_sensitive: bool = False) -> str:
+    """Case-insensitive enum check as SkyPilot's `case_insensitive_enum`; returns value as given."""
+    from .values import did_you_mean
+
+    hit = value in accepted if case_sensitive else value.lower() in {a.lower() for a in accepted}
+    if not hit:
+        raise spz_error(f"{what} must be one of {', '.join(accepted)}, found {value!r}.{did_you_mean(value, accepted)}".rstrip())
+    return value
+
+
+class Strict(BaseModel):
+    """A mapping with a closed set of keys (SkyPilot: additionalProperties: false)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False, populate_by_name=False)
+
+
+class Open(BaseModel):
+    """A mapping whose known keys are typed and whose other keys are carried as given."""
+
+    model_config = ConfigDict(extra="allow", strict=True, validate_default=False, populate_by_name=False)

@@ -1,0 +1,139 @@
+"""Command-line overrides as `sky launch` has them, and inline-command tasks.
+
+A resource flag (`--gpus`, `--infra`, `--cpus`, ...) replaces that key in every alternative
+of the task (SkyPilot copies each candidate Resources with the override), so here it is set
+on `resources` and removed from every `any_of`/`ordered` entry. "none" for --gpus,
+--instance-type and --image-id removes the key, as in SkyPilot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import Problem, TaskSpecError
+from .loader import apply_variable_overrides
+from .messages import findings
+from .task import Task
+
+# SkyPilot names an inline-command task "sky-cmd"; ours reads the same way.
+INLINE_TASK_NAME = "spz-cmd"
+COMMAND_LINE = "<command line>"
+
+_RESETTABLE = {"gpus", "instance_type", "image_id"}
+# YAML key -> flag, for problems in values that came from the command line.
+FLAGS = {
+    "infra": "--infra", "accelerators": "--gpus", "cpus": "--cpus", "memory": "--memory",
+    "instance_type": "--instance-type", "use_spot": "--use-spot", "disk_size": "--disk-size",
+    "image_id": "--image-id", "num_nodes": "--num-nodes", "name": "--name", "workdir": "--workdir",
+    "envs": "--env", "secrets": "--secret",
+}
+_LOCATION_KEYS = ("infra", "cloud", "region", "zone")
+
+
+@dataclass
+class CliOverrides:
+    infra: str | None = None
+    gpus: str | None = None
+    cpus: str | None = None
+    memory: str | None = None
+    instance_type: str | None = None
+    use_spot: bool | None = None
+    num_nodes: int | None = None
+    disk_size: int | None = None
+    image_id: str | None = None
+    envs: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+    workdir: str | None = None
+
+    def resource_overrides(self) -> dict[str, Any]:
+        """YAML resource key -> value (None: remove the key)."""
+        out: dict[str, Any] = {}
+        for attr, key in (("infra", "infra"), ("gpus", "accelerators"), ("cpus", "cpus"), ("memory", "memory"),
+                          ("instance_type", "instance_type"), ("use_spot", "use_spot"),
+                          ("disk_size", "disk_size"), ("image_id", "image_id")):
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            if attr in _RESETTABLE and isinstance(value, str) and value.lower() == "none":
+                out[key] = None
+            else:
+                out[key] = value
+        return out
+
+
+def _same_keys(key: str) -> tuple[str, ...]:
+    """The keys one override replaces: gpus/accelerators are one key; infra replaces cloud/region/zone."""
+    if key == "accelerators":
+        return ("accelerators", "gpus")
+    if key == "infra":
+        return _LOCATION_KEYS
+    return (key,)
+
+
+def override_dict(data: dict[str, Any], overrides: CliOverrides) -> dict[str, Any]:
+    """The task's YAML data with the overrides applied (pure)."""
+    data = dict(data)
+    res_over = overrides.resource_overrides()
+    if res_over:
+        resources = dict(data.get("resources") or {})
+        for key, value in res_over.items():
+            for same in _same_keys(key):
+                resources.pop(same, None)
+            if value is not None:
+                resources[key] = value
+            for alt_key in ("any_of", "ordered"):
+                if isinstance(resources.get(alt_key), list):
+                    resources[alt_key] = [
+                        {k: v for k, v in entry.items() if k not in _same_keys(key)} if isinstance(entry, dict) else entry
+                        for entry in resources[alt_key]
+                    ]
+        data["resources"] = resources
+    for key in ("num_nodes", "name", "workdir"):
+        value = getattr(overrides, key)
+        if value is not None:
+            data[key] = value
+    return apply_variable_overrides(data, dict(overrides.envs), dict(overrides.secrets))
+
+
+def apply_overrides(task: Task, overrides: CliOverrides) -> Task:
+    """A new task with the command-line overrides applied; TaskSpecError names the flag at fault."""
+    data = override_dict(task.to_yaml_dict(), overrides)
+    try:
+        return Task.model_validate(data)
+    except ValidationError as exc:
+        raise TaskSpecError(_flag_problems(exc, overrides)) from None
+
+
+def _flag_problems(exc: ValidationError, overrides: CliOverrides) -> list[Problem]:
+    res_keys = set(overrides.resource_overrides())
+    top_keys = {k for k in ("num_nodes", "name", "workdir") if getattr(overrides, k) is not None}
+    var_keys = {k for k, given in (("envs", overrides.envs), ("secrets", overrides.secrets)) if given}
+    problems = []
+    for f in findings(exc.errors(include_url=False), Task):
+        path = ".".join(map(str, f.loc))
+        flag = None
+        if len(f.loc) >= 2 and f.loc[0] == "resources" and f.loc[1] in res_keys:
+            flag = FLAGS[str(f.loc[1])]
+        elif f.loc and (f.loc[0] in top_keys or (f.loc[0] in var_keys and len(f.loc) > 1)):
+            flag = FLAGS[str(f.loc[0])]
+        if flag:
+            problems.append(Problem(COMMAND_LINE, None, None, flag, f.message))
+        else:
+            problems.append(Problem(None, None, None, path, f.message))
+    return problems
+
+
+def task_from_command(cmd: str, overrides: CliOverrides | None = None) -> Task:
+    """`spz launch 'echo hi'`: a task that runs the command, with default resources."""
+    task = Task.model_validate({"name": INLINE_TASK_NAME, "run": cmd})
+    return apply_overrides(task, overrides) if overrides else task
+
+
+def is_yaml_entrypoint(entrypoint: str) -> bool:
+    """A single argument naming a .yaml/.yml file is a task file; anything else is a command."""
+    return entrypoint.strip().lower().endswith((".yaml", ".yml")) and "\n" not in entrypoint

@@ -1,0 +1,245 @@
+"""The task: one SkyPilot 0.14.1 task YAML document as a pydantic model.
+
+`Task.model_validate(yaml_dict)` behaves like SkyPilot's loader: envs and secrets values are
+str()-ed, `$VAR`/`${VAR}` are filled into file_mounts/service/workdir/volumes (the written
+templates are kept, so a dump reads like the input), and null envs are refused (give them with
+`--env`). Use `load_tasks` for files: it adds line/column to every problem.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Annotated, Any, Union
+
+from pydantic import Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic_core import core_schema
+
+from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
+from .config import TaskConfig
+from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute
+from .resources import Resources
+from .service import Service
+from .storage import Storage, VolumeMount
+from .values import ENV_NAME_RE, TASK_NAME_RE, parse_autostop
+
+if TYPE_CHECKING:
+    from .request import ResourceRequest
+    from .values import Autostop
+
+Num = int | float
+SKY_REMOTE_WORKDIR = "~/sky_workdir"
+
+
+class WorkdirGit(Strict):
+    url: str
+    ref: Annotated[str | None, NotNull] = None
+
+
+Workdir = Annotated[
+    Union[Annotated[str, Tag(tag("str"))], Annotated[WorkdirGit, Tag(tag("git"))]],
+    choose("a local directory or a git mapping {url, ref}", ("str", is_str), ("git", is_dict)),
+]
+FileMount = Annotated[
+    Union[Annotated[str, Tag(tag("str"))], Annotated[Storage, Tag(tag("storage"))]],
+    choose("a local path, a bucket URL (s3://…) or a storage mapping {name, source, store, mode}",
+           ("str", is_str), ("storage", is_dict)),
+]
+TaskVolume = Annotated[
+    Union[Annotated[str, Tag(tag("str"))], Annotated[dict[str, Any], Tag(tag("dict"))]],
+    choose("a volume name or a volume mapping", ("str", is_str), ("dict", is_dict)),
+]
+
+
+class _EnvValue:
+    """An env value: a string, or null meaning "required: give it with --env" (refused if still null)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        def check(value: Any) -> Any:
+            if value is None:
+                raise spz_error("environment variable {key} has no value (null in the YAML): give it on the "
+                                "command line with --env {key}=VALUE (use '' for an empty value)")
+            return value
+
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME_RE.match(name):
+        raise spz_error(f"invalid environment variable name {name!r}: use letters, digits and _, not starting with a digit")
+    return name
+
+
+class _EnvName:
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_check_env_name, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        out = handler(schema)
+        out["pattern"] = ENV_NAME_RE.pattern
+        return dict(out)
+
+
+EnvName = Annotated[str, _EnvName()]
+EnvValue = Annotated[str | None, _EnvValue()]
+Secrets = Annotated[
+    Union[Annotated[dict[str, str | None], Tag(tag("dict"))], Annotated[list[str], Tag(tag("list"))]],
+    choose("a mapping {NAME: value or null} or a list of secret names", ("dict", is_dict), ("list", is_list)),
+]
+
+
+class MountPath(Strict):
+    mount_path: Annotated[str | None, NotNull] = None
+
+
+ManagedSecret = Annotated[
+    Union[Annotated[str, Tag(tag("str"))], Annotated[Annotated[dict[str, MountPath], Field(max_length=1)], Tag(tag("dict"))]],
+    choose("a secret name or {NAME: {mount_path: PATH}}", ("str", is_str), ("dict", is_dict)),
+]
+
+
+class Task(Strict):
+    """One task of a SkyPilot task YAML (all keys optional)."""
+
+    name: Annotated[str | None, NotNull, Field(description="Task name.")] = None
+    workdir: Annotated[Workdir | None, NotNull, Field(description=(
+        "Local directory synced to ~/sky_workdir, or a git repository {url, ref}."))] = None
+    event_callback: Annotated[str | None, NotNull] = None
+    num_nodes: Annotated[int | None, NotNull, Field(description="Number of nodes (default 1).")] = None
+    resources: Annotated[Resources | None, NotNull] = None
+    file_mounts: Annotated[dict[str, FileMount] | None, NotNull, Field(description=(
+        "REMOTE_PATH: local path, bucket URL, or storage mapping."))] = None
+    service: Annotated[Service | None, NotNull] = None
+    pool: Annotated[Service | None, NotNull, Field(description="`sky jobs pool` spec, e.g. {workers: 2}.")] = None
+    setup: Annotated[str | None, NotNull, Field(description="Shell script run once per cluster on every node.")] = None
+    run: Annotated[str | None, NotNull, Field(description="Shell script run on every node.")] = None
+    envs: Annotated[dict[EnvName, EnvValue] | None, NotNull, Field(description=(
+        "Environment variables; null means required (give it with --env NAME=VALUE)."))] = None
+    secrets: Annotated[Secrets | None, NotNull, Field(description=(
+        "Secret environment variables; values never enter the event log."))] = None
+    managed_secrets: Annotated[list[ManagedSecret] | None, NotNull] = None
+    inputs: Annotated[Annotated[dict[str, Num], Field(max_length=1)] | None, NotNull] = None
+    outputs: Annotated[Annotated[dict[str, Num], Field(max_length=1)] | None, NotNull] = None
+    file_mounts_mapping: Annotated[dict[str, Any] | None, NotNull] = None
+    config: Annotated[TaskConfig | None, NotNull] = None
+    volumes: Annotated[dict[str, TaskVolume] | None, NotNull, Field(description="MOUNT_PATH: volume name.")] = None
+    volume_mounts: Annotated[list[VolumeMount] | None, NotNull] = None
+    api_server_access: Annotated[bool | None, NotNull] = None
+    metadata: Annotated[dict[str, Any] | None, NotNull, Field(alias="_metadata")] = None
+
+    # The written (pre-substitution) form of the fields that had $VAR filled in.
+    _templates: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    # ------------------------------------------------------------------------ validation
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _fill_in_variables(cls, data: Any, handler: Any) -> Task:
+        if not isinstance(data, dict):
+            return handler(data)  # type: ignore[no-any-return]
+        data = dict(data)
+        for key in ("envs", "secrets"):
+            if key in data:
+                data[key] = stringify(data[key])
+        variables = _variables(data.get("envs"), data.get("secrets"))
+        templates: dict[str, Any] = {}
+        if variables:
+            for key in SUBSTITUTED_FIELDS:
+                if data.get(key) is not None:
+                    resolved = substitute(data[key], variables)
+                    if resolved != data[key]:
+                        templates[key] = copy.deepcopy(data[key])
+                        data[key] = resolved
+        task: Task = handler(data)
+        task._templates = templates
+        return task
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not TASK_NAME_RE.match(v):
+            raise spz_error(f"invalid task name {v!r}: use letters and digits, joined by at most two of . _ - "
+                            "(starting and ending with a letter or digit)")
+        return v
+
+    @field_validator("num_nodes")
+    @classmethod
+    def _num_nodes(cls, v: int) -> int:
+        if v < 1:
+            raise spz_error(f"num_nodes must be a positive integer, found {v}")
+        return v
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _destinations(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for dst in v:
+            if dst.endswith("/") and dst != "/":
+                raise spz_error(f"file mount destination {dst!r} must not end with '/'", dst)
+        return v
+
+    @model_validator(mode="after")
+    def _workdir_is_reserved(self) -> Task:
+        if self.workdir is not None and self.file_mounts:
+            for dst in self.file_mounts:
+                if dst.rstrip("/") == SKY_REMOTE_WORKDIR:
+                    raise spz_error(f"{SKY_REMOTE_WORKDIR} is where the workdir is synced; mount elsewhere",
+                                    "file_mounts", dst)
+        return self
+
+    # --------------------------------------------------------------------------- reading
+
+    def env_values(self) -> dict[str, str]:
+        return {k: v for k, v in (self.envs or {}).items() if v is not None}
+
+    def secret_values(self) -> dict[str, str]:
+        """Secret name -> value for every secret that has one (the only place values leave the task)."""
+        if isinstance(self.secrets, dict):
+            return {k: v for k, v in self.secrets.items() if v is not None}
+        return {}
+
+    def secret_names(self) -> list[str]:
+        if isinstance(self.secrets, dict):
+            return list(self.secrets)
+        return list(self.secrets or [])
+
+    def resource_requests(self) -> list[ResourceRequest]:
+        """One ResourceRequest per alternative (accelerator choices, any_of, ordered)."""
+        from .expand import resource_requests
+
+        return resource_requests(self.resources)
+
+    def autostop(self) -> Autostop | None:
+        """The autostop setting of the task's resources, normalised; None when not given."""
+        if self.resources is None or self.resources.autostop is None:
+            return None
+        value = self.resources.autostop
+        return parse_autostop(value.model_dump(exclude_unset=True) if hasattr(value, "model_dump") else value)
+
+    # ----------------------------------------------------------------------------- dumps
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The task as plain YAML data, in the form written (with $VAR templates); secrets included."""
+        out: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        for key, template in self._templates.items():
+            out[key] = copy.deepcopy(template)
+        return out
+
+    def public_dict(self) -> dict[str, Any]:
+        """The task without secret values (names kept, values null): safe for the event log."""
+        from .public import public_dict
+
+        return public_dict(self)
+
+    @classmethod
+    def from_public_dict(cls, public: dict[str, Any], secrets: dict[str, str] | None = None) -> Task:
+        """Rebuild a task from `public_dict()` output and the secret values kept elsewhere."""
+        from .public import merge_secrets
+
+        return cls.model_validate(merge_secrets(public, secrets or {}))
+
+
+def _variables(envs: Any, secrets: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for source in (envs, secrets):
+        if isinstance(source, dict):
+            out.update({k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, str)})
+    return out
