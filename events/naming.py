@@ -155,6 +155,11 @@ def nats_store_dir(stage: str) -> Path:
     return state_dir(stage) / "jetstream"
 
 
+def ssh_key_file(stage: str, region: str) -> Path:
+    """Private key of the stage's EC2 key pair in one region (key pairs are regional)."""
+    return state_dir(stage) / "keys" / f"{key_pair(stage)}.{_cloud_part(region)}.pem"
+
+
 # ---------------------------------------------------------------- cloud resources and tags
 
 TAG_PROJECT = "Project"
@@ -164,6 +169,7 @@ TAG_CLUSTER = f"{PROJECT}:cluster"
 TAG_JOB = f"{PROJECT}:job"
 TAG_RANK = f"{PROJECT}:node-rank"
 TAG_LAUNCH_TOKEN = f"{PROJECT}:launch-token"
+TAG_LAUNCH_FAILURE = f"{PROJECT}:launch-failure"  # why a rolled-back launch failed
 
 
 def base_tags(stage: str) -> dict[str, str]:
