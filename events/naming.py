@@ -78,6 +78,12 @@ def event_subject(stage: str, aggregate: str, aggregate_id: str, event_type: str
     return f"{subject_prefix(stage)}.evt.{aggregate}.{subject_token(aggregate_id)}.{event_type}"
 
 
+def event_filter(stage: str, aggregate: str, event_type: str = "*", aggregate_id: str | None = None) -> str:
+    """Subject filter for consumers: one event type (or `*`) of every (or one) aggregate instance."""
+    agg = "*" if aggregate_id is None else subject_token(aggregate_id)
+    return f"{subject_prefix(stage)}.evt.{aggregate}.{agg}.{event_type}"
+
+
 def aggregate_subjects(stage: str, aggregate: str, aggregate_id: str) -> str:
     return f"{subject_prefix(stage)}.evt.{aggregate}.{subject_token(aggregate_id)}.>"
 

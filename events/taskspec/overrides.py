@@ -137,3 +137,24 @@ def task_from_command(cmd: str, overrides: CliOverrides | None = None) -> Task:
 def is_yaml_entrypoint(entrypoint: str) -> bool:
     """A single argument naming a .yaml/.yml file is a task file; anything else is a command."""
     return entrypoint.strip().lower().endswith((".yaml", ".yml")) and "\n" not in entrypoint
+
+
+def parse_var_flags(values: list[str], environ: Mapping[str, str], flag: str = "--env") -> dict[str, str]:
+    """`--env K=V` / `--env K` (value from the local environment), as `sky launch` reads them."""
+    out: dict[str, str] = {}
+    problems = []
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not key:
+            problems.append(Problem(COMMAND_LINE, None, None, flag, f"expected NAME=VALUE or NAME, found {item!r}"))
+            continue
+        if not sep:
+            if key not in environ:
+                problems.append(Problem(COMMAND_LINE, None, None, flag,
+                                        f"{key} has no value here: write {flag} {key}=VALUE, or set {key} in your shell"))
+                continue
+            value = environ[key]
+        out[key] = value
+    if problems:
+        raise TaskSpecError(problems)
+    return out

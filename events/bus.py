@@ -1,0 +1,411 @@
+"""The bus client: the event log and the logs stream on NATS JetStream.
+
+What it adds to nats-py (see ../shared/reference/jetstream-facts.md for why each exists):
+- streams created with the right settings (file storage, no max age, deny delete/purge, a
+  de-duplication window) — `ensure_streams`;
+- publish with `Nats-Msg-Id` = event id, retried with the SAME id on timeouts and "no responders"
+  (nats-py never retries), optional optimistic concurrency on an aggregate's wildcard subject;
+- pipelined publish for bulk work;
+- ordered replay from a sequence or a time up to the current end (`replay`), and live follow;
+- the last event on a subject filter (for optimistic concurrency and id allocation);
+- the secrets KV bucket (secrets never enter the immutable log);
+- request-reply queries (the ledger answers `spz status` this way).
+Durable consumers with retries and dead letters live in `events.service`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import api
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+
+from . import naming
+from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, make_envelope
+
+log = logging.getLogger("skypurza.bus")
+
+DUPLICATE_WINDOW_S = 300.0
+LOGS_MAX_AGE_S = 30 * 24 * 3600.0
+LOGS_MAX_BYTES = 2 * 1024**3
+SECRETS_TTL_S = 30 * 24 * 3600.0
+WRONG_LAST_SEQUENCE = 10071
+
+
+class ConcurrencyConflict(Exception):
+    """Another writer appended to the aggregate first: reload and decide again."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An event as read back from the log."""
+
+    seq: int
+    subject: str
+    timestamp: datetime
+    envelope: Envelope | None
+    event: Event | None
+    status: str  # "ok", "unknown", "newer", "poison"
+    reason: str = ""
+    raw: bytes = b""
+
+
+def stored_from_msg(msg: Any) -> Stored:
+    md = msg.metadata
+    try:
+        d: Decoded = decode(msg.data)
+        return Stored(md.sequence.stream, msg.subject, md.timestamp, d.envelope, d.event, d.status,
+                      d.reason, msg.data)
+    except PoisonEvent as exc:
+        return Stored(md.sequence.stream, msg.subject, md.timestamp, None, None, "poison", str(exc),
+                      msg.data)
+
+
+def default_nats_url() -> str | None:
+    return os.environ.get("SKYPURZA_NATS_URL") or None
+
+
+class Bus:
+    def __init__(self, nc: Any, stage: str, source: str):
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.stage = naming.check_stage(stage)
+        self.source = source
+        self.events_stream = naming.events_stream(stage)
+        self.logs_stream = naming.logs_stream(stage)
+        self.dlq_stream = naming.dead_letter_stream(stage)
+        self._reconnected: list[Callable[[], Awaitable[None]]] = []
+
+    # ------------------------------------------------------------ connection
+
+    @classmethod
+    async def connect(cls, url: str, stage: str, *, source: str, ensure: bool = True,
+                      connect_timeout: float = 5.0, max_reconnect_attempts: int = -1) -> "Bus":
+        holder: dict[str, Bus] = {}
+
+        async def on_reconnect() -> None:
+            bus = holder.get("bus")
+            if bus:
+                for cb in list(bus._reconnected):
+                    try:
+                        await cb()
+                    except Exception:  # a watchdog must never kill the client
+                        log.exception("reconnect callback failed")
+
+        async def on_error(exc: Exception) -> None:
+            log.debug("nats error: %s", exc)
+
+        nc = await nats.connect(
+            url,
+            name=source,
+            connect_timeout=connect_timeout,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=max_reconnect_attempts,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+            pending_size=64 * 1024 * 1024,
+        )
+        bus = cls(nc, stage, source)
+        holder["bus"] = bus
+        if ensure:
+            await bus.ensure_streams()
+        return bus
+
+    def on_reconnect(self, cb: Callable[[], Awaitable[None]]) -> None:
+        """Run `cb` after each reconnect (pull subscriptions can go silent after a server restart)."""
+        self._reconnected.append(cb)
+
+    async def close(self) -> None:
+        # Not drain(): draining idle pull subscriptions waits out its 30 s timeout. Everything we
+        # publish is awaited (acked) already, so a flush and close lose nothing.
+        try:
+            await self.nc.flush(timeout=2)
+        except Exception:
+            pass
+        await self.nc.close()
+
+    # ------------------------------------------------------------ streams
+
+    async def ensure_streams(self) -> None:
+        await self._ensure(api.StreamConfig(
+            name=self.events_stream,
+            subjects=[naming.all_events_subject(self.stage)],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            max_age=0,  # the log is kept forever: audit and billing replay need every event
+            duplicate_window=DUPLICATE_WINDOW_S,
+            deny_delete=True,
+            deny_purge=True,
+            allow_direct=True,
+            num_replicas=int(os.environ.get("SKYPURZA_REPLICAS", "1")),
+        ))
+        await self._ensure(api.StreamConfig(
+            name=self.logs_stream,
+            subjects=[naming.all_logs_subject(self.stage)],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            max_age=LOGS_MAX_AGE_S,
+            max_bytes=LOGS_MAX_BYTES,
+            allow_direct=True,
+        ))
+        await self._ensure(api.StreamConfig(
+            name=self.dlq_stream,
+            subjects=[f"{naming.subject_prefix(self.stage)}.dlq.>"],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            deny_delete=True,
+        ))
+
+    async def _ensure(self, cfg: api.StreamConfig) -> None:
+        try:
+            await self.js.stream_info(cfg.name)
+        except NotFoundError:
+            try:
+                await self.js.add_stream(cfg)
+            except APIError as exc:  # created concurrently by another process
+                if exc.err_code != 10058:
+                    raise
+
+    # ------------------------------------------------------------ publishing
+
+    def envelope(self, event: Event, *, cause: Envelope | str | None = None, handler: str | None = None,
+                 key: str = "", id: str | None = None, time: datetime | None = None) -> Envelope:
+        """Wrap an event; when `cause` and `handler` are given, the id is derived from them."""
+        if id is None and cause is not None:
+            cause_id = cause if isinstance(cause, str) else cause.id
+            id = derive_id(cause_id, handler or self.source, key)
+        return make_envelope(event, source=self.source, id=id, time=time)
+
+    def subject_of(self, env: Envelope) -> str:
+        return naming.event_subject(self.stage, env.aggregate, env.aggregate_id, env.event_name)
+
+    async def publish(self, item: Event | Envelope, *, expected_last_seq: int | None = None,
+                      occ_subject: str | None = None, retries: int = 6, timeout: float = 5.0,
+                      **envelope_kw: Any) -> api.PubAck:
+        """Append one event and wait for the ack. Retries keep the same Nats-Msg-Id.
+
+        With `expected_last_seq`, the append only succeeds if the last event on `occ_subject`
+        (default: the aggregate's wildcard) still has that sequence (0: no event yet);
+        otherwise ConcurrencyConflict.
+        """
+        env = item if isinstance(item, Envelope) else self.envelope(item, **envelope_kw)
+        headers = {"Nats-Msg-Id": env.id}
+        if expected_last_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
+            headers["Nats-Expected-Last-Subject-Sequence-Subject"] = occ_subject or naming.aggregate_subjects(
+                self.stage, env.aggregate, env.aggregate_id)
+        subject = self.subject_of(env)
+        payload = env.to_json()
+        delay = 0.1
+        for attempt in range(retries):
+            try:
+                return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise ConcurrencyConflict(str(exc)) from exc
+                raise
+            except (NatsTimeout, NoStreamResponseError, NoRespondersError, asyncio.TimeoutError):
+                if attempt == retries - 1:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000) -> list[api.PubAck]:
+        """Pipelined appends (many in flight), each with its own Nats-Msg-Id; retried once by id."""
+        envs = [i if isinstance(i, Envelope) else self.envelope(i) for i in items]
+        acks: list[api.PubAck] = []
+        for start in range(0, len(envs), window):
+            chunk = envs[start:start + window]
+            futs = [await self.js.publish_async(self.subject_of(e), e.to_json(), headers={"Nats-Msg-Id": e.id})
+                    for e in chunk]
+            for env, fut in zip(chunk, futs):
+                try:
+                    acks.append(await fut)
+                except Exception:
+                    acks.append(await self.publish(env))  # same id: a stored copy is de-duplicated
+        return acks
+
+    # ------------------------------------------------------------ reading
+
+    async def last_event(self, subject_filter: str) -> Stored | None:
+        """The newest event whose subject matches `subject_filter` (wildcards allowed)."""
+        try:
+            raw = await self.js.get_last_msg(self.events_stream, subject_filter)
+        except NotFoundError:
+            return None
+        try:
+            d = decode(raw.data or b"")
+            env, ev, status, reason = d.envelope, d.event, d.status, d.reason
+        except PoisonEvent as exc:
+            env, ev, status, reason = None, None, "poison", str(exc)
+        ts = raw.headers.get("Nats-Time-Stamp") if raw.headers else None
+        when = datetime.fromisoformat(ts.replace("Z", "+00:00")) if ts else datetime.now(timezone.utc)
+        return Stored(raw.seq or 0, raw.subject or "", when, env, ev, status, reason, raw.data or b"")
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.events_stream)
+        return info.state.last_seq
+
+    async def replay(self, *, filter_subject: str | None = None, start_seq: int | None = None,
+                     start_time: datetime | None = None, until_seq: int | None = None,
+                     until_time: datetime | None = None, stream: str | None = None,
+                     batch: int = 1000) -> AsyncIterator[Stored]:
+        """Every stored event from a point to the end of the log as it is now, in order."""
+        async for msg in self.replay_raw(filter_subject=filter_subject, start_seq=start_seq,
+                                         start_time=start_time, until_seq=until_seq,
+                                         until_time=until_time, stream=stream, batch=batch):
+            yield stored_from_msg(msg)
+
+    async def replay_raw(self, *, filter_subject: str | None = None, start_seq: int | None = None,
+                         start_time: datetime | None = None, until_seq: int | None = None,
+                         until_time: datetime | None = None, stream: str | None = None,
+                         batch: int = 1000) -> AsyncIterator[Any]:
+        stream = stream or self.events_stream
+        subject = filter_subject or (naming.all_events_subject(self.stage) if stream == self.events_stream
+                                     else naming.all_logs_subject(self.stage))
+        info = await self.js.stream_info(stream)
+        end = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
+        if end == 0 or (start_seq is not None and start_seq > end):
+            return
+        cfg = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=60.0,
+                                 max_waiting=1, mem_storage=True, num_replicas=1)
+        if start_seq is not None:
+            cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, max(1, start_seq)
+        elif start_time is not None:
+            cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
+            cfg.opt_start_time = start_time.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        else:
+            cfg.deliver_policy = api.DeliverPolicy.ALL
+        sub = await self.js.pull_subscribe(subject, stream=stream, config=cfg)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch=batch, timeout=1.0)
+                except NatsTimeout:
+                    return  # nothing (more) matches up to the end
+                for msg in msgs:
+                    md = msg.metadata
+                    if md.sequence.stream > end:
+                        return
+                    if until_time is not None and md.timestamp > until_time:
+                        return
+                    yield msg
+                    if md.sequence.stream >= end or md.num_pending == 0:
+                        return
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    async def follow(self, *, filter_subject: str | None = None, start_seq: int | None = None,
+                     start_time: datetime | None = None, new_only: bool = False,
+                     stream: str | None = None) -> AsyncIterator[Any]:
+        """Live messages (raw nats Msg) from a point on, forever; recreated after a reconnect."""
+        stream = stream or self.events_stream
+        subject = filter_subject or (naming.all_events_subject(self.stage) if stream == self.events_stream
+                                     else naming.all_logs_subject(self.stage))
+        next_seq = start_seq
+        while True:
+            cfg = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
+                                     mem_storage=True, num_replicas=1)
+            if next_seq is not None:
+                cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, next_seq
+            elif start_time is not None:
+                cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
+                cfg.opt_start_time = start_time.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+            elif new_only:
+                cfg.deliver_policy = api.DeliverPolicy.NEW
+            try:
+                sub = await self.js.pull_subscribe(subject, stream=stream, config=cfg)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while True:
+                    try:
+                        msgs = await sub.fetch(batch=256, timeout=2.0)
+                    except NatsTimeout:
+                        continue
+                    for msg in msgs:
+                        next_seq = msg.metadata.sequence.stream + 1
+                        yield msg
+            except (nats.errors.ConnectionClosedError, NotFoundError, APIError, nats.errors.Error):
+                if self.nc.is_closed:
+                    return
+                await asyncio.sleep(0.3)  # consumer lost (server restart): recreate from next_seq
+            finally:
+                try:
+                    await sub.unsubscribe()
+                except Exception:
+                    pass
+
+    # ------------------------------------------------------------ logs stream
+
+    async def publish_log(self, cluster: str, job_id: int | str, rank: int, line: str, *,
+                          stream_name: str = "stdout", ts: datetime | None = None) -> None:
+        body = json.dumps({"ts": (ts or datetime.now(timezone.utc)).isoformat(), "cluster": cluster,
+                           "job_id": job_id, "rank": rank, "stream": stream_name, "line": line})
+        await self.js.publish(naming.log_subject(self.stage, cluster, job_id, rank), body.encode())
+
+    # ------------------------------------------------------------ secrets (outside the log)
+
+    async def _secrets_kv(self) -> Any:
+        bucket = naming.secrets_bucket(self.stage)
+        try:
+            return await self.js.key_value(bucket)
+        except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            return await self.js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
+                                                                     ttl=SECRETS_TTL_S))
+
+    async def put_secrets(self, key: str, values: dict[str, str]) -> None:
+        kv = await self._secrets_kv()
+        await kv.put(naming.subject_token(key), json.dumps(values).encode())
+
+    async def get_secrets(self, key: str | None) -> dict[str, str]:
+        if not key:
+            return {}
+        kv = await self._secrets_kv()
+        try:
+            entry = await kv.get(naming.subject_token(key))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return {}
+        return json.loads(entry.value or b"{}")
+
+    # ------------------------------------------------------------ queries (request-reply)
+
+    async def request(self, service: str, query: str, payload: dict[str, Any] | None = None,
+                      timeout: float = 10.0) -> Any:
+        msg = await self.nc.request(naming.query_subject(self.stage, service, query),
+                                    json.dumps(payload or {}).encode(), timeout=timeout)
+        body = json.loads(msg.data or b"null")
+        if isinstance(body, dict) and "__error__" in body:
+            raise RuntimeError(body["__error__"])
+        return body
+
+    async def serve_queries(self, service: str,
+                            handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]) -> list[Any]:
+        subs = []
+        for query, handler in handlers.items():
+            async def cb(msg: Any, handler: Callable[[dict[str, Any]], Awaitable[Any]] = handler) -> None:
+                try:
+                    result = await handler(json.loads(msg.data or b"{}"))
+                    data = json.dumps(result, default=str).encode()
+                except Exception as exc:  # the caller sees the error, the service goes on
+                    log.exception("query failed")
+                    data = json.dumps({"__error__": f"{type(exc).__name__}: {exc}"}).encode()
+                await msg.respond(data)
+
+            subs.append(await self.nc.subscribe(naming.query_subject(self.stage, service, query),
+                                                queue=service, cb=cb))
+        return subs

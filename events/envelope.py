@@ -1,0 +1,215 @@
+"""CloudEvents 1.0 envelope, the event base class, the type registry, upcasting, derived ids.
+
+Every event on the log is an `Envelope` whose `data` is one `Event` model. The envelope type is
+`io.skypurza.<event_name>.v<version>`; the registry maps `<event_name>` to its model and its
+upcasters. Decoding never crashes on what it does not know: unknown types and newer versions
+come back as `Decoded` with `event=None` and a reason, so a consumer can skip (and checkpoint) or
+hold them; only a payload that claims a known version and does not validate is poison.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+TYPE_PREFIX = "io.skypurza."
+# Namespace for derived ids (uuid5): fixed forever, or replays would derive different ids.
+_ID_NAMESPACE = uuid.UUID("5b1f3c52-7a0e-4d7b-9a57-6b1d2f0c9e11")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def derive_id(cause_id: str, handler: str, key: str = "") -> str:
+    """The id of an event published by `handler` in reaction to `cause_id`.
+
+    A redelivered cause derives the same id, so JetStream's Nats-Msg-Id de-duplication drops
+    the second copy. `key` tells apart several events one handler publishes for one cause.
+    """
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{cause_id}|{handler}|{key}"))
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Event(BaseModel):
+    """Base of every event payload: frozen, tolerant of fields added by newer writers."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    EVENT_NAME: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+    AGGREGATE: ClassVar[str]
+    # Field of the payload that identifies the aggregate instance (task id, cluster name ...).
+    AGGREGATE_KEY: ClassVar[str]
+
+    def aggregate_id(self) -> str:
+        return str(getattr(self, self.AGGREGATE_KEY))
+
+    @classmethod
+    def type_name(cls) -> str:
+        return f"{TYPE_PREFIX}{cls.EVENT_NAME}.v{cls.VERSION}"
+
+
+class Envelope(BaseModel):
+    """CloudEvents 1.0 (structured JSON form) around one event payload."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str
+    source: str
+    type: str
+    time: datetime
+    subject: str
+    datacontenttype: Literal["application/json"] = "application/json"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def event_name(self) -> str:
+        return split_type(self.type)[0]
+
+    @property
+    def version(self) -> int:
+        return split_type(self.type)[1]
+
+    @property
+    def aggregate(self) -> str:
+        return self.subject.split("/", 1)[0]
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.subject.split("/", 1)[1] if "/" in self.subject else ""
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=False).encode()
+
+
+def split_type(type_name: str) -> tuple[str, int]:
+    """`io.skypurza.placement_chosen.v2` -> ("placement_chosen", 2); foreign types -> (type, 0)."""
+    if not type_name.startswith(TYPE_PREFIX):
+        return type_name, 0
+    rest = type_name[len(TYPE_PREFIX):]
+    base, _, ver = rest.rpartition(".v")
+    if not base or not ver.isdigit():
+        return rest, 0
+    return base, int(ver)
+
+
+# ---------------------------------------------------------------- registry and upcasters
+
+REGISTRY: dict[str, type[Event]] = {}
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def register(cls: type[Event]) -> type[Event]:
+    """Class decorator: make an event type known to decoders."""
+    if cls.EVENT_NAME in REGISTRY and REGISTRY[cls.EVENT_NAME] is not cls:
+        raise RuntimeError(f"event name {cls.EVENT_NAME!r} registered twice")
+    REGISTRY[cls.EVENT_NAME] = cls
+    return cls
+
+
+def upcaster(event_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register a pure dict -> dict step from `from_version` to `from_version + 1`.
+
+    Upcasters use only the payload and constants (no clock, no I/O), so replay stays deterministic.
+    """
+
+    def deco(fn: Upcaster) -> Upcaster:
+        UPCASTERS[(event_name, from_version)] = fn
+        return fn
+
+    return deco
+
+
+def upcast(event_name: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
+    cls = REGISTRY[event_name]
+    while version < cls.VERSION:
+        step = UPCASTERS.get((event_name, version))
+        if step is None:
+            raise PoisonEvent(f"no upcaster for {event_name} v{version} -> v{version + 1}")
+        data = step(dict(data))
+        version += 1
+    return data
+
+
+class PoisonEvent(Exception):
+    """A payload that claims a known type and version but cannot be read: park it, never retry."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    envelope: Envelope | None
+    event: Event | None
+    # "ok", "unknown" (type not known here), "newer" (known type, newer version than this code)
+    status: str
+    reason: str = ""
+
+
+def make_envelope(
+    event: Event,
+    *,
+    source: str,
+    id: str | None = None,
+    time: datetime | None = None,
+) -> Envelope:
+    return Envelope(
+        id=id or new_id(),
+        source=source,
+        type=event.type_name(),
+        time=time or utcnow(),
+        subject=f"{event.AGGREGATE}/{event.aggregate_id()}",
+        data=event.model_dump(mode="json"),
+    )
+
+
+def decode(payload: bytes) -> Decoded:
+    """Bytes from the log -> envelope and typed event. Raises PoisonEvent only for bad payloads."""
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PoisonEvent(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise PoisonEvent("not a JSON object")
+    try:
+        env = Envelope.model_validate(raw)
+    except ValidationError as exc:
+        raise PoisonEvent(f"not a CloudEvents envelope: {_short(exc)}") from exc
+    return decode_envelope(env)
+
+
+def decode_envelope(env: Envelope) -> Decoded:
+    _load_models()
+    name, version = split_type(env.type)
+    cls = REGISTRY.get(name)
+    if cls is None or version == 0:
+        return Decoded(env, None, "unknown", f"unknown event type {env.type!r}")
+    if version > cls.VERSION:
+        return Decoded(env, None, "newer", f"{env.type} is newer than this code (v{cls.VERSION})")
+    data = upcast(name, version, env.data) if version < cls.VERSION else env.data
+    try:
+        event = cls.model_validate(data)
+    except ValidationError as exc:
+        raise PoisonEvent(f"invalid {env.type} payload: {_short(exc)}") from exc
+    return Decoded(env, event, "ok")
+
+
+def _load_models() -> None:
+    from . import models  # noqa: F401  (fills the registry; imported late to avoid a cycle)
+
+
+def _short(exc: ValidationError) -> str:
+    errs = exc.errors()
+    first = errs[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {first.get('msg')}{more}"

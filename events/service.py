@@ -1,0 +1,247 @@
+"""Running a service: one durable pull consumer, ordered handling, derived ids, retries, dead letters.
+
+A service is an object with a `name`, the subject filters it consumes, and an async `handle`
+that takes one stored event and returns the events to publish in reaction. The runner:
+- fetches in batches and handles messages one at a time, in stream order;
+- publishes the reactions with ids derived from (cause id, service name, key), so a redelivered
+  cause republishes the same ids and JetStream drops the copies, then acks the cause;
+- on a handler error, naks with back-off; on the last allowed delivery, parks the message on the
+  dead-letter stream with the error and terminates it: the consumer goes on;
+- skips (acks) unknown event types with a warning, holds newer versions (nak with a long delay),
+  parks poison payloads at once;
+- recreates its pull subscription after a reconnect (nats-py loses them on a server restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import nats
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import api
+
+from . import naming
+from .bus import Bus, Stored, stored_from_msg
+from .envelope import Event
+
+log = logging.getLogger("skypurza.service")
+
+MAX_DELIVER = 5
+BACKOFF_S = [0.5, 1.0, 2.0, 4.0, 8.0]
+NEWER_VERSION_DELAY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Emit:
+    """An event to publish in reaction to the one being handled.
+
+    `key` tells apart several events of one kind for one cause (derived ids must differ).
+    `expected_last_seq`: publish only if the aggregate's last sequence is still this one.
+    """
+
+    event: Event
+    key: str = ""
+    expected_last_seq: int | None = None
+
+
+class Service(Protocol):
+    name: str
+
+    def subjects(self, stage: str) -> list[str]: ...
+
+    async def start(self, bus: Bus) -> None: ...
+
+    async def handle(self, stored: Stored) -> Sequence[Event | Emit]: ...
+
+
+@dataclass
+class RunnerStats:
+    handled: int = 0
+    skipped: int = 0
+    failed: int = 0
+    parked: int = 0
+    published: int = 0
+    last_seq: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class ServiceRunner:
+    def __init__(self, bus: Bus, service: Service, *, batch: int = 100, consumer_name: str | None = None,
+                 max_deliver: int = MAX_DELIVER, backoff: list[float] | None = None,
+                 deliver_new_only: bool = False, ack_wait: float = 30.0):
+        self.bus = bus
+        self.service = service
+        self.batch = batch
+        self.durable = consumer_name or naming.consumer(bus.stage, service.name)
+        self.max_deliver = max_deliver
+        self.backoff = backoff or BACKOFF_S[: max_deliver]
+        self.deliver_new_only = deliver_new_only
+        self.ack_wait = ack_wait
+        self.stats = RunnerStats()
+        self._sub: Any = None
+        self._stop = asyncio.Event()
+        self._resubscribe = False
+        bus.on_reconnect(self._mark_resubscribe)
+
+    async def _mark_resubscribe(self) -> None:
+        self._resubscribe = True
+
+    async def _subscribe(self) -> None:
+        subjects = self.service.subjects(self.bus.stage)
+        cfg = api.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            max_deliver=self.max_deliver,
+            # No server-side BackOff: it would replace AckWait with its first (short) value and
+            # redeliver slow handlers (a launch takes minutes). Errors are nak'ed with our back-off;
+            # a handler still running is kept alive with in_progress().
+            ack_wait=self.ack_wait,
+            max_ack_pending=10_000,
+            deliver_policy=api.DeliverPolicy.NEW if self.deliver_new_only else api.DeliverPolicy.ALL,
+        )
+        if len(subjects) == 1:
+            first = subjects[0]
+        else:
+            cfg.filter_subjects = subjects
+            first = subjects[0]
+        self._sub = await self.bus.js.pull_subscribe(first, durable=self.durable, stream=self.bus.events_stream,
+                                                     config=cfg)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        await self.service.start(self.bus)
+        await self._subscribe()
+        while not self._stop.is_set():
+            if self._resubscribe:
+                self._resubscribe = False
+                await self._safe_resubscribe()
+            try:
+                msgs = await self._sub.fetch(batch=self.batch, timeout=1.0)
+            except NatsTimeout:
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.Error, Exception) as exc:
+                if self.bus.nc.is_closed:
+                    return
+                log.warning("%s: fetch failed (%r); resubscribing", self.service.name, exc)
+                await asyncio.sleep(0.5)
+                await self._safe_resubscribe()
+                continue
+            await self.process(msgs)
+
+    async def _safe_resubscribe(self) -> None:
+        try:
+            await self._subscribe()
+        except Exception as exc:
+            log.debug("%s: resubscribe failed: %s", self.service.name, exc)
+
+    async def process(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            stored = stored_from_msg(msg)
+            self.stats.last_seq = stored.seq
+            if stored.status == "unknown":
+                log.warning("%s: skipping %s at seq %d", self.service.name, stored.reason, stored.seq)
+                self.stats.skipped += 1
+                await msg.ack()
+                continue
+            if stored.status == "newer":
+                log.warning("%s: holding %s (upgrade this service)", self.service.name, stored.reason)
+                await msg.nak(delay=NEWER_VERSION_DELAY_S)
+                continue
+            if stored.status == "poison":
+                await self.park(msg, stored, stored.reason)
+                continue
+            keepalive = asyncio.create_task(self._keep_alive(msg))
+            try:
+                out = await self.service.handle(stored)
+                await self.emit(stored, out)
+            except Exception as exc:
+                self.stats.failed += 1
+                self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+                delivered = msg.metadata.num_delivered
+                if delivered >= self.max_deliver:
+                    await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
+                else:
+                    log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name,
+                                stored.seq, delivered, exc)
+                    await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
+                continue
+            finally:
+                keepalive.cancel()
+            await msg.ack()
+            self.stats.handled += 1
+
+    async def _keep_alive(self, msg: Any) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            try:
+                await msg.in_progress()
+            except Exception:
+                return
+
+    async def emit(self, cause: Stored, out: Sequence[Event | Emit]) -> None:
+        assert cause.envelope is not None
+        for item in out:
+            emit = item if isinstance(item, Emit) else Emit(item)
+            env = self.bus.envelope(emit.event, cause=cause.envelope, handler=self.service.name,
+                                    key=emit.key or emit.event.EVENT_NAME)
+            await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
+            self.stats.published += 1
+
+    async def park(self, msg: Any, stored: Stored, error: str) -> None:
+        """Dead letter: the original bytes plus why, on the DLQ stream; then terminate it."""
+        self.stats.parked += 1
+        headers = {
+            "Skypurza-Error": error[:1000],
+            "Skypurza-Service": self.service.name,
+            "Skypurza-Stream-Seq": str(stored.seq),
+            "Skypurza-Subject": stored.subject,
+            "Nats-Msg-Id": f"dlq-{self.service.name}-{stored.seq}",
+        }
+        log.error("%s: parked seq %d: %s", self.service.name, stored.seq, error)
+        await self.bus.js.publish(naming.dead_letter_subject(self.bus.stage, self.service.name), stored.raw,
+                                  headers=headers)
+        await msg.term()
+
+
+async def dead_letters(bus: Bus, service: str | None = None) -> list[dict[str, Any]]:
+    """What has been parked (for tests, `spz events dlq` and operators)."""
+    subject = naming.dead_letter_subject(bus.stage, service) if service else f"{naming.subject_prefix(bus.stage)}.dlq.>"
+    out = []
+    async for msg in bus.replay_raw(filter_subject=subject, stream=bus.dlq_stream):
+        h = msg.headers or {}
+        out.append({"service": h.get("Skypurza-Service"), "error": h.get("Skypurza-Error"),
+                    "stream_seq": int(h.get("Skypurza-Stream-Seq", "0")), "subject": h.get("Skypurza-Subject"),
+                    "payload": msg.data.decode(errors="replace")})
+    return out
+
+
+async def run_services(bus: Bus, services: list[Service], stop: asyncio.Event | None = None) -> None:
+    """Run several services in one process until `stop` is set (or forever)."""
+    runners = [ServiceRunner(bus, s) for s in services]
+    tasks = [asyncio.create_task(r.run(), name=f"svc-{r.service.name}") for r in runners]
+    try:
+        if stop is None:
+            await asyncio.gather(*tasks)
+        else:
+            await stop.wait()
+    finally:
+        for r in runners:
+            r.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def json_dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str, sort_keys=True)
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0

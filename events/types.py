@@ -1,0 +1,72 @@
+"""Value types shared by several events (not events themselves)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Market = Literal["spot", "on-demand"]
+
+# How the provisioner classifies a failed launch; the optimizer maps each to a block scope.
+ErrorClass = Literal[
+    "capacity",  # the zone has no capacity for the type: block the zone
+    "spot_capacity",  # no spot capacity / price too low: block the spot market there
+    "quota",  # quota or vCPU limit: block the region
+    "unsupported",  # the configuration cannot work there: block the candidate
+    "auth",  # credentials/permissions: fatal, actionable
+    "transient",  # throttling/5xx: retried by the provisioner, surfaced only when retries run out
+    "other",
+]
+
+
+class Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Candidate(Value):
+    """One place a task can run: what the optimizer ranks and the provisioner launches."""
+
+    infra: str  # "aws", "local"
+    region: str | None = None
+    zone: str | None = None  # None: any zone of the region will do
+    instance_type: str | None = None
+    accelerators: dict[str, float] | None = None
+    use_spot: bool = False
+    vcpus: float | None = None
+    memory_gib: float | None = None
+    hourly_price_micros: int = 0  # one node, integer micro-dollars per hour
+    num_nodes: int = 1
+    image_id: str | None = None
+    disk_size_gb: int | None = None
+
+    @property
+    def market(self) -> Market:
+        return "spot" if self.use_spot else "on-demand"
+
+    @property
+    def total_hourly_price_micros(self) -> int:
+        return self.hourly_price_micros * self.num_nodes
+
+    def label(self) -> str:
+        where = "/".join(p for p in (self.infra, self.region, self.zone) if p)
+        return f"{where} {self.instance_type or ''} {self.market}".strip()
+
+
+class NodeInfo(Value):
+    rank: int
+    instance_id: str
+    private_ip: str | None = None
+    public_ip: str | None = None
+    zone: str | None = None
+    # local infra: where this node's agent keeps its files
+    workdir: str | None = None
+
+
+class Attempt(Value):
+    """One placement that was tried and what came of it (for PlacementFailed)."""
+
+    candidate: Candidate
+    error_class: ErrorClass
+    code: str
+    message: str
