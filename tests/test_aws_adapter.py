@@ -25,7 +25,8 @@ from skypurza.services.provisioner.adapter import (
     TransientProvisionError,
     find_orphans,
 )
-from skypurza.services.provisioner.aws import AwsAdapter, client_token, run_instances_params
+from skypurza.services.provisioner.aws import AwsAdapter
+from skypurza.services.provisioner.aws_params import client_token, run_instances_params
 from skypurza.services.provisioner.aws_retry import RetryOptions
 
 T = TypeVar("T")

@@ -20,7 +20,6 @@ as tags with each node's Name.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import time
@@ -45,11 +44,20 @@ from .adapter import (
     FatalProvisionError,
     LaunchSpec,
     NodeInfo,
-    NodeState,
     ProvisionError,
     TransientProvisionError,
     provision_error,
 )
+from .aws_instances import (
+    assign_ranks,
+    by_id,
+    death_failure,
+    encode_failure,
+    node_info,
+    stored_failure,
+    tag_value,
+)
+from .aws_params import aws_tags, port_permissions, run_instances_params, tag_filters
 from .aws_retry import RetryOptions, client_config, install_retry_policy
 
 log = logging.getLogger(__name__)
@@ -62,34 +70,6 @@ DEFAULT_IMAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("amazon", "Deep Learning AMI Ubuntu*"),
 )
 
-# Instance types that support EFA, and how many EFA interfaces (network cards) to attach for
-# full bandwidth (AWS EC2 User Guide, "Supported instance types" for EFA).
-EFA_INTERFACES: dict[str, int] = {
-    "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-    "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p3dn.24xlarge": 1,
-    "g6e.8xlarge": 1, "g6e.12xlarge": 1, "g6e.16xlarge": 1, "g6e.24xlarge": 2, "g6e.48xlarge": 4,
-    "g6.8xlarge": 1, "g6.12xlarge": 1, "g6.16xlarge": 1, "g6.24xlarge": 1, "g6.48xlarge": 1,
-    "g5.8xlarge": 1, "g5.12xlarge": 1, "g5.16xlarge": 1, "g5.24xlarge": 1, "g5.48xlarge": 1,
-    "g4dn.8xlarge": 1, "g4dn.12xlarge": 1, "g4dn.16xlarge": 1, "g4dn.metal": 1,
-    "c6i.32xlarge": 1, "c6i.metal": 1, "m6i.32xlarge": 1, "m6i.metal": 1,
-    "r6i.32xlarge": 1, "r6i.metal": 1, "c5n.18xlarge": 1, "c5n.metal": 1,
-}
-
-# disk_tier -> root volume settings (gp3 baseline is 3000 IOPS / 125 MB/s).
-_DISK_TIERS: dict[str, dict[str, Any]] = {
-    "low": {"VolumeType": "gp3"},
-    "medium": {"VolumeType": "gp3", "Iops": 6000, "Throughput": 250},
-    "high": {"VolumeType": "gp3", "Iops": 16000, "Throughput": 1000},
-}
-
-_STATES: dict[str, NodeState] = {
-    "pending": NodeState.PENDING,
-    "running": NodeState.RUNNING,
-    "stopping": NodeState.STOPPING,
-    "stopped": NodeState.STOPPED,
-    "shutting-down": NodeState.TERMINATING,
-    "terminated": NodeState.TERMINATED,
-}
 _ALIVE = ["pending", "running", "stopping", "stopped"]
 _NOT_TERMINATED = _ALIVE + ["shutting-down"]
 _DEAD = ("shutting-down", "terminated")
@@ -202,7 +182,7 @@ class AwsAdapter:
         return await self._finish(spec, where, launched)
 
     async def _adopt(self, spec: LaunchSpec, where: _Where, found: list[dict[str, Any]]) -> list[NodeInfo]:
-        stored = next((f for f in (_stored_failure(i) for i in found) if f is not None), None)
+        stored = next((f for f in (stored_failure(i) for i in found) if f is not None), None)
         alive = [i for i in found if i["State"]["Name"] not in _DEAD]
         if stored is not None:
             if alive:
@@ -211,7 +191,7 @@ class AwsAdapter:
         if len(alive) == spec.num_nodes and len(found) == spec.num_nodes:
             return await self._finish(spec, where, alive)
         dead = [i for i in found if i["State"]["Name"] in _DEAD]
-        failure = _death_failure(dead, spec.use_spot) or Failure(
+        failure = death_failure(dead, spec.use_spot) or Failure(
             FailureKind.UNKNOWN, FailureScope.REQUEST, "PartialLaunch",
             f"{len(alive)} of {spec.num_nodes} nodes of launch {spec.launch_token} are alive",
         )
@@ -220,16 +200,16 @@ class AwsAdapter:
 
     async def _finish(self, spec: LaunchSpec, where: _Where, instances: list[dict[str, Any]]) -> list[NodeInfo]:
         """Tag ranks and names, wait until every node runs; roll back if a node dies."""
-        ranked = _assign_ranks(instances)
+        ranked = assign_ranks(instances)
         ids = [iid for iid, _ in ranked]
         try:
             await self._gather(
-                self._call(where, "create_tags", Resources=[iid], Tags=_tags({
+                self._call(where, "create_tags", Resources=[iid], Tags=aws_tags({
                     naming.TAG_NAME: naming.instance_name(spec.stage, spec.cluster, rank),
                     naming.TAG_RANK: str(rank),
                 }))
                 for iid, rank in ranked
-                if _tag(_by_id(instances, iid), naming.TAG_RANK) != str(rank)
+                if tag_value(by_id(instances, iid), naming.TAG_RANK) != str(rank)
             )
             running = await self._wait_running(spec, where, ids)
         except ProvisionError as err:
@@ -238,7 +218,7 @@ class AwsAdapter:
             # Transient: leave the nodes; the same launch token adopts them on the next try.
             raise
         rank_of = dict(ranked)
-        nodes = [_node(i, spec.region, rank=rank_of[i["InstanceId"]]) for i in running]
+        nodes = [node_info(i, spec.region, rank=rank_of[i["InstanceId"]]) for i in running]
         return sorted(nodes, key=lambda n: n.rank or 0)
 
     async def _wait_running(self, spec: LaunchSpec, where: _Where, ids: list[str]) -> list[dict[str, Any]]:
@@ -249,7 +229,7 @@ class AwsAdapter:
             current = await self._describe_ids(where, ids)
             dead = [i for i in current if i["State"]["Name"] in _DEAD + ("stopped", "stopping")]
             if dead:
-                failure = _death_failure(dead, spec.use_spot) or Failure(
+                failure = death_failure(dead, spec.use_spot) or Failure(
                     FailureKind.UNKNOWN, FailureScope.ZONE, dead[0].get("StateReason", {}).get("Code", "NodeLost"),
                     f"node {dead[0]['InstanceId']} is {dead[0]['State']['Name']} before the gang was up",
                 )
@@ -270,7 +250,7 @@ class AwsAdapter:
         log.warning("rolling back %d node(s) in %s: %s", len(ids), where.region, failure.code)
         try:
             await self._call(where, "create_tags", Resources=ids,
-                             Tags=_tags({naming.TAG_LAUNCH_FAILURE: _encode_failure(failure)}))
+                             Tags=aws_tags({naming.TAG_LAUNCH_FAILURE: encode_failure(failure)}))
         except ProvisionError as err:
             log.warning("could not record the failure on %s: %s", ids, err)
         await self._terminate_ids(where, ids)
@@ -282,7 +262,7 @@ class AwsAdapter:
         is how a spot interruption is seen), ordered by rank."""
         found = await self._cluster_instances(ref, states=None)
         region = self._region_of(ref)
-        return sorted((_node(i, region) for i in found), key=lambda n: (n.rank is None, n.rank or 0, n.instance_id))
+        return sorted((node_info(i, region) for i in found), key=lambda n: (n.rank is None, n.rank or 0, n.instance_id))
 
     async def stop(self, ref: ClusterRef) -> list[NodeInfo]:
         where = _Where(self._region_of(ref))
@@ -331,7 +311,7 @@ class AwsAdapter:
         for region, wanted in by_region.items():
             where = _Where(region)
             mine = [i["InstanceId"] for i in await self._describe_ids(where, wanted)
-                    if _tag(i, naming.TAG_STAGE) == stage and _tag(i, naming.TAG_PROJECT) == naming.PROJECT
+                    if tag_value(i, naming.TAG_STAGE) == stage and tag_value(i, naming.TAG_PROJECT) == naming.PROJECT
                     and i["State"]["Name"] != "terminated"]
             if mine:
                 await self._terminate_ids(where, mine)
@@ -346,7 +326,7 @@ class AwsAdapter:
             raise ValueError("list_owned needs regions (none given, none configured)")
         tags = naming.base_tags(stage)
         per_region = await asyncio.gather(*(self._find(r, _Where(r), tags, states=_NOT_TERMINATED) for r in chosen))
-        nodes = [_node(i, r) for r, found in zip(chosen, per_region) for i in found]
+        nodes = [node_info(i, r) for r, found in zip(chosen, per_region) for i in found]
         return sorted(nodes, key=lambda n: (n.region or "", n.cluster or "", n.rank or 0, n.instance_id))
 
     async def release_unused(self, stage: str, regions: Iterable[str]) -> list[str]:
@@ -359,10 +339,10 @@ class AwsAdapter:
                 users = await self._find(region, where, naming.base_tags(stage), states=_NOT_TERMINATED)
                 used_groups = {g["GroupId"] for i in users for g in i.get("SecurityGroups", [])}
                 used_keys = {i.get("KeyName") for i in users}
-                clusters = {_tag(i, naming.TAG_CLUSTER) for i in users}
+                clusters = {tag_value(i, naming.TAG_CLUSTER) for i in users}
                 used_pgs = {i.get("Placement", {}).get("GroupName") for i in users}
                 used_pgs |= {naming.placement_group(stage, c) for c in clusters if c}
-                stage_filter = _tag_filters(naming.base_tags(stage))
+                stage_filter = tag_filters(naming.base_tags(stage))
                 groups = (await self._call(where, "describe_security_groups", Filters=stage_filter))["SecurityGroups"]
                 for group in groups:
                     if group["GroupId"] not in used_groups:
@@ -393,7 +373,7 @@ class AwsAdapter:
         if found:
             group_id: str = found[0]["GroupId"]
             if per_cluster:
-                await self._authorize(where, group_id, _port_permissions(spec.ports), ignore_duplicates=True)
+                await self._authorize(where, group_id, port_permissions(spec.ports), ignore_duplicates=True)
             return group_id
         tags = {**naming.base_tags(spec.stage), naming.TAG_NAME: name}
         if per_cluster:
@@ -402,7 +382,7 @@ class AwsAdapter:
             reply = await self._call(
                 where, "create_security_group", GroupName=name, VpcId=vpc,
                 Description=f"SkyPurza nodes, stage {spec.stage}" + (f", cluster {spec.cluster}" if per_cluster else ""),
-                TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(tags)}],
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": aws_tags(tags)}],
             )
         except ProvisionError as err:
             if err.code != "InvalidGroup.Duplicate":
@@ -414,7 +394,7 @@ class AwsAdapter:
             {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": self._ssh_cidr}]},
             # Nodes of a gang talk to each other freely (NCCL, EFA needs all traffic to itself).
             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]},
-            *_port_permissions(spec.ports),
+            *port_permissions(spec.ports),
         ]
         await self._authorize(where, group_id, permissions, ignore_duplicates=True)
         return group_id
@@ -440,7 +420,7 @@ class AwsAdapter:
         try:
             reply = await self._call(
                 where, "create_key_pair", KeyName=name, KeyType="ed25519",
-                TagSpecifications=[{"ResourceType": "key-pair", "Tags": _tags(naming.base_tags(stage))}],
+                TagSpecifications=[{"ResourceType": "key-pair", "Tags": aws_tags(naming.base_tags(stage))}],
             )
         except ProvisionError as err:
             if err.code != "InvalidKeyPair.Duplicate":
@@ -455,7 +435,7 @@ class AwsAdapter:
         tags = {**naming.base_tags(spec.stage), naming.TAG_CLUSTER: spec.cluster, naming.TAG_NAME: name}
         try:
             await self._call(where, "create_placement_group", GroupName=name, Strategy="cluster",
-                             TagSpecifications=[{"ResourceType": "placement-group", "Tags": _tags(tags)}])
+                             TagSpecifications=[{"ResourceType": "placement-group", "Tags": aws_tags(tags)}])
         except ProvisionError as err:
             if err.code != "InvalidPlacementGroup.Duplicate":
                 raise
@@ -588,7 +568,7 @@ class AwsAdapter:
 
     async def _find(self, region: str, where: _Where, tags: Mapping[str, str],
                     states: Sequence[str] | None) -> list[dict[str, Any]]:
-        filters = _tag_filters(tags)
+        filters = tag_filters(tags)
         if states is not None:
             filters.append({"Name": "instance-state-name", "Values": list(states)})
         return await self._describe(where, filters)
@@ -635,7 +615,7 @@ class AwsAdapter:
                 return
             if "running" in wanted and any(i["State"]["Name"] in _DEAD for i in current):
                 dead = [i for i in current if i["State"]["Name"] in _DEAD]
-                failure = _death_failure(dead, bool(where.use_spot)) or Failure(
+                failure = death_failure(dead, bool(where.use_spot)) or Failure(
                     FailureKind.UNKNOWN, FailureScope.ZONE, "NodeLost", f"{dead[0]['InstanceId']} terminated")
                 raise provision_error(failure, **self._context(where))
             if time.monotonic() > deadline:
@@ -663,188 +643,7 @@ class AwsAdapter:
                 "instance_type": where.instance_type, "use_spot": where.use_spot}
 
 
-# ====================================================================== pure helpers
-
 _RACED_CODES = frozenset({"InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown"})
-
-
-def client_token(launch_token: str) -> str:
-    """EC2 ClientToken: at most 64 ASCII characters; longer tokens are hashed."""
-    if len(launch_token) <= 64 and launch_token.isascii():
-        return launch_token
-    return hashlib.sha256(launch_token.encode()).hexdigest()
-
-
-def run_instances_params(
-    spec: LaunchSpec,
-    *,
-    zone: str | None,
-    image_id: str,
-    root_device: str,
-    security_group_id: str,
-    key_name: str | None,
-    placement_group: str | None,
-    subnet_id: str | None,
-) -> dict[str, Any]:
-    """The RunInstances request for one gang (pure, so its shape is easy to check)."""
-    common = {**spec.labels, **naming.base_tags(spec.stage), naming.TAG_CLUSTER: spec.cluster,
-              naming.TAG_LAUNCH_TOKEN: spec.launch_token}
-    if spec.job_id is not None:
-        common[naming.TAG_JOB] = str(spec.job_id)
-    params: dict[str, Any] = {
-        "ImageId": image_id,
-        "InstanceType": spec.instance_type,
-        "MinCount": spec.num_nodes,
-        "MaxCount": spec.num_nodes,
-        "ClientToken": client_token(spec.launch_token),
-        "TagSpecifications": [
-            {"ResourceType": "instance", "Tags": _tags(common)},
-            {"ResourceType": "volume", "Tags": _tags(common)},
-        ],
-        # IMDSv2 only; hop limit 2 so containers on the node can reach it.
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
-    }
-    if key_name:
-        params["KeyName"] = key_name
-    if spec.user_data:
-        params["UserData"] = spec.user_data
-    placement: dict[str, Any] = {}
-    if zone:
-        placement["AvailabilityZone"] = zone
-    if placement_group:
-        placement["GroupName"] = placement_group
-    if placement:
-        params["Placement"] = placement
-    if spec.use_spot:
-        params["InstanceMarketOptions"] = {
-            "MarketType": "spot",
-            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
-        }
-    if spec.disk_size_gb or spec.disk_tier:
-        ebs: dict[str, Any] = {"DeleteOnTermination": True, **_disk_tier(spec.disk_tier, spec.disk_size_gb)}
-        if spec.disk_size_gb:
-            ebs["VolumeSize"] = spec.disk_size_gb
-        params["BlockDeviceMappings"] = [{"DeviceName": root_device, "Ebs": ebs}]
-    efa = EFA_INTERFACES.get(spec.instance_type, 0) if spec.network_tier == "best" else 0
-    if efa:
-        # EFA needs explicit interfaces (one per network card); the security group moves onto
-        # them. AWS assigns no public IP to an instance with more than one interface.
-        params["NetworkInterfaces"] = [
-            {
-                "DeviceIndex": 0 if card == 0 else 1,
-                "NetworkCardIndex": card,
-                "InterfaceType": "efa",
-                "Groups": [security_group_id],
-                "DeleteOnTermination": True,
-                **({"SubnetId": subnet_id} if subnet_id else {}),
-                **({"AssociatePublicIpAddress": True} if efa == 1 else {}),
-            }
-            for card in range(efa)
-        ]
-    else:
-        params["SecurityGroupIds"] = [security_group_id]
-        if subnet_id:
-            params["SubnetId"] = subnet_id
-    return params
-
-
-def _disk_tier(tier: str | None, size_gb: int | None) -> dict[str, Any]:
-    if tier in (None, "low", "medium", "high"):
-        return dict(_DISK_TIERS.get(tier or "low", {}))
-    if tier in ("ultra", "best"):
-        return {"VolumeType": "io2", "Iops": min(64000, 500 * (size_gb or 100))}
-    raise ValueError(f"unknown disk_tier {tier!r}")
-
-
-def _port_permissions(ports: Iterable[str]) -> list[dict[str, Any]]:
-    out = []
-    for port in ports:
-        low, _, high = str(port).partition("-")
-        first, last = int(low), int(high or low)
-        if not (0 < first <= last <= 65535):
-            raise ValueError(f"invalid port range {port!r}")
-        out.append({"IpProtocol": "tcp", "FromPort": first, "ToPort": last,
-                    "IpRanges": [{"CidrIp": "0.0.0.0/0"}]})
-    return out
-
-
-def _tags(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": k, "Value": str(v)} for k, v in tags.items()]
-
-
-def _tag_filters(tags: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
-
-
-def _tag(instance: Mapping[str, Any] | None, key: str) -> str | None:
-    for tag in (instance or {}).get("Tags", []) or []:
-        if tag.get("Key") == key:
-            return str(tag.get("Value"))
-    return None
-
-
-def _by_id(instances: Iterable[Mapping[str, Any]], iid: str) -> Mapping[str, Any] | None:
-    return next((i for i in instances if i["InstanceId"] == iid), None)
-
-
-def _assign_ranks(instances: Iterable[Mapping[str, Any]]) -> list[tuple[str, int]]:
-    """Ranks 0..N-1: an existing rank tag first, else EC2's launch index, else the id."""
-    def key(i: Mapping[str, Any]) -> tuple[int, int, str]:
-        tagged = _tag(i, naming.TAG_RANK)
-        return (int(tagged) if tagged and tagged.isdigit() else 1 << 30, int(i.get("AmiLaunchIndex", 0)), i["InstanceId"])
-
-    return [(i["InstanceId"], rank) for rank, i in enumerate(sorted(instances, key=key))]
-
-
-def _node(instance: Mapping[str, Any], region: str, rank: int | None = None) -> NodeInfo:
-    tagged = _tag(instance, naming.TAG_RANK)
-    reason = instance.get("StateReason") or {}
-    return NodeInfo(
-        instance_id=instance["InstanceId"],
-        rank=rank if rank is not None else (int(tagged) if tagged and tagged.isdigit() else None),
-        state=_STATES.get(instance.get("State", {}).get("Name", ""), NodeState.UNKNOWN),
-        region=region,
-        zone=instance.get("Placement", {}).get("AvailabilityZone"),
-        instance_type=instance.get("InstanceType"),
-        use_spot=instance.get("InstanceLifecycle") == "spot",
-        private_ip=instance.get("PrivateIpAddress"),
-        public_ip=instance.get("PublicIpAddress"),
-        stage=_tag(instance, naming.TAG_STAGE),
-        cluster=_tag(instance, naming.TAG_CLUSTER),
-        job_id=_tag(instance, naming.TAG_JOB),
-        launch_token=_tag(instance, naming.TAG_LAUNCH_TOKEN),
-        state_reason_code=reason.get("Code") or None,
-        state_reason_message=reason.get("Message") or None,
-        launched_at=instance.get("LaunchTime"),
-    )
-
-
-def _death_failure(dead: Iterable[Mapping[str, Any]], use_spot: bool) -> Failure | None:
-    """Why nodes died by themselves, from the first state reason that says so."""
-    for instance in dead:
-        reason = instance.get("StateReason") or {}
-        failure = aws_errors.classify_state_reason(reason.get("Code"), reason.get("Message", ""), use_spot=use_spot)
-        if failure is not None:
-            return failure
-    return None
-
-
-def _encode_failure(failure: Failure) -> str:
-    return f"{failure.kind}|{failure.scope}|{failure.code}|{failure.message}"[:256]
-
-
-def _stored_failure(instance: Mapping[str, Any]) -> Failure | None:
-    value = _tag(instance, naming.TAG_LAUNCH_FAILURE)
-    if not value:
-        return None
-    parts = value.split("|", 3)
-    if len(parts) != 4:
-        return Failure(FailureKind.UNKNOWN, FailureScope.REQUEST, "LaunchFailed", value)
-    kind, scope, code, message = parts
-    try:
-        return Failure(FailureKind(kind), FailureScope(scope), code, message)
-    except ValueError:
-        return Failure(FailureKind.UNKNOWN, FailureScope.REQUEST, code, message)
 
 
 def _write_private_key(path: Path, material: str) -> None:
