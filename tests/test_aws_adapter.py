@@ -444,3 +444,16 @@ def test_launch_spec_validation() -> None:
         spec(num_nodes=0)
     with pytest.raises(ValueError):
         spec(launch_token="")
+
+
+def test_endpoint_and_credentials_from_the_environment(fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provisioner process configured only by environment (AWS_ENDPOINT_URL and friends)."""
+    for key, value in fake_aws.env.items():
+        monkeypatch.setenv(key, value)
+
+    async def go() -> list[NodeInfo]:
+        async with AwsAdapter(regions=(REGION,), poll_interval=0.02, retry=FAST_RETRY) as backend:
+            return await backend.launch(spec(num_nodes=1))
+
+    nodes = run(go())
+    assert fake_aws.count_instances() == 1 and nodes[0].instance_id in instances(fake_aws)
