@@ -42,7 +42,8 @@ def check_aws(session: Any = None, endpoint_url: str | None = None, timeout_s: f
         return InfraStatus("aws", False, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                                           "AWS_PROFILE, run `aws configure` or `aws sso login`")
     region = sess.region_name or "us-east-1"
-    cfg = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 2, "mode": "standard"})
+    # One attempt each: STS then EC2 is already a second try, and `spz check` must answer quickly.
+    cfg = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 1, "mode": "standard"})
     errors = []
     try:
         ident = sess.client("sts", region_name=region, endpoint_url=endpoint_url, config=cfg).get_caller_identity()

@@ -223,7 +223,8 @@ def apply_blocks(c: Candidate, blocks: Sequence[Block]) -> Candidate | None:
     return c if left == c.zones else c._replace(zones=left)
 
 
-def next_placement(plan: PlacementPlan, blocks: Sequence[Block], last: Candidate | None = None) -> PlacementPlan:
+def next_placement(plan: PlacementPlan, blocks: Sequence[Block], last: Candidate | None = None,
+                   same_region_first: bool = True) -> PlacementPlan:
     """What to try after a failure: the plan minus blocked places, reordered so that [0] is next.
 
     Order rule: first the remaining candidates of the same infra, region, instance type and
@@ -231,7 +232,8 @@ def next_placement(plan: PlacementPlan, blocks: Sequence[Block], last: Candidate
     names a region and an instance type), within the same `order` group, in rank order -- that
     is, the other zones of the region; then all other remaining candidates in rank order (the
     next cheapest region). An on-demand candidate whose failed zone was blocked stays, with
-    fewer `zones`, so its region is tried again in the zones left.
+    fewer `zones`, so its region is tried again in the zones left. With
+    `same_region_first=False` the order is plain rank order (cheapest remaining first).
     """
     remaining = [c2 for c in plan.candidates if (c2 := apply_blocks(c, blocks)) is not None]
     if not remaining:
@@ -240,7 +242,9 @@ def next_placement(plan: PlacementPlan, blocks: Sequence[Block], last: Candidate
                   else (plan.reason or "no candidates"))
         return PlacementPlan((), plan.num_nodes, reason, plan.notes)
     affinity: tuple[Any, ...] | None = None
-    if last is not None:
+    if not same_region_first:
+        pass
+    elif last is not None:
         affinity = (last.infra, last.region, last.instance_type, last.use_spot, last.order)
     else:
         for b in reversed(blocks):
