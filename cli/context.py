@@ -1,0 +1,50 @@
+"""Process-wide CLI settings (the global --stage) and small helpers every command uses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any, Coroutine, TypeVar
+
+import typer
+
+T = TypeVar("T")
+
+OUTPUT_FORMATS = ("table", "json")
+
+
+class _Settings:
+    stage: str | None = None
+
+
+settings = _Settings()
+
+
+def stage() -> str:
+    if settings.stage:
+        return settings.stage
+    from skypurza.events.config import load_config
+
+    return load_config().stage
+
+
+def check_output(output: str, accepted: tuple[str, ...] = OUTPUT_FORMATS) -> str:
+    if output not in accepted:
+        raise typer.BadParameter(f"{output!r}; accepted: {', '.join(accepted)}", param_hint="-o/--output")
+    return output
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n")
+
+
+def fail(message: str, code: int = 1) -> "typer.Exit":
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)

@@ -1,0 +1,79 @@
+"""`spz`: the SkyPurza command line, with the verbs of `sky`.
+
+Each command module adds its commands through `register(app)`; heavy imports (pydantic models,
+the catalog, nats) happen inside the commands so that `spz --help` and `spz launch --dryrun`
+start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import typer
+
+from .context import settings
+
+app = typer.Typer(
+    name="spz",
+    help="SkyPurza: run SkyPilot task YAMLs on the cheapest place with capacity; an event-sourced control plane.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Order is the order of `spz --help`.
+COMMAND_MODULES = [
+    "cmd_cluster",   # launch, exec, status, queue, logs, cancel, stop, start, down, autostop
+    "cmd_jobs",      # jobs launch|queue|cancel|logs
+    "cmd_taskspec",  # check-yaml, schema
+    "cmd_catalog",   # gpus list, catalog refresh|show, check
+    "cmd_ledger",    # cost-report, ledger billing|settle, audit
+    "cmd_events",    # events tail|replay|schema|dlq
+    "cmd_api",       # api start|stop|status|logs, serve
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from skypurza import __version__
+
+        typer.echo(f"spz {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    stage: Optional[str] = typer.Option(None, "--stage", envvar="SKYPURZA_STAGE",
+                                        help="Namespace of streams, state and cloud resources (default: dev)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    if stage:
+        from skypurza.events.naming import check_stage
+
+        try:
+            settings.stage = check_stage(stage)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--stage")
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(f"{__package__}.{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"{__package__}.{_name}":
+            raise
+        continue
+    _module.register(app)
+    if _name == "cmd_events" and hasattr(importlib.import_module(f"{__package__}.cmd_events"), "events"):
+        try:
+            from .cmd_ledger import register_events as _register_events  # events export, audit
+        except ImportError:
+            pass
+        else:
+            _register_events(importlib.import_module(f"{__package__}.cmd_events").events)
+
+
+if __name__ == "__main__":
+    app()
