@@ -1,0 +1,75 @@
+"""How a node agent is started: the one contract between the provisioner (local processes, EC2
+user-data), the test harness that plays EC2's user-data, and the agent itself.
+
+`python -m skypurza.services.agent <AgentSpec.to_argv()>` starts an agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    nats_url: str
+    stage: str
+    cluster: str
+    rank: int
+    num_nodes: int
+    # Internal IPs of every node, in rank order (rank 0 = head): SKYPILOT_NODE_IPS.
+    node_ips: tuple[str, ...] = ()
+    instance_id: str = ""
+    infra: str = "local"  # "local" or "aws"
+    region: str | None = None
+    zone: str | None = None
+    # Where the agent keeps its files: workdir copies, job state, pid files. Local clusters give
+    # each node its own directory; on EC2 it is the user's home.
+    home: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_argv(self) -> list[str]:
+        argv = ["--nats", self.nats_url, "--stage", self.stage, "--cluster", self.cluster,
+                "--rank", str(self.rank), "--num-nodes", str(self.num_nodes),
+                "--node-ips", ",".join(self.node_ips), "--infra", self.infra]
+        if self.instance_id:
+            argv += ["--instance-id", self.instance_id]
+        if self.region:
+            argv += ["--region", self.region]
+        if self.zone:
+            argv += ["--zone", self.zone]
+        if self.home:
+            argv += ["--home", self.home]
+        for k, v in sorted(self.extra.items()):
+            argv += ["--extra", f"{k}={v}"]
+        return argv
+
+    def command(self, python: str | None = None) -> list[str]:
+        return [python or sys.executable, "-m", "skypurza.services.agent", *self.to_argv()]
+
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog="python -m skypurza.services.agent",
+                                    description="SkyPurza node agent: runs a cluster's jobs on this node.")
+        p.add_argument("--nats", required=True, dest="nats_url")
+        p.add_argument("--stage", required=True)
+        p.add_argument("--cluster", required=True)
+        p.add_argument("--rank", required=True, type=int)
+        p.add_argument("--num-nodes", required=True, type=int)
+        p.add_argument("--node-ips", default="")
+        p.add_argument("--infra", default="local")
+        p.add_argument("--instance-id", default="")
+        p.add_argument("--region", default=None)
+        p.add_argument("--zone", default=None)
+        p.add_argument("--home", default="")
+        p.add_argument("--extra", action="append", default=[])
+        return p
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> "AgentSpec":
+        a = cls.parser().parse_args(argv)
+        return cls(nats_url=a.nats_url, stage=a.stage, cluster=a.cluster, rank=a.rank, num_nodes=a.num_nodes,
+                   node_ips=tuple(x for x in a.node_ips.split(",") if x), instance_id=a.instance_id,
+                   infra=a.infra, region=a.region, zone=a.zone, home=a.home,
+                   extra=dict(kv.split("=", 1) for kv in a.extra))
