@@ -413,3 +413,9 @@ def test_apply_blocks_and_candidate_round_trip(cat: Catalog) -> None:
     assert apply_blocks(c, [zb]).zones == c.zones[1:]
     assert apply_blocks(c, [Block("region", "aws", c.region)]) is None
     assert apply_blocks(c, [Block("region", "aws", "elsewhere-1")]) is c
+
+
+def test_no_fit_anywhere_names_every_infra(cat: Catalog) -> None:
+    plan = place([R(accelerator="H100", accelerator_count=8)], 1, cat, enabled_infras=("local",),
+                 local_resources=LOCAL)
+    assert "local: the task asks for H100:8" in plan.reason and "AWS is not enabled" in plan.reason

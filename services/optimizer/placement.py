@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from skypurza.events.taskspec.request import ResourceRequest
@@ -363,8 +363,7 @@ def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence
             whys.append(why)
     if cloud in (None, "aws"):
         if "aws" not in enabled:
-            if cloud == "aws" or not ("local" in enabled):
-                whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
+            whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
         else:
             got, why = _aws_candidates(i, req, n, cat, blocks)
             out.extend(got)
