@@ -30,6 +30,7 @@ class Candidate(Value):
     infra: str  # "aws", "local"
     region: str | None = None
     zone: str | None = None  # None: any zone of the region will do
+    zones: list[str] = []  # zones the provisioner may try in this region (ids), cheapest first
     instance_type: str | None = None
     accelerators: dict[str, float] | None = None
     use_spot: bool = False

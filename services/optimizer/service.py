@@ -1,0 +1,121 @@
+"""Optimizer service: the cheapest place that has capacity, and the next one when it has not.
+
+Eats:  TaskSubmitted            -> PlacementChosen (attempt 1) | PlacementFailed
+       CapacityError            -> PlacementChosen (attempt n+1) | PlacementFailed (every attempt listed)
+Emits: PlacementChosen, PlacementFailed (ids derived from the cause: a redelivered cause
+       republishes the same ids and JetStream drops the copies).
+
+It holds no state of its own: a task's blocks are the CapacityErrors in the task's history,
+read back from the log when an error arrives (`decide.after_capacity_error`). Kill it in the
+middle of a failover and restart it: its durable consumer resumes at the unacked event and
+the decision is the same, so no attempt is repeated.
+
+Live spot prices (SKYPURZA_LIVE_SPOT_PRICES=1, AWS enabled): before the first placement the
+spot prices of the regions among the best spot candidates are read from EC2 (cached for five
+minutes), so a lagging catalog does not decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Sequence
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, Stored
+from skypurza.events.config import load_config
+from skypurza.events.envelope import Event
+from skypurza.events.models import CapacityError, TaskSubmitted
+from skypurza.events.service import Emit
+
+from . import decide
+from .catalog import Catalog, load_catalog
+
+log = logging.getLogger("skypurza.optimizer")
+
+SPOT_REFRESH_TTL_S = 300.0
+
+
+class OptimizerService:
+    name = "optimizer"
+
+    def __init__(self, catalog: Catalog | None = None, enabled: frozenset[str] | None = None,
+                 live_spot_prices: bool | None = None):
+        self._catalog = catalog
+        self._enabled = enabled
+        self._live_spot = (os.environ.get("SKYPURZA_LIVE_SPOT_PRICES") == "1") if live_spot_prices is None \
+            else live_spot_prices
+        self._spot_refreshed: dict[str, float] = {}
+        self.world: decide.World | None = None
+        self.bus: Bus | None = None
+
+    def subjects(self, stage: str) -> list[str]:
+        return [naming.event_filter(stage, "task", TaskSubmitted.EVENT_NAME),
+                naming.event_filter(stage, "task", CapacityError.EVENT_NAME)]
+
+    async def start(self, bus: Bus) -> None:
+        self.bus = bus
+        catalog = self._catalog or await asyncio.to_thread(load_catalog)
+        enabled = self._enabled or decide.enabled_infras(load_config().allowed_infras)
+        local = None
+        if "local" in enabled:
+            from .local import detect_local_resources
+
+            local = await asyncio.to_thread(detect_local_resources, catalog.accelerators())
+        self.world = decide.World(catalog, enabled, local)
+        log.info("optimizer: infras enabled: %s", ", ".join(sorted(enabled)))
+
+    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
+        assert self.world is not None and self.bus is not None
+        ev = stored.event
+        if isinstance(ev, TaskSubmitted):
+            if self._live_spot and "aws" in self.world.enabled_infras:
+                await self._refresh_spot(ev)
+            out = decide.first_placement(ev, self.world)
+            return [Emit(out, key="attempt-1")]
+        if isinstance(ev, CapacityError):
+            submitted, errors = await self._history(ev.task_id, stored.seq)
+            if submitted is None:
+                log.warning("capacity error for unknown task %s ignored", ev.task_id)
+                return []
+            out = decide.after_capacity_error(submitted, errors, self.world)
+            return [Emit(out, key=f"attempt-{ev.attempt + 1}")]
+        return []
+
+    async def _history(self, task_id: str, until_seq: int) -> tuple[TaskSubmitted | None, list[CapacityError]]:
+        assert self.bus is not None
+        submitted: TaskSubmitted | None = None
+        errors: list[CapacityError] = []
+        seen: set[int] = set()
+        async for s in self.bus.replay(filter_subject=naming.aggregate_subjects(self.bus.stage, "task", task_id),
+                                       until_seq=until_seq):
+            if isinstance(s.event, TaskSubmitted) and submitted is None:
+                submitted = s.event
+            elif isinstance(s.event, CapacityError) and s.event.attempt not in seen:
+                seen.add(s.event.attempt)
+                errors.append(s.event)
+        return submitted, errors
+
+    async def _refresh_spot(self, ev: TaskSubmitted) -> None:
+        assert self.world is not None
+        plan = decide.plan_for(ev, self.world)
+        regions = []
+        for c in plan.candidates[:10]:
+            if c.use_spot and c.infra == "aws" and c.region and c.region not in regions:
+                regions.append(c.region)
+        now = time.monotonic()
+        catalog = self.world.catalog
+        for region in regions[:3]:
+            if now - self._spot_refreshed.get(region, -1e9) < SPOT_REFRESH_TTL_S:
+                continue
+            try:
+                from .catalog.refresh import refresh_spot_prices
+
+                types = sorted({c.instance_type for c in plan.candidates if c.region == region})
+                catalog = await asyncio.to_thread(refresh_spot_prices, catalog, region, types)
+                self._spot_refreshed[region] = now
+            except Exception as exc:  # a price refresh must never stop a placement
+                log.warning("live spot prices for %s unavailable: %s", region, exc)
+        self.world = decide.World(catalog, self.world.enabled_infras, self.world.local)
