@@ -160,3 +160,6 @@ class UsageRecorded(_ClusterEvent):
     project: str | None = None
     final: bool = False  # the interval ending at stop/termination
     correction: bool = False  # a negative interval: a stop that became known late
+    # Id of the event that began this node's run (ClusterProvisioned or ClusterStarted): which
+    # lifetime the interval belongs to, when a stop and a restart fall on the same instant.
+    lifetime_id: str = ""
