@@ -10,6 +10,14 @@ that takes one stored event and returns the events to publish in reaction. The r
 - skips (acks) unknown event types with a warning, holds newer versions (nak with a long delay),
   parks poison payloads at once;
 - recreates its pull subscription after a reconnect (nats-py loses them on a server restart).
+
+Concurrency (opt-in): a service whose handler can be slow (a launch takes minutes) sets
+`concurrency = N` and defines `ordering_key(stored) -> str`. The runner then handles up to N
+messages at once; messages with the same key still run one after another in stream order
+(the provisioner keys by cluster, so a DownRequested waits for that cluster's launch), and each
+message is acked only after its own reactions are published. Messages waiting their turn are
+kept alive with in_progress() from the moment they are fetched. A service may also set
+`ack_wait` (seconds) to shorten how long a dead process's messages stay invisible.
 """
 
 from __future__ import annotations
@@ -81,7 +89,13 @@ class ServiceRunner:
         self.max_deliver = max_deliver
         self.backoff = backoff or BACKOFF_S[: max_deliver]
         self.deliver_new_only = deliver_new_only
-        self.ack_wait = ack_wait
+        self.ack_wait = float(getattr(service, "ack_wait", None) or ack_wait)
+        self.concurrency = max(1, int(getattr(service, "concurrency", 1) or 1))
+        # Concurrent mode: at most this many fetched and unacked messages in this process.
+        self.max_in_flight = self.concurrency * 4
+        self._in_flight: set[asyncio.Task] = set()
+        self._tails: dict[str, asyncio.Task] = {}
+        self._slots = asyncio.Semaphore(self.concurrency)
         self.stats = RunnerStats()
         self._sub: Any = None
         self._stop = asyncio.Event()
@@ -118,12 +132,28 @@ class ServiceRunner:
     async def run(self) -> None:
         await self.service.start(self.bus)
         await self._subscribe()
+        try:
+            await self._loop()
+        finally:
+            # Unfinished handlers are abandoned unacked: their messages come back to whoever
+            # consumes next (handlers are idempotent).
+            for task in list(self._in_flight):
+                task.cancel()
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def _loop(self) -> None:
         while not self._stop.is_set():
             if self._resubscribe:
                 self._resubscribe = False
                 await self._safe_resubscribe()
+            batch = self.batch
+            if self.concurrency > 1:
+                while len(self._in_flight) >= self.max_in_flight and not self._stop.is_set():
+                    await asyncio.wait(set(self._in_flight), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                batch = max(1, min(self.batch, self.max_in_flight - len(self._in_flight)))
             try:
-                msgs = await self._sub.fetch(batch=self.batch, timeout=1.0)
+                msgs = await self._sub.fetch(batch=batch, timeout=1.0)
             except NatsTimeout:
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.Error, Exception) as exc:
@@ -142,40 +172,78 @@ class ServiceRunner:
             log.debug("%s: resubscribe failed: %s", self.service.name, exc)
 
     async def process(self, msgs: list[Any]) -> None:
+        if self.concurrency > 1:
+            for msg in msgs:
+                self._dispatch(msg)
+            return
         for msg in msgs:
-            stored = stored_from_msg(msg)
-            self.stats.last_seq = stored.seq
-            if stored.status == "unknown":
-                log.warning("%s: skipping %s at seq %d", self.service.name, stored.reason, stored.seq)
-                self.stats.skipped += 1
-                await msg.ack()
-                continue
-            if stored.status == "newer":
-                log.warning("%s: holding %s (upgrade this service)", self.service.name, stored.reason)
-                await msg.nak(delay=NEWER_VERSION_DELAY_S)
-                continue
-            if stored.status == "poison":
-                await self.park(msg, stored, stored.reason)
-                continue
-            keepalive = asyncio.create_task(self._keep_alive(msg))
+            await self._process_one(msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        """Concurrent mode: start handling `msg` after the previous message with its key."""
+        stored = stored_from_msg(msg)
+        key = ""
+        if stored.status == "ok":
             try:
-                out = await self.service.handle(stored)
-                await self.emit(stored, out)
-            except Exception as exc:
-                self.stats.failed += 1
-                self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
-                delivered = msg.metadata.num_delivered
-                if delivered >= self.max_deliver:
-                    await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
-                else:
-                    log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name,
-                                stored.seq, delivered, exc)
-                    await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
-                continue
-            finally:
-                keepalive.cancel()
+                key = str(self.service.ordering_key(stored))  # type: ignore[attr-defined]
+            except Exception:  # no key: order it with the other keyless messages
+                key = ""
+        previous = self._tails.get(key)
+        task = asyncio.create_task(self._after(previous, msg, stored))
+        self._tails[key] = task
+        self._in_flight.add(task)
+
+        def done(t: asyncio.Task, key: str = key) -> None:
+            self._in_flight.discard(t)
+            if self._tails.get(key) is t:
+                del self._tails[key]
+
+        task.add_done_callback(done)
+
+    async def _after(self, previous: asyncio.Task | None, msg: Any, stored: Stored) -> None:
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            async with self._slots:
+                await self._process_one(msg, stored)
+        finally:
+            keepalive.cancel()
+
+    async def _process_one(self, msg: Any, stored: Stored | None = None) -> None:
+        stored = stored or stored_from_msg(msg)
+        self.stats.last_seq = max(self.stats.last_seq, stored.seq)
+        if stored.status == "unknown":
+            log.warning("%s: skipping %s at seq %d", self.service.name, stored.reason, stored.seq)
+            self.stats.skipped += 1
             await msg.ack()
-            self.stats.handled += 1
+            return
+        if stored.status == "newer":
+            log.warning("%s: holding %s (upgrade this service)", self.service.name, stored.reason)
+            await msg.nak(delay=NEWER_VERSION_DELAY_S)
+            return
+        if stored.status == "poison":
+            await self.park(msg, stored, stored.reason)
+            return
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            out = await self.service.handle(stored)
+            await self.emit(stored, out)
+        except Exception as exc:
+            self.stats.failed += 1
+            self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+            delivered = msg.metadata.num_delivered
+            if delivered >= self.max_deliver:
+                await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
+            else:
+                log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name,
+                            stored.seq, delivered, exc)
+                await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
+            return
+        finally:
+            keepalive.cancel()
+        await msg.ack()
+        self.stats.handled += 1
 
     async def _keep_alive(self, msg: Any) -> None:
         while True:
