@@ -1,0 +1,121 @@
+"""The events package: envelope, registry, derived ids, upcasting, schemas, docs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skypurza.events import naming
+from skypurza.events.docgen import ROLES, render
+from skypurza.events.envelope import (REGISTRY, UPCASTERS, Event, PoisonEvent, decode, derive_id, make_envelope,
+                                      register, upcaster)
+from skypurza.events.models import PlacementChosen, TaskSubmitted, all_event_types
+from skypurza.events.schemas import event_schemas
+from skypurza.events.types import Candidate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+REQUIRED = {"TaskSubmitted", "PlacementChosen", "PlacementFailed", "CapacityError", "ClusterProvisioned",
+            "ProvisionFailed", "DownRequested", "ClusterTerminated", "JobQueued", "JobStarted", "JobSucceeded",
+            "JobFailed", "JobCancelled", "SpotPreempted", "UsageRecorded"}
+
+
+def test_required_event_types_exist_and_are_frozen_cloudevents():
+    names = {c.__name__ for c in all_event_types()}
+    assert REQUIRED <= names
+    ev = TaskSubmitted(task_id="t1", cluster="c", task={"run": "x"})
+    with pytest.raises(Exception):
+        ev.cluster = "other"  # frozen
+    env = make_envelope(ev, source="/test")
+    doc = json.loads(env.to_json())
+    assert set(doc) >= {"specversion", "id", "source", "type", "time", "subject", "datacontenttype", "data"}
+    assert doc["specversion"] == "1.0" and doc["type"] == "io.skypurza.task_submitted.v1"
+    assert doc["subject"] == "task/t1" and doc["datacontenttype"] == "application/json"
+    back = decode(env.to_json())
+    assert back.status == "ok" and back.event == ev
+
+
+def test_derived_ids_are_deterministic_and_distinct():
+    a = derive_id("cause-1", "optimizer", "attempt-1")
+    assert a == derive_id("cause-1", "optimizer", "attempt-1")
+    assert len({a, derive_id("cause-2", "optimizer", "attempt-1"), derive_id("cause-1", "provisioner", "attempt-1"),
+                derive_id("cause-1", "optimizer", "attempt-2")}) == 4
+
+
+def test_unknown_newer_and_poison():
+    env = make_envelope(TaskSubmitted(task_id="t", cluster="c", task={}), source="/t")
+    unknown = env.model_copy(update={"type": "io.skypurza.brand_new.v1"})
+    assert decode(unknown.to_json()).status == "unknown"
+    foreign = env.model_copy(update={"type": "com.example.other"})
+    assert decode(foreign.to_json()).status == "unknown"
+    newer = env.model_copy(update={"type": "io.skypurza.task_submitted.v7"})
+    assert decode(newer.to_json()).status == "newer"
+    with pytest.raises(PoisonEvent):
+        decode(b"\xff\xfe")
+    with pytest.raises(PoisonEvent):
+        decode(env.model_copy(update={"data": {"task_id": "t"}}).to_json())
+
+
+def test_upcaster_chain_runs_before_validation():
+    @register
+    class RenamedThing(Event):
+        EVENT_NAME = "test_renamed_thing"
+        VERSION = 3
+        AGGREGATE = "test"
+        AGGREGATE_KEY = "thing_id"
+        thing_id: str
+        cost_micros: int
+
+    @upcaster("test_renamed_thing", 1)
+    def v1_v2(d):
+        return {"thing_id": d["id"], "cost_usd": d["cost_usd"]}
+
+    @upcaster("test_renamed_thing", 2)
+    def v2_v3(d):
+        return {"thing_id": d["thing_id"], "cost_micros": round(d["cost_usd"] * 1_000_000)}
+
+    try:
+        env = make_envelope(RenamedThing(thing_id="x", cost_micros=1), source="/t")
+        old = env.model_copy(update={"type": "io.skypurza.test_renamed_thing.v1", "data": {"id": "x", "cost_usd": 1.5}})
+        got = decode(old.to_json())
+        assert got.status == "ok" and got.event == RenamedThing(thing_id="x", cost_micros=1_500_000)
+    finally:
+        REGISTRY.pop("test_renamed_thing")
+        UPCASTERS.pop(("test_renamed_thing", 1))
+        UPCASTERS.pop(("test_renamed_thing", 2))
+
+
+def test_every_upcaster_chain_reaches_the_latest_version():
+    for cls in all_event_types():
+        for v in range(1, cls.VERSION):
+            assert (cls.EVENT_NAME, v) in UPCASTERS, f"{cls.__name__}: no upcaster from v{v}"
+
+
+def test_event_schemas_cover_every_type_and_validate_real_events():
+    import jsonschema
+    schemas = event_schemas()
+    assert set(schemas) == {c.type_name() for c in all_event_types()}
+    env = make_envelope(PlacementChosen(task_id="t", cluster="c", attempt=1, candidate=Candidate(infra="aws")),
+                        source="/t")
+    jsonschema.validate(json.loads(env.to_json()), schemas["io.skypurza.placement_chosen.v1"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**json.loads(env.to_json()), "type": "io.skypurza.other.v1"},
+                            schemas["io.skypurza.placement_chosen.v1"])
+
+
+def test_docs_events_md_is_generated_and_complete():
+    assert set(ROLES) == {c.EVENT_NAME for c in all_event_types()}, "give every event its roles in docgen.ROLES"
+    assert (ROOT / "docs" / "events.md").read_text() == render(), \
+        "docs/events.md is stale: python -m skypurza.events.docgen > docs/events.md"
+
+
+def test_naming_shapes():
+    assert naming.name("dev", "ledger", "projections") == "skypurza-dev-ledger-projections"
+    assert naming.events_stream("prod") == "skypurza-prod-bus-events"
+    assert naming.event_subject("dev", "cluster", "my.cluster", "job_queued") == \
+        "skypurza.dev.evt.cluster.my%2Ecluster.job_queued"
+    assert naming.base_tags("dev") == {"Project": "skypurza", "Stage": "dev"}
+    with pytest.raises(ValueError):
+        naming.name("Bad Stage", "x", "y")
