@@ -8,6 +8,8 @@ is only accepted where the schema says so. `NotNull` gives fields that behaviour
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +30,37 @@ def spz_error(message: str, *subpath: str | int, found: bool = False) -> Pydanti
     return PydanticCustomError("spz", "{message}", {"message": message, "subpath": tuple(subpath), "append_found": found})
 
 
-def _reject_null(value: Any) -> Any:
-    if value is None:
-        raise spz_error("null is not accepted here", found=False)
-    return value
+def _what(tp: Any) -> str:
+    """'a string', 'a mapping', ... for the types a field accepts (null aside)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _what(typing.get_args(tp)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        kinds = [_what(a) for a in typing.get_args(tp) if a is not type(None)]
+        kinds = list(dict.fromkeys(kinds))
+        return kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
+    if tp is str:
+        return "a string"
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if origin is dict or tp is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
+        return "a mapping"
+    if origin is list or tp is list:
+        return "a list"
+    return "a value"
+
+
+def _null_rejecter(expected: str) -> Callable[[Any], Any]:
+    def reject_null(value: Any) -> Any:
+        if value is None:
+            raise spz_error(f"expected {expected}, found null")
+        return value
+
+    return reject_null
 
 
 def _drop_null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +80,7 @@ class _NotNull:
     """Annotated marker: the key may be absent (None in Python), but not written as null."""
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_before_validator_function(_reject_null, handler(source))
+        return core_schema.no_info_before_validator_function(_null_rejecter(_what(source)), handler(source))
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
         return _drop_null(handler(schema))
@@ -79,7 +108,8 @@ def is_str(v: Any) -> bool:
 
 
 def is_dict(v: Any) -> bool:
-    return isinstance(v, dict)
+    # Models count too: discriminators also run when a validated model is dumped.
+    return isinstance(v, (dict, BaseModel))
 
 
 def is_list(v: Any) -> bool:
@@ -104,7 +134,8 @@ def check_enum(value: str, accepted: tuple[str, ...], what: str, *, case_sensiti
 
     hit = value in accepted if case_sensitive else value.lower() in {a.lower() for a in accepted}
     if not hit:
-        raise spz_error(f"{what} must be one of {', '.join(accepted)}, found {value!r}.{did_you_mean(value, accepted)}".rstrip())
+        hint = did_you_mean(value, accepted)
+        raise spz_error(f"{what} must be one of {', '.join(accepted)}; found {value!r}" + (f".{hint}" if hint else ""))
     return value
 
 

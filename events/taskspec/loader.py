@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import Problem, TaskSpecError
-from .messages import findings
+from .messages import describe, findings
 from .task import Task
 from .values import JOB_GROUP_NAME_RE
 from .warnings import task_warnings
@@ -77,7 +77,7 @@ def load_tasks(
     text, shown = _read(path_or_text, filename)
     docs, issues = parse_documents(text)
     multi = len(docs) + len(issues) > 1 or (len(docs) == 1 and docs[0].index > 0)
-    problems = [Problem(shown, i.line, i.column, "", i.message, i.document if multi else None) for i in issues]
+    problems = [Problem(shown, i.line, i.column, i.path, i.message, i.document if multi else None) for i in issues]
     docs = [d for d in docs if d.data is not None]  # empty documents are skipped
     if problems and not docs:
         raise TaskSpecError(problems)
@@ -129,7 +129,9 @@ def _is_header(data: Any, count: int) -> bool:
     keys = set(data)
     if data.get("execution") == "parallel":
         return keys <= JOB_GROUP_HEADER_KEYS
-    return keys <= PIPELINE_HEADER_KEYS and (count > 1 or keys == {"name"})
+    # A lone `name: x` document is a task named x (SkyPilot makes it a header and then a task
+    # of that name: the same thing).
+    return keys <= PIPELINE_HEADER_KEYS and count > 1
 
 
 def _check_header(header: dict[str, Any], doc: Document, file: str | None, multi: bool) -> tuple[str | None, list[Problem]]:
@@ -141,10 +143,10 @@ def _check_header(header: dict[str, Any], doc: Document, file: str | None, multi
 
     name = header.get("name")
     if not isinstance(name, str):
-        add(["name"], f"expected a string name for the pipeline, found {name!r}")
+        add(["name"], f"expected a string, found {describe(name)}")
     execution = header.get("execution", "serial")
     if execution not in EXECUTIONS:
-        add(["execution"], f"execution must be serial (a pipeline) or parallel (a job group), found {execution!r}")
+        add(["execution"], f"execution must be serial (a pipeline) or parallel (a job group), found {describe(execution)}")
         return None, problems
     if execution == "parallel":
         if isinstance(name, str) and not JOB_GROUP_NAME_RE.match(name):
@@ -154,7 +156,7 @@ def _check_header(header: dict[str, Any], doc: Document, file: str | None, multi
             add(["primary_tasks"], "expected a list of job names")
         delay = header.get("termination_delay")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, str, dict))):
-            add(["termination_delay"], f"expected seconds, a duration or a mapping, found {delay!r}")
+            add(["termination_delay"], f"expected seconds, a duration or a mapping, found {describe(delay)}")
     return ("parallel" if execution == "parallel" else ("serial" if "execution" in header else None)), problems
 
 

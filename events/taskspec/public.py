@@ -19,7 +19,7 @@ MIN_SCRUB_LENGTH = 4
 
 
 def public_dict(task: Task) -> dict[str, Any]:
-    out = task.to_yaml_dict()
+    out = task.to_yaml_dict(json_safe=True)
     values = task.secret_values()
     if isinstance(out.get("secrets"), dict):
         out["secrets"] = {name: None for name in out["secrets"]}

@@ -104,8 +104,9 @@ def check_strategy(name: str) -> None:
     # SkyPilot's schema takes any string; its launch-time validation rejects unknown strategies.
     if name.lower() == "none" or name.upper() in RECOVERY_STRATEGIES:
         return
-    raise spz_error(f"unknown recovery strategy {name!r}; accepted: {', '.join(RECOVERY_STRATEGIES)}, or none."
-                    f"{did_you_mean(name.upper(), RECOVERY_STRATEGIES)}")
+    hint = did_you_mean(name.upper(), RECOVERY_STRATEGIES)
+    raise spz_error(f"unknown recovery strategy {name!r}; accepted: {', '.join(RECOVERY_STRATEGIES)} or none"
+                    + (f".{hint}" if hint else ""))
 
 
 Recovery = Annotated[

@@ -216,15 +216,20 @@ class Task(Strict):
 
     # ----------------------------------------------------------------------------- dumps
 
-    def to_yaml_dict(self) -> dict[str, Any]:
-        """The task as plain YAML data, in the form written (with $VAR templates); secrets included."""
-        out: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    def to_yaml_dict(self, *, json_safe: bool = False) -> dict[str, Any]:
+        """The task as plain YAML data, in the form written (with $VAR templates); secrets included.
+
+        Free-form sections keep YAML's own values (dates, ...); `json_safe` turns them into
+        JSON types (for events), at the price of an exact round trip of such values.
+        """
+        out: dict[str, Any] = self.model_dump(mode="json" if json_safe else "python", by_alias=True,
+                                              exclude_unset=True)
         for key, template in self._templates.items():
             out[key] = copy.deepcopy(template)
         return out
 
     def public_dict(self) -> dict[str, Any]:
-        """The task without secret values (names kept, values null): safe for the event log."""
+        """The task without secret values (names kept, values null), JSON-safe: for the event log."""
         from .public import public_dict
 
         return public_dict(self)

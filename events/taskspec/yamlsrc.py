@@ -31,13 +31,18 @@ class Issue:
     column: int | None
     message: str
     document: int | None = None
+    path: str = ""
 
 
 def parse_documents(text: str) -> tuple[list[Document], list[Issue]]:
     """All documents of `text`; on a syntax error, the documents before it and the error."""
     docs: list[Document] = []
     issues: list[Issue] = []
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line, column = _line_col(text, exc.position)
+        return [], [Issue(line, column, f"YAML syntax error: character {exc.character:#06x} is not allowed in YAML")]
     try:
         index = 0
         while loader.check_node():
@@ -46,7 +51,7 @@ def parse_documents(text: str) -> tuple[list[Document], list[Issue]]:
                 break
             found = _duplicates(node) + _recursion(node)
             for issue in found:
-                issues.append(Issue(issue.line, issue.column, issue.message, index))
+                issues.append(Issue(issue.line, issue.column, issue.message, index, issue.path))
             if not found:
                 docs.append(Document(index, loader.construct_document(node), node))
             index += 1
@@ -64,6 +69,11 @@ def parse_documents(text: str) -> tuple[list[Document], list[Issue]]:
     return docs, issues
 
 
+def _line_col(text: str, position: int) -> tuple[int, int]:
+    before = text[:position]
+    return before.count("\n") + 1, position - (before.rfind("\n") + 1) + 1
+
+
 def _key_text(node: Node) -> str | None:
     return node.value if isinstance(node, ScalarNode) else None
 
@@ -71,16 +81,17 @@ def _key_text(node: Node) -> str | None:
 def _duplicates(root: Node) -> list[Issue]:
     issues: list[Issue] = []
     seen_nodes: set[int] = set()
-    stack: list[Node] = [root]
+    stack: list[tuple[Node, tuple[str | int, ...]]] = [(root, ())]
     while stack:
-        node = stack.pop()
+        node, path = stack.pop()
         if id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
         if isinstance(node, MappingNode):
             first: dict[tuple[str, str], Node] = {}
             for key, value in node.value:
-                stack.append(value)
+                text = _key_text(key)
+                stack.append((value, path + (text if text is not None else "?",)))
                 if key.tag == _MERGE_TAG or not isinstance(key, ScalarNode):
                     continue
                 ident = (key.tag, key.value)
@@ -88,11 +99,11 @@ def _duplicates(root: Node) -> list[Issue]:
                     prev = first[ident]
                     issues.append(Issue(key.start_mark.line + 1, key.start_mark.column + 1,
                                         f"duplicate key '{key.value}' (first given at line {prev.start_mark.line + 1}); "
-                                        "a key may appear once in a mapping"))
+                                        "a key may appear once in a mapping", path=".".join(map(str, path + (key.value,)))))
                 else:
                     first[ident] = key
         elif isinstance(node, SequenceNode):
-            stack.extend(node.value)
+            stack.extend((child, path + (i,)) for i, child in enumerate(node.value))
     return sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
 
 
