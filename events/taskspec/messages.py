@@ -6,7 +6,7 @@ import datetime
 import difflib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +95,7 @@ def _unknown_key(key: str | int, model: type[BaseModel] | None) -> str:
     return f"{text}. Accepted keys: {', '.join(public)}"
 
 
-def findings(errors: Sequence[dict[str, Any]], root: type[BaseModel]) -> list[Finding]:
+def findings(errors: Sequence[Mapping[str, Any]], root: type[BaseModel]) -> list[Finding]:
     out: list[Finding] = []
     for err in errors:
         loc: Loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(TAG)))

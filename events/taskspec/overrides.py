@@ -97,7 +97,8 @@ def override_dict(data: dict[str, Any], overrides: CliOverrides) -> dict[str, An
         value = getattr(overrides, key)
         if value is not None:
             data[key] = value
-    return apply_variable_overrides(data, dict(overrides.envs), dict(overrides.secrets))
+    out: dict[str, Any] = apply_variable_overrides(data, dict(overrides.envs), dict(overrides.secrets))
+    return out
 
 
 def apply_overrides(task: Task, overrides: CliOverrides) -> Task:

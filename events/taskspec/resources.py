@@ -178,8 +178,8 @@ class DockerLoginConfig(Strict):
 _LEGACY_LOCATION = ("cloud", "region", "zone")
 
 
-class ResourceAlternative(Strict):
-    """One set of resources: the keys allowed in an `any_of` or `ordered` entry."""
+class _ResourceKeys(Strict):
+    """The keys shared by `resources` and its `any_of`/`ordered` entries (accelerators aside)."""
 
     infra: Annotated[str | None, NotNull, Field(description=(
         "Where to run: CLOUD[/REGION[/ZONE]] with * wildcards (aws, aws/us-east-1, "
@@ -187,8 +187,6 @@ class ResourceAlternative(Strict):
     cloud: Annotated[str | None, NotNull, Field(description="Deprecated: use infra.", json_schema_extra={"deprecated": True})] = None
     region: Annotated[str | None, NotNull, Field(description="Deprecated: use infra.", json_schema_extra={"deprecated": True})] = None
     zone: Annotated[str | None, NotNull, Field(description="Deprecated: use infra.", json_schema_extra={"deprecated": True})] = None
-    accelerators: Annotated[AccelOne | None, NotNull, Field(description="Accelerator and count: A100:8.")] = None
-    gpus: Annotated[AccelOne | None, NotNull, Field(description="Alias of accelerators.")] = None
     cpus: Annotated[Quantity | None, NotNull, Field(description="vCPUs per node: 4 (exactly) or 4+ (at least).")] = None
     memory: Annotated[Quantity | None, NotNull, Field(description=(
         "Memory per node in GiB: 16, 16+, 16GB, 1TB+, or 4x (GiB per vCPU)."))] = None
@@ -229,7 +227,7 @@ class ResourceAlternative(Strict):
     def _cloud(cls, v: str) -> str:
         return check_enum(v, SKYPILOT_CLOUDS, "cloud")
 
-    @field_validator("accelerators", "gpus")
+    @field_validator("accelerators", "gpus", check_fields=False)
     @classmethod
     def _accelerators(cls, v: Any) -> Any:
         check_accelerators(v)
@@ -300,9 +298,9 @@ class ResourceAlternative(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_way_to_say_it(self) -> ResourceAlternative:
+    def _one_way_to_say_it(self) -> _ResourceKeys:
         check_location_keys(self.model_fields_set)
-        if self.accelerators is not None and self.gpus is not None:
+        if {"accelerators", "gpus"} <= self.model_fields_set:
             raise spz_error("give either `accelerators` or its alias `gpus`, not both", "gpus")
         return self
 
@@ -354,7 +352,14 @@ def accelerator_choices(v: Any) -> list[str]:
     return [key if count is None else f"{key}:{count}" for key, count in v.items()]
 
 
-class Resources(ResourceAlternative):
+class ResourceAlternative(_ResourceKeys):
+    """One set of resources: the keys allowed in an `any_of` or `ordered` entry."""
+
+    accelerators: Annotated[AccelOne | None, NotNull, Field(description="Accelerator and count: A100:8.")] = None
+    gpus: Annotated[AccelOne | None, NotNull, Field(description="Alias of accelerators.")] = None
+
+
+class Resources(_ResourceKeys):
     """The task's `resources:`; `any_of`/`ordered` entries are merged over the other keys."""
 
     accelerators: Annotated[AccelForms | None, NotNull, Field(description=(

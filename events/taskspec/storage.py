@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Union
 
 from pydantic import Field, Tag, field_validator, model_validator
 
-from ._base import NotNull, Open, Strict, check_enum, choose, is_dict, is_int, is_list, is_str, spz_error, tag
+from ._base import NotNull, Open, Strict, check_enum, choose, is_int, is_list, is_str, spz_error, tag
 from .values import DISK_SIZE_RE, SKYPILOT_CLOUDS
 
 STORES: tuple[str, ...] = ("S3", "GCS", "AZURE", "R2", "IBM", "OCI", "NEBIUS", "COREWEAVE", "VASTDATA", "HF", "VOLUME")
@@ -89,10 +89,6 @@ class Storage(Strict):
         if self.name is None and self.source is None:
             raise spz_error("a storage mount needs a `name` (bucket) or a `source` (path or bucket URL)")
         return self
-
-
-def is_storage_dict(value: Any) -> bool:
-    return is_dict(value)
 
 
 class VolumeConfig(Open):

@@ -17,7 +17,7 @@ from pydantic_core import core_schema
 from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
 from .config import TaskConfig
 from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute
-from .resources import Resources
+from .resources import AutostopConfig, Resources
 from .service import Service
 from .storage import Storage, VolumeMount
 from .values import ENV_NAME_RE, TASK_NAME_RE, parse_autostop
@@ -212,7 +212,7 @@ class Task(Strict):
         if self.resources is None or self.resources.autostop is None:
             return None
         value = self.resources.autostop
-        return parse_autostop(value.model_dump(exclude_unset=True) if hasattr(value, "model_dump") else value)
+        return parse_autostop(value.model_dump(exclude_unset=True) if isinstance(value, AutostopConfig) else value)
 
     # ----------------------------------------------------------------------------- dumps
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .accelerators import suggest
-from .resources import AutostopConfig, ResourceAlternative, accelerator_choices
+from .resources import AutostopConfig, ResourceAlternative, Resources, accelerator_choices
 from .values import Infra, format_infra, parse_accelerator
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def task_warnings(task: Task) -> list[tuple[Loc, str]]:
     return out
 
 
-def _resource_warnings(res: ResourceAlternative, at: Loc) -> list[tuple[Loc, str]]:
+def _resource_warnings(res: Resources | ResourceAlternative, at: Loc) -> list[tuple[Loc, str]]:
     out: list[tuple[Loc, str]] = []
     legacy = [k for k in ("cloud", "region", "zone") if k in res.model_fields_set]
     if legacy:
@@ -50,4 +50,5 @@ def _resource_warnings(res: ResourceAlternative, at: Loc) -> list[tuple[Loc, str
 
 def _dict_key(value: object, index: int) -> str:
     assert isinstance(value, dict)
-    return list(value)[index]
+    keys: list[str] = list(value)
+    return keys[index]
