@@ -1,0 +1,523 @@
+"""The node agent: one process per node that runs its cluster's jobs.
+
+It connects to the bus, announces NodeReady, replays its cluster's events from
+`AgentSpec.extra["start_seq"]` (so a late boot still sees everything), finds the processes a
+previous agent on this node left behind, then follows the cluster's events live. After every
+event, process exit and tick it asks `decide()` what to do and does it. It never keeps state
+that the log and its home directory do not hold: kill it at any moment and start it again,
+and it carries on (see docs/agent.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from skypurza.events import naming
+from skypurza.events.agentspec import AgentSpec
+from skypurza.events.bus import Bus, Stored, stored_from_msg
+from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
+from skypurza.events.envelope import Event, new_id, utcnow
+from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
+
+from . import mounts
+from .decide import (
+    LOST_EXIT,
+    SYNC_FAILED_EXIT,
+    Action,
+    Kill,
+    LocalState,
+    Outcome,
+    PublishDown,
+    PublishIdle,
+    PublishOutcome,
+    PublishStarted,
+    Start,
+    decide,
+    key,
+)
+from .envcontract import JobContext, cluster_task_id, gpus_per_node, job_environment
+from .gpus import detect_gpus
+from .procs import LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
+from .view import ClusterView, JobView
+
+log = logging.getLogger("skypurza.agent")
+
+STATE_DIRNAME = ".spz-agent"
+READY_FILE = "ready"
+HANDLER = "agent"
+# Secret values shorter than this are not masked in job output (they would mask ordinary words).
+MIN_REDACT_LENGTH = 8
+REDACTED = "<redacted>"
+
+
+@dataclass
+class _Prepared:
+    task: Any
+    secrets: dict[str, str]
+
+
+def start_time_of(pid: int) -> float | None:
+    """When a process started (epoch seconds), from /proc: tells a reused pid from ours."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        ticks = int(fields[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def is_our_process(pid: int, started_at: float | None) -> bool:
+    if not pid_alive(pid):
+        return False
+    if started_at is None:
+        return True
+    began = start_time_of(pid)
+    return began is None or abs(began - started_at) < 5.0
+
+
+class Agent:
+    def __init__(self, spec: AgentSpec, *, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
+                 tick_s: float = 1.0, clock: Callable[[], datetime] = utcnow, detect_gpu: bool = True):
+        self.spec = spec
+        self.rank = spec.rank
+        self.home = Path(spec.home).expanduser() if spec.home else Path.home()
+        self.state = self.home / STATE_DIRNAME
+        self.workdir = self.home / mounts.SKY_WORKDIR
+        self.view = ClusterView(spec.cluster, spec.num_nodes)
+        self.local = LocalState()
+        self.heartbeat_s = heartbeat_s
+        self.kill_grace_s = kill_grace_s
+        self.tick_s = tick_s
+        self.clock = clock
+        self.detect_gpu = detect_gpu
+        self.agent_id = new_id()
+        self.bus: Bus | None = None
+        self.stop_event = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._ending: str | None = None
+        self._pgids: dict[tuple[int, str], int] = {}
+        self._watchers: set[asyncio.Task] = set()
+        self._prepared: dict[int, _Prepared] = {}
+        self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> int:
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.bus = await self._connect()
+        gpus = await asyncio.to_thread(detect_gpus) if self.detect_gpu else {}
+        await self._publish(NodeReady(cluster=self.spec.cluster, rank=self.rank, host=self._ip(),
+                                      pid=os.getpid(), agent_id=self.agent_id, gpus=gpus))
+        # Tells whoever started this agent (the local backend waits for it) that it is connected.
+        (self.state / READY_FILE).write_text(str(os.getpid()))
+        heartbeat = asyncio.create_task(self._heartbeats())
+        follower: asyncio.Task | None = None
+        try:
+            start_seq = await self._start_seq()
+            async for stored in self.bus.replay(filter_subject=self._subject, start_seq=start_seq):
+                self._fold(stored)
+            if self.view.terminated:
+                log.info("cluster %s is terminated; nothing to do", self.spec.cluster)
+                await self._kill_leftovers()
+                return 0
+            await self._recover()
+            follower = asyncio.create_task(self._follow(max(start_seq, self.view.last_seq + 1)))
+            while not self.stop_event.is_set():
+                if self._ending:
+                    await self._end(self._ending)
+                    return 0
+                await self._step()
+                await self._wait()
+            return 0
+        finally:
+            for t in (heartbeat, follower):
+                if t is not None:
+                    t.cancel()
+            for t in list(self._watchers):
+                t.cancel()
+            await asyncio.gather(heartbeat, *(t for t in [follower] if t), *self._watchers, return_exceptions=True)
+            await self.bus.close()
+
+    async def _connect(self) -> Bus:
+        delay = 0.5
+        source = f"/{naming.PROJECT}/{self.spec.stage}/agent/{self.spec.cluster}/{self.rank}"
+        while True:
+            try:
+                return await Bus.connect(self.spec.nats_url, self.spec.stage, source=source)
+            except Exception as exc:  # the bus may come up after the node (EC2 boot, restarts)
+                log.warning("cannot reach the bus at %s (%s); retrying", self.spec.nats_url, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _start_seq(self) -> int:
+        given = self.spec.extra.get("start_seq")
+        if given:
+            return int(given)
+        assert self.bus is not None
+        last = await self.bus.last_event(
+            naming.event_subject(self.spec.stage, "cluster", self.spec.cluster, ClusterTerminated.EVENT_NAME))
+        return last.seq + 1 if last is not None else 1
+
+    async def _follow(self, start_seq: int) -> None:
+        assert self.bus is not None
+        async for msg in self.bus.follow(filter_subject=self._subject, start_seq=start_seq):
+            stored = stored_from_msg(msg)
+            if stored.seq <= self.view.last_seq:
+                continue
+            self._fold(stored)
+            if isinstance(stored.event, (ClusterStopped, ClusterTerminated)):
+                self._ending = stored.event.EVENT_NAME
+            self._wake.set()
+
+    def _fold(self, stored: Stored) -> None:
+        if stored.event is None or stored.envelope is None:
+            self.view.last_seq = max(self.view.last_seq, stored.seq)
+            return
+        self.view.apply(stored.event, stored.envelope.id, stored.envelope.time, stored.seq)
+
+    async def _wait(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=self.tick_s)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _end(self, why: str) -> None:
+        """The cluster stopped or was terminated under us: stop what runs, then exit."""
+        log.info("cluster %s: %s; stopping", self.spec.cluster, why)
+        if self.local.running is not None:
+            await self._do(Kill(self.local.running[0], why))
+        if self._watchers:
+            await asyncio.wait(list(self._watchers), timeout=self.kill_grace_s + 5)
+
+    # ------------------------------------------------------------------ deciding
+
+    async def _step(self) -> None:
+        for _ in range(50):
+            actions = decide(self.view, self.rank, self.local, self.clock())
+            if not actions:
+                return
+            for action in actions:
+                try:
+                    await self._do(action)
+                except Exception:
+                    log.exception("action %r failed; will retry", action)
+                    return
+
+    async def _do(self, action: Action) -> None:
+        if isinstance(action, Start):
+            await self._start(self.view.jobs[action.job_id], action.phase)
+        elif isinstance(action, Kill):
+            running = self.local.running
+            if running is None:
+                return
+            self.local.killing = True
+            pgid = self._pgids.get(running)
+            log.info("stopping job %s %s: %s", running[0], running[1], action.reason)
+            if pgid is not None:
+                task = asyncio.create_task(kill_group(pgid, self.kill_grace_s))
+                self._watchers.add(task)
+                task.add_done_callback(self._watchers.discard)
+        elif isinstance(action, PublishStarted):
+            job = self.view.jobs[action.job_id]
+            await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock()),
+                                cause=job.queued_id, key="started")
+        elif isinstance(action, PublishOutcome):
+            await self._publish_outcome(self.view.jobs[action.job_id], action.outcome)
+        elif isinstance(action, PublishDown):
+            job = self.view.jobs[action.job_id]
+            await self._publish(DownRequested(cluster=self.spec.cluster, reason="job_done",
+                                              requested_by=f"agent:{self.rank}"),
+                                cause=job.queued_id, key="down_after")
+        elif isinstance(action, PublishIdle):
+            await self._publish(ClusterIdle(cluster=self.spec.cluster, idle_since=action.idle_since,
+                                            idle_minutes=action.idle_minutes, down=action.down),
+                                cause=action.activity_id, key="idle")
+        k = key(action)
+        if k:
+            self.local.published.add(k)
+
+    async def _publish_outcome(self, job: JobView, outcome: Outcome) -> None:
+        now = self.clock()
+        event: Event
+        if outcome.status == "succeeded":
+            event = JobSucceeded(cluster=self.spec.cluster, job_id=job.job_id, ended_at=now)
+        elif outcome.status == "cancelled":
+            event = JobCancelled(cluster=self.spec.cluster, job_id=job.job_id, ended_at=now)
+        else:
+            event = JobFailed(cluster=self.spec.cluster, job_id=job.job_id, ended_at=now,
+                              phase=outcome.phase or "run", exit_code=outcome.exit_code,
+                              failed_rank=outcome.failed_rank, reason=outcome.reason)
+        # One key for every outcome: a restarted head can never publish a second, different one.
+        await self._publish(event, cause=job.queued_id, key="outcome")
+
+    # ------------------------------------------------------------------ running phases
+
+    async def _start(self, job: JobView, phase: str) -> None:
+        files = PhaseFiles(self.state, job.job_id, phase)
+        prepared = self._prepared.get(job.job_id)
+        if prepared is None:
+            try:
+                prepared = await self._prepare(job)
+            except Exception as exc:
+                await self._agent_line(job.job_id, f"job {job.job_id}: {exc}")
+                self.local.done[(job.job_id, phase)] = SYNC_FAILED_EXIT
+                await self._report(job, phase, SYNC_FAILED_EXIT, files)
+                return
+        script = prepared.task.setup if phase == "setup" else prepared.task.run
+        if not script or not script.strip():
+            self.local.done[(job.job_id, phase)] = 0
+            await self._report(job, phase, 0, files)
+            return
+        env = {**os.environ, **job_environment(self._context(job, prepared), phase)}  # type: ignore[arg-type]
+        env.pop("SKYPURZA_NATS_URL", None)
+        if self.spec.infra == "local":
+            env["HOME"] = str(self.home)  # each local node is a machine with its own home
+        proc = await asyncio.to_thread(spawn, files, script, self.workdir, env)
+        self.local.running = (job.job_id, phase)
+        self.local.killing = False
+        self._pgids[(job.job_id, phase)] = proc.pid
+        log.info("job %s: %s started (pid %s)", job.job_id, phase, proc.pid)
+        self._watch(job, phase, files, proc.pid, proc)
+
+    async def _prepare(self, job: JobView) -> _Prepared:
+        """Secrets, the task, the workdir and file mounts of a job on this node (once per job)."""
+        from skypurza.events.taskspec.task import Task
+
+        assert self.bus is not None
+        secrets = await self.bus.get_secrets(job.queued.secrets_key)
+        try:
+            task = Task.from_public_dict(job.queued.task, secrets)
+        except Exception as exc:
+            raise RuntimeError(f"the task cannot be read: {exc}") from None
+        workdir = task.workdir.model_dump(exclude_none=True) if hasattr(task.workdir, "model_dump") else task.workdir
+        file_mounts = {dst: (src.model_dump(exclude_none=True) if hasattr(src, "model_dump") else src)
+                       for dst, src in (task.file_mounts or {}).items()}
+        synced = self.state / "jobs" / str(job.job_id) / "synced"
+        steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home)
+        for step in steps:
+            try:
+                await asyncio.to_thread(mounts.apply_step, step)
+            except mounts.SyncError as exc:
+                hint = "" if self.spec.infra == "local" else (
+                    " (on cloud nodes, name a bucket (s3://...) or a path that exists on the node image)")
+                raise RuntimeError(f"cannot put {step.source} in place at {step.dest}: {exc}{hint}") from None
+        synced.parent.mkdir(parents=True, exist_ok=True)
+        synced.touch()
+        prepared = _Prepared(task, secrets)
+        self._prepared[job.job_id] = prepared
+        return prepared
+
+    def _context(self, job: JobView, prepared: _Prepared) -> JobContext:
+        q = job.queued
+        task = prepared.task
+        prov = self.view.provisioned
+        region = self.spec.region or (prov.candidate.region if prov else None)
+        zone = self.spec.zone or (prov.candidate.zone if prov else None)
+        return JobContext(
+            cluster=self.spec.cluster, job_id=job.job_id, rank=self.rank, cluster_ips=self._cluster_ips(),
+            job_num_nodes=job.num_nodes,
+            task_id=q.skypilot_task_id or cluster_task_id(job.queued_at, self.spec.cluster, job.job_id),
+            user=q.user, infra=self.spec.infra, region=region, zone=zone,
+            gpus_per_node=gpus_per_node(q.task, self.view.placed_accelerators()),
+            managed_job_id=q.managed_job_id, managed_task_ids=tuple(q.managed_task_ids),
+            envs={**task.env_values(), **prepared.secrets},
+        )
+
+    def _cluster_ips(self) -> tuple[str, ...]:
+        if self.spec.node_ips:
+            return tuple(self.spec.node_ips)
+        prov = self.view.provisioned
+        if prov is not None and prov.nodes:
+            return tuple(n.private_ip or "127.0.0.1" for n in sorted(prov.nodes, key=lambda n: n.rank))
+        return tuple("127.0.0.1" for _ in range(self.view.num_nodes))
+
+    def _watch(self, job: JobView, phase: str, files: PhaseFiles, pid: int,
+               proc: subprocess.Popen | None) -> None:
+        task = asyncio.create_task(self._watch_phase(job, phase, files, pid, proc))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _watch_phase(self, job: JobView, phase: str, files: PhaseFiles, pid: int,
+                           proc: subprocess.Popen | None) -> None:
+        """Publish the phase's output as it comes, then its exit status."""
+        assert self.bus is not None
+        tail = LogTail(files.log, files.read_offset())
+        redact = self._redactor(job.job_id)
+        while True:
+            exited = (proc.poll() is not None) if proc is not None else not pid_alive(pid)
+            lines = tail.read_lines(final=exited)
+            for line in lines:
+                await self._log_line(job.job_id, redact(line), phase)
+            if lines:
+                files.write_offset(tail.committed)
+            if exited:
+                break
+            await asyncio.sleep(0.1)
+        code = files.read_exit()
+        if code is None:
+            if proc is not None:
+                code = exit_status(proc.returncode)
+            elif self.local.killing:
+                code = 128 + signal.SIGTERM
+            else:
+                code = LOST_EXIT
+                await self._agent_line(job.job_id, f"the {phase} process (pid {pid}) is gone; its exit status "
+                                                   "is unknown")
+        if group_alive(pid):
+            await kill_group(pid, self.kill_grace_s)  # what the script left running in its group
+        self.local.done[(job.job_id, phase)] = code
+        if self.local.running == (job.job_id, phase):
+            self.local.running = None
+            self.local.killing = False
+        self._pgids.pop((job.job_id, phase), None)
+        log.info("job %s: %s ended with %s", job.job_id, phase, code)
+        await self._report(job, phase, code, files)
+        self._wake.set()
+
+    async def _report(self, job: JobView, phase: str, code: int, files: PhaseFiles) -> None:
+        event = JobNodeFinished(cluster=self.spec.cluster, job_id=job.job_id, rank=self.rank,
+                                phase=phase, exit_code=code)  # type: ignore[arg-type]
+        delay = 0.5
+        while True:
+            try:
+                await self._publish(event, cause=job.queued_id, key=f"node-{self.rank}-{phase}")
+                break
+            except Exception as exc:  # the report is the truth: keep it until the bus takes it
+                log.warning("cannot publish JobNodeFinished (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        files.dir.mkdir(parents=True, exist_ok=True)
+        files.mark_reported(code)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ after a restart
+
+    async def _recover(self) -> None:
+        """Find the phases a previous agent on this node started, and carry on truthfully."""
+        jobs_dir = self.state / "jobs"
+        if not jobs_dir.is_dir():
+            return
+        for entry in sorted(jobs_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+            if not entry.name.isdigit():
+                continue
+            job_id = int(entry.name)
+            job = self.view.jobs.get(job_id)
+            for phase in ("setup", "run"):
+                files = PhaseFiles(self.state, job_id, phase)
+                info = files.read_pid()
+                if info is None:
+                    continue
+                pid = int(info.get("pid", 0))
+                alive = pid > 0 and is_our_process(pid, info.get("started_at"))
+                if job is None or files.is_reported() or job.report(self.rank, phase) is not None:
+                    if job is not None and files.is_reported():
+                        try:
+                            self.local.done[(job_id, phase)] = int(files.reported.read_text().strip())
+                        except ValueError:
+                            pass
+                    if alive and (job is None or job.terminal):
+                        await kill_group(pid, self.kill_grace_s)
+                    continue
+                if alive:
+                    log.info("job %s: adopting the running %s (pid %s)", job_id, phase, pid)
+                    self.local.running = (job_id, phase)
+                    self._pgids[(job_id, phase)] = pid
+                    try:
+                        await self._prepare(job)  # the task and secrets again; files are in place already
+                    except Exception as exc:
+                        log.warning("job %s: cannot read its task again: %s", job_id, exc)
+                    self._watch(job, phase, files, pid, None)
+                else:
+                    code = files.read_exit()
+                    tail = LogTail(files.log, files.read_offset())
+                    redact = self._redactor(job_id)
+                    for line in tail.read_lines(final=True):
+                        await self._log_line(job_id, redact(line), phase)
+                    if code is None:
+                        code = LOST_EXIT
+                        await self._agent_line(job_id, f"the {phase} process (pid {pid}) ended while the agent was "
+                                                       "down; its exit status is unknown")
+                    self.local.done[(job_id, phase)] = code
+                    await self._report(job, phase, code, files)
+
+    async def _kill_leftovers(self) -> None:
+        run_dir = self.state / "run"
+        if not run_dir.is_dir():
+            return
+        for f in run_dir.glob("*.pgid"):
+            try:
+                pgid = int(f.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if group_alive(pgid):
+                await kill_group(pgid, self.kill_grace_s)
+            f.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ bus helpers
+
+    async def _publish(self, event: Event, *, cause: str | None = None, key: str = "") -> None:
+        assert self.bus is not None
+        env = self.bus.envelope(event, cause=cause, handler=HANDLER, key=key) if cause else self.bus.envelope(event)
+        await self.bus.publish(env)
+
+    async def _log_line(self, job_id: int, line: str, stream: str) -> None:
+        assert self.bus is not None
+        await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream)
+
+    async def _agent_line(self, job_id: int, text: str) -> None:
+        log.warning("%s", text)
+        try:
+            await self._log_line(job_id, f"[spz agent, node {self.rank}] {text}", "agent")
+        except Exception:
+            pass
+
+    def _redactor(self, job_id: int) -> Callable[[str], str]:
+        prepared = self._prepared.get(job_id)
+        values = sorted((v for v in (prepared.secrets.values() if prepared else ()) if len(v) >= MIN_REDACT_LENGTH),
+                        key=len, reverse=True)
+        if not values:
+            return lambda line: line
+
+        def redact(line: str) -> str:
+            for v in values:
+                line = line.replace(v, REDACTED)
+            return line
+
+        return redact
+
+    async def _heartbeats(self) -> None:
+        assert self.bus is not None
+        subject = naming.heartbeat_subject(self.spec.stage, self.spec.cluster, self.rank)
+        while True:
+            running = self.local.running
+            beat = {"cluster": self.spec.cluster, "rank": self.rank, "instance_id": self.spec.instance_id,
+                    "agent_id": self.agent_id, "pid": os.getpid(), "ts": self.clock().isoformat(),
+                    "job_id": running[0] if running else None, "phase": running[1] if running else None}
+            try:
+                await self.bus.nc.publish(subject, json.dumps(beat).encode())
+            except Exception as exc:
+                log.debug("heartbeat not sent: %s", exc)
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _ip(self) -> str:
+        if self.spec.node_ips and self.rank < len(self.spec.node_ips):
+            return self.spec.node_ips[self.rank]
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"

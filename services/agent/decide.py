@@ -1,0 +1,205 @@
+"""What a node agent does next: pure decisions from the cluster view and the node's own state.
+
+`decide(view, rank, local, now)` returns the actions to take, in order. The agent calls it
+after every event it reads, every process exit and every tick; doing an action changes the
+local state (or publishes an event that comes back through the view), so calling it again
+gives the next step. Nothing here does I/O or reads a clock.
+
+Rules (one job at a time per cluster, in queue order):
+- setup (when the job asks for it) runs on every node of the cluster; run starts on a node
+  once every node's setup succeeded, on ranks 0..num_nodes-1 of the job;
+- a node kills its process when the job ended, was cancelled, or another node failed;
+- the head (rank 0) decides the job's outcome from the nodes' reports: success when every
+  node's run exited 0; failure at the first non-zero report (its phase, exit code, rank);
+  cancelled when asked, once the head's own process is gone;
+- the head publishes ClusterIdle when nothing ran for the autostop interval, once per idle
+  period, and DownRequested after a job queued with down_after ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal, Union
+
+from .view import ClusterView, JobView
+
+# Exit codes of a node's report that are not the script's own.
+LOST_EXIT = -1  # the process ended while the agent was down; its exit status is unknown
+SYNC_FAILED_EXIT = -2  # the workdir or a file mount could not be put in place
+HEAD = 0
+
+Phase = Literal["setup", "run"]
+
+
+@dataclass
+class LocalState:
+    """What this node knows about itself that the log may not show yet."""
+
+    running: tuple[int, str] | None = None  # (job_id, phase) of the process this node runs
+    killing: bool = False
+    done: dict[tuple[int, str], int] = field(default_factory=dict)  # (job_id, phase) -> exit code
+    published: set[str] = field(default_factory=set)  # keys of head publications in flight
+
+    def finished(self, job: JobView, rank: int, phase: str) -> bool:
+        return (job.job_id, phase) in self.done or job.report(rank, phase) is not None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Literal["succeeded", "failed", "cancelled"]
+    phase: Literal["setup", "run", "agent"] | None = None
+    exit_code: int | None = None
+    failed_rank: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class Kill:
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PublishStarted:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    job_id: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class PublishDown:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class PublishIdle:
+    activity_id: str
+    idle_since: datetime
+    idle_minutes: int
+    down: bool
+
+
+Action = Union[Start, Kill, PublishStarted, PublishOutcome, PublishDown, PublishIdle]
+
+
+def key(action: Action) -> str:
+    """Identity of a head publication, so it is not published twice while its echo is in flight."""
+    if isinstance(action, PublishStarted):
+        return f"started:{action.job_id}"
+    if isinstance(action, PublishOutcome):
+        return f"outcome:{action.job_id}"
+    if isinstance(action, PublishDown):
+        return f"down:{action.job_id}"
+    if isinstance(action, PublishIdle):
+        return f"idle:{action.activity_id}"
+    return ""
+
+
+def job_outcome(job: JobView, cluster_nodes: int, head_running_it: bool) -> Outcome | None:
+    """The job's final state if it is decided now (head only), else None."""
+    if job.terminal:
+        return None
+    runs = job.reported_ranks("run")
+    if all(runs.get(r) == 0 for r in range(job.num_nodes)):
+        return Outcome("succeeded")
+    if job.cancel_requested:
+        return None if head_running_it else Outcome("cancelled")
+    if job.num_nodes > cluster_nodes:
+        return Outcome("failed", "run", None, None,
+                       f"the task asks for {job.num_nodes} nodes; the cluster has {cluster_nodes}")
+    first = job.first_failure()
+    if first is None:
+        return None
+    if first.exit_code == LOST_EXIT:
+        return Outcome("failed", "agent", None, first.rank,
+                       f"the {first.phase} process on node {first.rank} ended while its agent was down; "
+                       "its exit status is unknown")
+    if first.exit_code == SYNC_FAILED_EXIT:
+        return Outcome("failed", first.phase, None, first.rank,  # type: ignore[arg-type]
+                       f"the workdir or file mounts could not be put in place on node {first.rank}")
+    return Outcome("failed", first.phase, first.exit_code, first.rank,  # type: ignore[arg-type]
+                   f"{first.phase} failed on node {first.rank} with exit code {first.exit_code}")
+
+
+def kill_reason(job: JobView, rank: int) -> str | None:
+    """Why this node must stop its process for `job` now, or None."""
+    if job.terminal:
+        return f"job {job.job_id} ended ({job.status})"
+    if job.cancel_requested:
+        return f"job {job.job_id} was cancelled"
+    first = job.first_failure()
+    if first is not None and first.rank != rank:
+        return f"node {first.rank} failed ({first.phase})"
+    return None
+
+
+def next_phase(view: ClusterView, rank: int, local: LocalState) -> Start | None:
+    """The phase this node should start now, if any."""
+    if local.running is not None:
+        return None
+    job = view.current_job()
+    if job is None or job.cancel_requested or job.first_failure() is not None or job.num_nodes > view.num_nodes:
+        return None
+    if job.queued.run_setup:
+        if not local.finished(job, rank, "setup"):
+            return Start(job.job_id, "setup")
+        setup = job.reported_ranks("setup")
+        if not all(setup.get(r) == 0 for r in range(view.num_nodes)):
+            return None  # another node's setup is still running (or failed: the head ends the job)
+    if rank < job.num_nodes and not local.finished(job, rank, "run"):
+        return Start(job.job_id, "run")
+    return None
+
+
+def idle_due(view: ClusterView, now: datetime) -> PublishIdle | None:
+    """ClusterIdle once per idle period, when autostop is on and nothing ran for the interval."""
+    if (view.idle_minutes is None or view.activity_at is None or view.busy() or view.stopped
+            or view.terminated or view.down_requested or view.idle_reported_for == view.activity_id):
+        return None
+    if now - view.activity_at < timedelta(minutes=view.idle_minutes):
+        return None
+    return PublishIdle(view.activity_id, view.activity_at, view.idle_minutes, view.idle_down)
+
+
+def decide(view: ClusterView, rank: int, local: LocalState, now: datetime) -> list[Action]:
+    actions: list[Action] = []
+    if view.terminated:
+        if local.running is not None and not local.killing:
+            actions.append(Kill(local.running[0], "the cluster was terminated"))
+        return actions
+    if local.running is not None and not local.killing:
+        job = view.jobs.get(local.running[0])
+        reason = kill_reason(job, rank) if job is not None else "unknown job"
+        if reason:
+            actions.append(Kill(local.running[0], reason))
+    if rank == HEAD:
+        for job_id in sorted(view.jobs):
+            job = view.jobs[job_id]
+            head_running = local.running is not None and local.running[0] == job_id
+            outcome = job_outcome(job, view.num_nodes, head_running)
+            if outcome is not None:
+                actions.append(PublishOutcome(job_id, outcome))
+            elif job.terminal and job.queued.down_after and not view.down_requested:
+                actions.append(PublishDown(job_id))
+    start = next_phase(view, rank, local)
+    if start is not None:
+        job = view.jobs[start.job_id]
+        if rank == HEAD and not job.started:
+            actions.append(PublishStarted(start.job_id))
+        actions.append(start)
+    if rank == HEAD:
+        idle = idle_due(view, now)
+        if idle is not None:
+            actions.append(idle)
+    return [a for a in actions if not key(a) or key(a) not in local.published]

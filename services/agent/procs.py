@@ -1,0 +1,238 @@
+"""A job phase as an OS process the agent can lose and find again.
+
+Each phase (setup or run of one job) is started as
+    bash -c '<wrapper>' WORKDIR SCRIPT LOG EXIT
+in a session of its own (so one signal reaches the whole process group), with its output
+appended to a file in the agent's home and its exit status written to a file when it ends.
+Nothing ties the job to the agent process: an agent that crashes and restarts finds the pid
+file, reads the exit file if the job ended meanwhile, adopts it if it still runs, and reads
+the log file on from where it had published.
+
+Files of one phase, under `<state>/jobs/<job_id>/`: `<phase>.pid` (JSON), `<phase>.log`,
+`<phase>.exit`, `<phase>.offset` (bytes of the log already published), `<phase>.reported`
+(its JobNodeFinished was published). `<state>/run/<job_id>-<phase>.pgid` holds the process
+group id while it runs: whoever tears the node down kills every group listed there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# bash's own argument limit is ~128 KiB per argument; longer scripts run from their file.
+_MAX_INLINE_SCRIPT = 100_000
+MAX_LINE_BYTES = 64 * 1024
+
+_WRAPPER = (
+    'cd "$1" || { echo "cannot cd to $1" >>"$3"; echo 1 >"$4"; exit 1; }; '
+    '{ if [ "$2" = "@file" ]; then bash "$5"; else bash -c "$2"; fi; } >>"$3" 2>&1 </dev/null; '
+    'c=$?; printf "%s\\n" "$c" >"$4.tmp" && mv -f "$4.tmp" "$4"; exit "$c"'
+)
+
+
+@dataclass(frozen=True)
+class PhaseFiles:
+    state: Path
+    job_id: int
+    phase: str
+
+    @property
+    def dir(self) -> Path:
+        return self.state / "jobs" / str(self.job_id)
+
+    def _f(self, suffix: str) -> Path:
+        return self.dir / f"{self.phase}.{suffix}"
+
+    @property
+    def script(self) -> Path:
+        return self._f("sh")
+
+    @property
+    def log(self) -> Path:
+        return self._f("log")
+
+    @property
+    def exit(self) -> Path:
+        return self._f("exit")
+
+    @property
+    def pid(self) -> Path:
+        return self._f("pid")
+
+    @property
+    def offset(self) -> Path:
+        return self._f("offset")
+
+    @property
+    def reported(self) -> Path:
+        return self._f("reported")
+
+    @property
+    def pgid_file(self) -> Path:
+        return self.state / "run" / f"{self.job_id}-{self.phase}.pgid"
+
+    def read_exit(self) -> int | None:
+        try:
+            return int(self.exit.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def read_pid(self) -> dict | None:
+        try:
+            return json.loads(self.pid.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def read_offset(self) -> int:
+        try:
+            return int(self.offset.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def write_offset(self, offset: int) -> None:
+        _atomic_write(self.offset, str(offset))
+
+    def mark_reported(self, exit_code: int) -> None:
+        _atomic_write(self.reported, str(exit_code))
+        self.pgid_file.unlink(missing_ok=True)
+
+    def is_reported(self) -> bool:
+        return self.reported.exists()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def spawn(files: PhaseFiles, script: str, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start one phase detached from the agent (own session); record its pid and process group."""
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.pgid_file.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (files.exit, files.offset, files.reported):
+        stale.unlink(missing_ok=True)
+    files.script.write_text(script)
+    files.log.touch()
+    inline = script if len(script.encode()) < _MAX_INLINE_SCRIPT else "@file"
+    proc = subprocess.Popen(
+        ["bash", "-c", _WRAPPER, "spz-job", str(workdir), inline, str(files.log), str(files.exit),
+         str(files.script)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, start_new_session=True, close_fds=True,
+    )
+    _atomic_write(files.pid, json.dumps({"pid": proc.pid, "pgid": proc.pid, "started_at": time.time()}))
+    _atomic_write(files.pgid_file, str(proc.pid))
+    return proc
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _group_has_live_member(pgid)
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    """killpg(0) also succeeds for a group of zombies; look for one member that still runs."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def kill_group(pgid: int, grace_s: float = 10.0, poll_s: float = 0.05) -> bool:
+    """SIGTERM to the whole group, SIGKILL after `grace_s` if anything is left. True if it had to SIGKILL."""
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return False
+        await asyncio.sleep(poll_s)
+    signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+def exit_status(returncode: int) -> int:
+    """Popen's returncode as a shell reports it (killed by signal N -> 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LogTail:
+    """Complete lines appended to a file since `offset` (bytes)."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = path
+        self.offset = offset
+        self._partial = b""
+
+    def read_lines(self, final: bool = False) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            data = b""
+        if not data and not (final and self._partial):
+            return []
+        buf = self._partial + data
+        parts = buf.split(b"\n")
+        self._partial = parts.pop()
+        if final and self._partial:
+            parts.append(self._partial)
+            self._partial = b""
+        self.offset += len(data)
+        lines: list[str] = []
+        for raw in parts:
+            line = raw.rstrip(b"\r")
+            if len(line) > MAX_LINE_BYTES:
+                line = line[:MAX_LINE_BYTES] + b" [line cut]"
+            lines.append(line.decode("utf-8", errors="replace"))
+        return lines
+
+    @property
+    def committed(self) -> int:
+        """The offset up to which every line was handed out (a partial line is read again)."""
+        return self.offset - len(self._partial)

@@ -1,0 +1,175 @@
+"""What an agent knows about its cluster: a fold of the cluster's events, in log order.
+
+`ClusterView.apply(event, envelope_id, at)` is pure bookkeeping (no I/O, no clock): the agent
+replays its cluster's history through it at start, then applies each live event. Every node
+folds the same events, so every node reaches the same view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from skypurza.events.cluster_events import (
+    AutostopSet,
+    ClusterIdle,
+    ClusterProvisioned,
+    ClusterStarted,
+    ClusterStopped,
+    ClusterTerminated,
+    DownRequested,
+    StopRequested,
+)
+from skypurza.events.envelope import Event
+from skypurza.events.job_events import (
+    CancelRequested,
+    JobCancelled,
+    JobFailed,
+    JobNodeFinished,
+    JobQueued,
+    JobStarted,
+    JobSucceeded,
+)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass
+class NodeReport:
+    rank: int
+    phase: str
+    exit_code: int
+
+
+@dataclass
+class JobView:
+    job_id: int
+    queued: JobQueued
+    queued_id: str  # envelope id of the JobQueued: the cause of everything agents publish for it
+    queued_at: datetime
+    started: bool = False
+    status: str | None = None  # None while not terminal; else one of TERMINAL
+    cancel_requested: bool = False
+    reports: list[NodeReport] = field(default_factory=list)  # JobNodeFinished, in log order
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is not None
+
+    @property
+    def num_nodes(self) -> int:
+        n = self.queued.task.get("num_nodes")
+        return int(n) if isinstance(n, int) and n > 0 else 1
+
+    def report(self, rank: int, phase: str) -> NodeReport | None:
+        for r in self.reports:
+            if r.rank == rank and r.phase == phase:
+                return r
+        return None
+
+    def reported_ranks(self, phase: str) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.reports:
+            if r.phase == phase:
+                out.setdefault(r.rank, r.exit_code)
+        return out
+
+    def first_failure(self) -> NodeReport | None:
+        for r in self.reports:
+            if r.exit_code != 0:
+                return r
+        return None
+
+
+@dataclass
+class ClusterView:
+    cluster: str
+    num_nodes: int
+    provisioned: ClusterProvisioned | None = None
+    jobs: dict[int, JobView] = field(default_factory=dict)
+    idle_minutes: int | None = None
+    idle_down: bool = False
+    # The event that last reset the idle timer (its id keys the one ClusterIdle of that period).
+    activity_at: datetime | None = None
+    activity_id: str = ""
+    idle_reported_for: str = ""  # activity_id a ClusterIdle was seen for
+    stopped: bool = False
+    terminated: bool = False
+    down_requested: bool = False
+    last_seq: int = 0
+
+    # ------------------------------------------------------------------ folding
+
+    def apply(self, event: Event, envelope_id: str, at: datetime, seq: int = 0) -> None:
+        if seq:
+            self.last_seq = max(self.last_seq, seq)
+        if isinstance(event, ClusterProvisioned):
+            self.provisioned = event
+            self.num_nodes = len(event.nodes) or self.num_nodes
+            if event.idle_minutes is not None:
+                self.idle_minutes, self.idle_down = event.idle_minutes, event.down_when_idle
+            self.stopped = self.terminated = self.down_requested = False
+            self._activity(at, envelope_id)
+        elif isinstance(event, ClusterStarted):
+            self.stopped = False
+            self._activity(at, envelope_id)
+        elif isinstance(event, AutostopSet):
+            self.idle_minutes, self.idle_down = event.idle_minutes, event.down
+            self._activity(at, envelope_id)
+        elif isinstance(event, ClusterIdle):
+            self.idle_reported_for = self.activity_id
+        elif isinstance(event, ClusterStopped):
+            self.stopped = True
+        elif isinstance(event, ClusterTerminated):
+            self.terminated = True
+        elif isinstance(event, (DownRequested, StopRequested)):
+            if isinstance(event, DownRequested):
+                self.down_requested = True
+        elif isinstance(event, JobQueued):
+            if event.job_id not in self.jobs:
+                self.jobs[event.job_id] = JobView(event.job_id, event, envelope_id, at)
+            self._activity(at, envelope_id)
+        else:
+            self._apply_job(event, envelope_id, at)
+
+    def _apply_job(self, event: Event, envelope_id: str, at: datetime) -> None:
+        job_id = getattr(event, "job_id", None)
+        job = self.jobs.get(job_id) if isinstance(job_id, int) else None
+        if job is None:
+            return
+        if isinstance(event, JobStarted):
+            job.started = True
+        elif isinstance(event, JobNodeFinished):
+            if job.report(event.rank, event.phase) is None:
+                job.reports.append(NodeReport(event.rank, event.phase, event.exit_code))
+        elif isinstance(event, CancelRequested):
+            job.cancel_requested = True
+        elif isinstance(event, (JobSucceeded, JobFailed, JobCancelled)):
+            if job.status is None:
+                job.status = {JobSucceeded: "succeeded", JobFailed: "failed", JobCancelled: "cancelled"}[type(event)]
+                self._activity(at, envelope_id)
+
+    def _activity(self, at: datetime, envelope_id: str) -> None:
+        self.activity_at, self.activity_id = at, envelope_id
+
+    # ------------------------------------------------------------------ reading
+
+    def current_job(self) -> JobView | None:
+        """The oldest job that has not ended: jobs run one at a time, in queue order."""
+        for job_id in sorted(self.jobs):
+            if not self.jobs[job_id].terminal:
+                return self.jobs[job_id]
+        return None
+
+    def busy(self) -> bool:
+        return self.current_job() is not None
+
+    def placed_accelerators(self) -> dict[str, float] | None:
+        if self.provisioned is None:
+            return None
+        return self.provisioned.candidate.accelerators
+
+    def summary(self) -> dict[str, Any]:
+        return {"jobs": {j: v.status or ("running" if v.started else "pending") for j, v in self.jobs.items()},
+                "idle_minutes": self.idle_minutes, "stopped": self.stopped, "terminated": self.terminated}

@@ -1,0 +1,365 @@
+"""The `local` backend: this machine as a cluster of N nodes, each node one agent process.
+
+A gang of N nodes is N agent processes (`python -m skypurza.services.agent ...`), each in a
+session of its own (so they outlive the control plane that started them) and each with its
+own home, `<root>/clusters/<cluster>/node-<rank>`: the workdir, file mounts and job files of
+that node live there. Every node's IP is 127.0.0.1.
+
+What each agent runs is the command EC2's user-data would run: when the LaunchSpec carries a
+user-data script, the agent command is read from it (`userdata.agent_spec`), with this node's
+rank, id and home; otherwise it is built from the LaunchSpec, with `labels["start_seq"]`.
+
+- launch is idempotent per launch token (the same token finds the same gang); a new token for
+  a cluster name that still exists replaces the old gang;
+- stop terminates the agents and their jobs but keeps the homes; start spawns the agents again
+  from the recorded commands;
+- terminate kills the agents and every job process group they recorded, and removes the homes.
+
+The agents record the process groups of running jobs in `<home>/.spz-agent/run/*.pgid`
+(docs/agent.md); that file layout is the only thing shared with the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from skypurza.events import naming
+from skypurza.events.agentspec import AgentSpec
+
+from .adapter import ClusterRef, Failure, FailureKind, FailureScope, LaunchSpec, NodeInfo, NodeState, ProvisionError
+
+LOCAL_IP = "127.0.0.1"
+RECORD = "cluster.json"
+START_SEQ = "start_seq"
+# The agent's own directory in its home, and what it writes there (see docs/agent.md).
+AGENT_STATE = ".spz-agent"
+AGENT_READY = "ready"
+AGENT_LOG = "agent.log"
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class LocalAdapter:
+    infra = "local"
+
+    def __init__(self, nats_url: str, stage: str, root: Path | None = None, *,
+                 ready_timeout_s: float = 60.0, kill_grace_s: float = 5.0) -> None:
+        self.nats_url = nats_url
+        self.stage = naming.check_stage(stage)
+        self.root = Path(root) if root is not None else naming.state_dir(stage)
+        self.ready_timeout_s = ready_timeout_s
+        self.kill_grace_s = kill_grace_s
+        self._children: dict[int, subprocess.Popen] = {}
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ paths and records
+
+    def cluster_dir(self, cluster: str) -> Path:
+        return self.root / "clusters" / naming.subject_token(cluster)
+
+    def node_home(self, cluster: str, rank: int) -> Path:
+        return self.cluster_dir(cluster) / f"node-{rank}"
+
+    def _read(self, cluster: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.cluster_dir(cluster) / RECORD).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write(self, cluster: str, record: dict[str, Any]) -> None:
+        path = self.cluster_dir(cluster) / RECORD
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(path)
+
+    # ------------------------------------------------------------------ the backend interface
+
+    async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:
+        async with self._lock:
+            record = self._read(spec.cluster)
+            if record is not None and record.get("launch_token") == spec.launch_token:
+                if record.get("state") == "stopped":
+                    return self._nodes(record)
+                await self._ensure_running(record)
+                return self._nodes(record)
+            if record is not None:
+                await self._kill_all(record)
+                shutil.rmtree(self.cluster_dir(spec.cluster), ignore_errors=True)
+            record = self._new_record(spec)
+            self._write(spec.cluster, record)
+            try:
+                await self._ensure_running(record)
+            except ProvisionError:
+                await self._kill_all(record)
+                shutil.rmtree(self.cluster_dir(spec.cluster), ignore_errors=True)
+                raise
+            return self._nodes(record)
+
+    async def describe(self, ref: ClusterRef) -> list[NodeInfo]:
+        record = self._read(ref.cluster)
+        return self._nodes(record) if record is not None else []
+
+    async def stop(self, ref: ClusterRef) -> list[NodeInfo]:
+        async with self._lock:
+            record = self._read(ref.cluster)
+            if record is None:
+                return []
+            await self._kill_all(record)
+            record["state"] = "stopped"
+            record["stopped_at"] = datetime.now(timezone.utc).isoformat()
+            self._write(ref.cluster, record)
+            return self._nodes(record)
+
+    async def start(self, ref: ClusterRef) -> list[NodeInfo]:
+        async with self._lock:
+            record = self._read(ref.cluster)
+            if record is None:
+                return []
+            record["state"] = "running"
+            self._write(ref.cluster, record)
+            await self._ensure_running(record)
+            return self._nodes(record)
+
+    async def terminate(self, ref: ClusterRef) -> list[str]:
+        async with self._lock:
+            record = self._read(ref.cluster)
+            if record is None:
+                shutil.rmtree(self.cluster_dir(ref.cluster), ignore_errors=True)
+                return []
+            await self._kill_all(record)
+            shutil.rmtree(self.cluster_dir(ref.cluster), ignore_errors=True)
+            return [n["instance_id"] for n in record["nodes"]]
+
+    async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
+        if stage != self.stage:
+            return []
+        out: list[NodeInfo] = []
+        base = self.root / "clusters"
+        if not base.is_dir():
+            return out
+        for d in sorted(base.iterdir()):
+            try:
+                record = json.loads((d / RECORD).read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("stage") == stage:
+                out.extend(self._nodes(record))
+        return out
+
+    async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
+        if stage != self.stage:
+            return []
+        done: list[str] = []
+        for cluster in sorted({n.cluster for n in nodes if n.cluster}):
+            record = self._read(cluster)
+            if record is None or record.get("stage") != stage:
+                continue
+            ids = {n.instance_id for n in nodes if n.cluster == cluster}
+            async with self._lock:
+                for node in record["nodes"]:
+                    if node["instance_id"] in ids:
+                        await self._kill_node(node)
+                        shutil.rmtree(node["home"], ignore_errors=True)
+                        done.append(node["instance_id"])
+                record["nodes"] = [n for n in record["nodes"] if n["instance_id"] not in ids]
+                if record["nodes"]:
+                    self._write(cluster, record)
+                else:
+                    shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)
+        return done
+
+    async def close(self) -> None:
+        # Agents outlive the provisioner on purpose; only reap the ones that already exited.
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                self._children.pop(pid, None)
+
+    # ------------------------------------------------------------------ gangs
+
+    def _new_record(self, spec: LaunchSpec) -> dict[str, Any]:
+        now = datetime.now(timezone.utc).isoformat()
+        nodes = []
+        for rank in range(spec.num_nodes):
+            home = self.node_home(spec.cluster, rank)
+            agent = self.agent_spec(spec, rank, home)
+            nodes.append({"rank": rank, "instance_id": agent.instance_id, "home": str(home),
+                          "argv": agent.command(), "pid": None})
+        return {"cluster": spec.cluster, "stage": spec.stage, "launch_token": spec.launch_token,
+                "num_nodes": spec.num_nodes, "region": spec.region, "zone": spec.zone,
+                "instance_type": spec.instance_type, "job_id": spec.job_id, "launched_at": now,
+                "state": "running", "nodes": nodes}
+
+    def agent_spec(self, spec: LaunchSpec, rank: int, home: Path) -> AgentSpec:
+        """What node `rank` runs: the user-data's agent command when there is one, else one built here."""
+        instance_id = naming.instance_name(spec.stage, spec.cluster, rank)
+        ips = tuple(LOCAL_IP for _ in range(spec.num_nodes))
+        if spec.user_data:
+            from .userdata import agent_spec as from_user_data
+
+            agent = from_user_data(spec.user_data, rank=rank, instance_id=instance_id, zone=spec.zone,
+                                   home=str(home))
+            return replace(agent, node_ips=agent.node_ips or ips, infra="local")
+        extra = {START_SEQ: str(spec.labels[START_SEQ])} if spec.labels.get(START_SEQ) else {}
+        return AgentSpec(nats_url=self.nats_url, stage=spec.stage, cluster=spec.cluster, rank=rank,
+                         num_nodes=spec.num_nodes, node_ips=ips, instance_id=instance_id, infra="local",
+                         region=spec.region if spec.region != "local" else None, zone=spec.zone,
+                         home=str(home), extra=extra)
+
+    async def _ensure_running(self, record: dict[str, Any]) -> None:
+        """Spawn every node whose agent does not run, then wait until each says it is ready."""
+        spawned = []
+        for node in record["nodes"]:
+            if _pid_alive(node.get("pid")):
+                continue
+            home = Path(node["home"])
+            (home / AGENT_STATE).mkdir(parents=True, exist_ok=True)
+            (home / AGENT_STATE / AGENT_READY).unlink(missing_ok=True)
+            with open(home / AGENT_LOG, "ab") as out:
+                argv = list(node["argv"])
+                argv[0] = sys.executable if not Path(argv[0]).exists() else argv[0]
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=str(home),
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self._children[proc.pid] = proc
+            node["pid"] = proc.pid
+            spawned.append(node)
+        self._write(record["cluster"], record)
+        deadline = time.monotonic() + self.ready_timeout_s
+        waiting = list(spawned)
+        while waiting:
+            for node in list(waiting):
+                proc = self._children.get(node["pid"])
+                if proc is not None and proc.poll() is not None:
+                    raise self._failed(node, f"the agent of node {node['rank']} exited with {proc.returncode}")
+                if (Path(node["home"]) / AGENT_STATE / AGENT_READY).exists():
+                    waiting.remove(node)
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise self._failed(waiting[0], f"the agent of node {waiting[0]['rank']} was not ready within "
+                                               f"{self.ready_timeout_s:.0f}s")
+            await asyncio.sleep(0.05)
+
+    def _failed(self, node: dict[str, Any], message: str) -> ProvisionError:
+        log_file = Path(node["home"]) / AGENT_LOG
+        try:
+            tail = log_file.read_text(errors="replace")[-1500:]
+        except OSError:
+            tail = ""
+        failure = Failure(FailureKind.UNKNOWN, FailureScope.REQUEST, "LocalAgentFailed",
+                          message + (f"; its log ends:\n{tail}" if tail else ""),
+                          hint=f"see {log_file}")
+        return ProvisionError(failure, infra="local", region=None)
+
+    async def _kill_all(self, record: dict[str, Any]) -> None:
+        await asyncio.gather(*(self._kill_node(n) for n in record["nodes"]))
+        for node in record["nodes"]:
+            node["pid"] = None
+
+    async def _kill_node(self, node: dict[str, Any]) -> None:
+        """The node's agent, then every job process group it recorded: a stopped machine runs nothing."""
+        pid = node.get("pid")
+        if _pid_alive(pid):
+            await self._terminate(pid, group=True)
+        run_dir = Path(node["home"]) / AGENT_STATE / "run"
+        if run_dir.is_dir():
+            for f in run_dir.glob("*.pgid"):
+                try:
+                    pgid = int(f.read_text().strip())
+                except (OSError, ValueError):
+                    continue
+                if _group_alive(pgid):
+                    await self._terminate(pgid, group=True)
+        proc = self._children.pop(pid, None) if pid else None
+        if proc is not None:
+            proc.poll()
+
+    async def _terminate(self, pid: int, *, group: bool) -> None:
+        send = os.killpg if group else os.kill
+        try:
+            send(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline:
+            proc = self._children.get(pid)
+            if proc is not None:
+                proc.poll()
+            alive = (_group_alive(pid) and _any_alive_in_group(pid)) if group else _pid_alive(pid)
+            if not alive:
+                return
+            await asyncio.sleep(0.05)
+        try:
+            send(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _nodes(self, record: dict[str, Any]) -> list[NodeInfo]:
+        launched = datetime.fromisoformat(record["launched_at"]) if record.get("launched_at") else None
+        out = []
+        for node in record["nodes"]:
+            if record.get("state") == "stopped":
+                state = NodeState.STOPPED
+            else:
+                state = NodeState.RUNNING if _pid_alive(node.get("pid")) else NodeState.STOPPED
+            out.append(NodeInfo(
+                instance_id=node["instance_id"], rank=node["rank"], state=state, region=record.get("region"),
+                zone=record.get("zone"), instance_type=record.get("instance_type"), use_spot=False,
+                private_ip=LOCAL_IP, public_ip=LOCAL_IP, stage=record.get("stage"), cluster=record["cluster"],
+                job_id=record.get("job_id"), launch_token=record.get("launch_token"), launched_at=launched,
+            ))
+        return out
+
+
+def _any_alive_in_group(pgid: int) -> bool:
+    """killpg(0) succeeds for a group of zombies too; look for a member that still runs."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
