@@ -172,6 +172,9 @@ class ServiceRunner:
             log.debug("%s: resubscribe failed: %s", self.service.name, exc)
 
     async def process(self, msgs: list[Any]) -> None:
+        if getattr(self.service, "pipelined", False):
+            await self._process_pipelined(msgs)
+            return
         if self.concurrency > 1:
             for msg in msgs:
                 self._dispatch(msg)
@@ -252,6 +255,60 @@ class ServiceRunner:
                 await msg.in_progress()
             except Exception:
                 return
+
+    async def _process_pipelined(self, msgs: list[Any]) -> None:
+        """Pipelined mode (a service with `pipelined = True`, whose handlers are fast and read only
+        their inputs): handle a batch in order, publish every reaction without waiting for each
+        ack, then wait for the acks and ack the causes. A cause is acked only once all its
+        reactions are stored, so a crash in between only means a redelivery (same derived ids)."""
+        pending: list[tuple[Any, Stored, list[tuple[Any, Any]]]] = []
+        for msg in msgs:
+            stored = stored_from_msg(msg)
+            if stored.status != "ok":
+                await self._process_one(msg, stored)
+                continue
+            self.stats.last_seq = max(self.stats.last_seq, stored.seq)
+            try:
+                out = await self.service.handle(stored)
+            except Exception as exc:
+                await self._handler_failed(msg, stored, exc)
+                continue
+            futures: list[tuple[Any, Any]] = []
+            for item in out:
+                emit = item if isinstance(item, Emit) else Emit(item)
+                env = self.bus.envelope(emit.event, cause=stored.envelope, handler=self.service.name,
+                                        key=emit.key or emit.event.EVENT_NAME)
+                if emit.expected_last_seq is not None:
+                    await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
+                    continue
+                fut = await self.bus.js.publish_async(self.bus.subject_of(env), env.to_json(),
+                                                      headers={"Nats-Msg-Id": env.id})
+                futures.append((env, fut))
+            pending.append((msg, stored, futures))
+        for msg, stored, futures in pending:
+            try:
+                for env, fut in futures:
+                    try:
+                        await fut
+                    except Exception:
+                        await self.bus.publish(env)  # same id: de-duplicated if it was stored
+                    self.stats.published += 1
+            except Exception as exc:
+                await self._handler_failed(msg, stored, exc)
+                continue
+            await msg.ack()
+            self.stats.handled += 1
+
+    async def _handler_failed(self, msg: Any, stored: Stored, exc: Exception) -> None:
+        self.stats.failed += 1
+        self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+        delivered = msg.metadata.num_delivered
+        if delivered >= self.max_deliver:
+            await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
+        else:
+            log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name, stored.seq,
+                        delivered, exc)
+            await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
 
     async def emit(self, cause: Stored, out: Sequence[Event | Emit]) -> None:
         assert cause.envelope is not None

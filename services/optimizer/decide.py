@@ -9,10 +9,12 @@ history, so an optimizer restarted mid-failover decides exactly what it would ha
 
 from __future__ import annotations
 
+import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.types import Attempt
@@ -51,13 +53,30 @@ def from_event_candidate(c: EventCandidate) -> Candidate:
     return Candidate.from_dict(c.model_dump())
 
 
+# Placement is a pure function of (resources, nodes, blocks, world): equal requests (the 200
+# copies of one managed job, a sweep) are placed once. Keyed by content, bounded in size.
+_PLAN_CACHE: OrderedDict[tuple[Any, ...], PlacementPlan] = OrderedDict()
+PLAN_CACHE_SIZE = 512
+
+
 def plan_for(submitted: TaskSubmitted, world: World) -> PlacementPlan:
+    key = (id(world.catalog), world.enabled_infras, repr(world.local),
+           json.dumps(submitted.task.get("resources"), sort_keys=True, default=str),
+           submitted.num_nodes, json.dumps(submitted.initial_blocks, sort_keys=True, default=str))
+    plan = _PLAN_CACHE.get(key)
+    if plan is not None:
+        _PLAN_CACHE.move_to_end(key)
+        return plan
     from skypurza.events.taskspec.task import Task
 
     task = Task.from_public_dict(submitted.task)
     blocks = [Block.from_dict(b) for b in submitted.initial_blocks]
-    return place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
+    plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
                  world.local)
+    _PLAN_CACHE[key] = plan
+    if len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
+        _PLAN_CACHE.popitem(last=False)
+    return plan
 
 
 def first_placement(submitted: TaskSubmitted, world: World) -> PlacementChosen | PlacementFailed:
@@ -69,13 +88,27 @@ def first_placement(submitted: TaskSubmitted, world: World) -> PlacementChosen |
     return _chosen(submitted, plan, attempt=1)
 
 
+_EVENT_CANDIDATES: dict[int, tuple[PlacementPlan, list[EventCandidate]]] = {}
+
+
+def _event_candidates(plan: PlacementPlan) -> list[EventCandidate]:
+    """The head of a plan as event candidates (converted once per cached plan)."""
+    hit = _EVENT_CANDIDATES.get(id(plan))
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    converted = [to_event_candidate(c) for c in plan.candidates[:REMAINING_SHOWN + 1]]
+    if len(_EVENT_CANDIDATES) > PLAN_CACHE_SIZE * 2:
+        _EVENT_CANDIDATES.clear()
+    _EVENT_CANDIDATES[id(plan)] = (plan, converted)
+    return converted
+
+
 def _chosen(submitted: TaskSubmitted, plan: PlacementPlan, attempt: int) -> PlacementChosen:
     assert plan.chosen is not None
+    head = _event_candidates(plan)
     return PlacementChosen(
         task_id=submitted.task_id, cluster=submitted.cluster, attempt=attempt,
-        candidate=to_event_candidate(plan.chosen),
-        remaining=[to_event_candidate(c) for c in plan.candidates[1:REMAINING_SHOWN + 1]],
-        num_nodes=submitted.num_nodes,
+        candidate=head[0], remaining=head[1:], num_nodes=submitted.num_nodes,
     )
 
 

@@ -40,6 +40,9 @@ SPOT_REFRESH_TTL_S = 300.0
 
 class OptimizerService:
     name = "optimizer"
+    # Decisions take well under a millisecond and read only the task's own inputs: handle a
+    # fetched batch in order and publish the placements pipelined (see ServiceRunner).
+    pipelined = True
 
     def __init__(self, catalog: Catalog | None = None, enabled: frozenset[str] | None = None,
                  live_spot_prices: bool | None = None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+import functools
 from typing import Iterable, NamedTuple
 
 MICROS_PER_DOLLAR = 1_000_000
@@ -21,6 +22,7 @@ MICROS_PER_DOLLAR = 1_000_000
 _LOCAL_ZONE_ID = re.compile(r"^[a-z]+[0-9]+-[a-z]+[0-9]+-az[0-9]+$")
 
 
+@functools.lru_cache(maxsize=4096)
 def is_local_zone_id(zone_id: str) -> bool:
     """Local Zones need an account opt-in before use, so placement avoids them unless named."""
     return bool(_LOCAL_ZONE_ID.match(zone_id))
