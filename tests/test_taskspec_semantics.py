@@ -131,6 +131,7 @@ def test_an_entrys_gpus_replaces_the_base_accelerators() -> None:
     ("local", ("local", None, None)),
 ])
 def test_infra_in_every_form(infra: str, where: tuple[str | None, str | None, str | None]) -> None:
+    """The infra forms listed in the task-YAML issue, and a few more."""
     (req,) = requests(f"resources:\n  infra: {infra}\n")
     assert (req.cloud, req.region, req.zone) == where
 
@@ -330,6 +331,13 @@ def test_unknown_gpu_and_cloud_are_valid_with_a_hint() -> None:
     loaded = load_tasks("resources:\n  infra: azure\n  accelerators: A10O:8\n")
     (warning,) = loaded.warnings
     assert warning.path == "resources.accelerators" and "Did you mean 'A10'" in warning.message
+
+
+def test_a_path_string_is_read_as_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "task.txt"
+    path.write_text("run: echo from-file\n")
+    assert load_tasks(str(path)).tasks[0].run == "echo from-file"
+    assert load_tasks("run: echo inline").tasks[0].run == "echo inline"
 
 
 def test_file_errors_are_problems_not_tracebacks(tmp_path: Path) -> None:

@@ -45,8 +45,11 @@ class TaskFile:
 
 
 def _read(path_or_text: str | os.PathLike[str], filename: str | None) -> tuple[str, str | None]:
+    # A str is a path when it names a YAML file (existing or not: "file not found" helps more
+    # than parsing the name as YAML) or any existing file; otherwise it is the YAML text itself.
     if isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text and path_or_text.endswith((".yaml", ".yml"))
+        isinstance(path_or_text, str) and "\n" not in path_or_text
+        and (path_or_text.lower().endswith((".yaml", ".yml")) or os.path.isfile(path_or_text))
     ):
         path = Path(path_or_text)
         shown = filename or str(path)
