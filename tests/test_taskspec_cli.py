@@ -84,7 +84,7 @@ def test_schema_task_to_stdout_and_file(app: typer.Typer, tmp_path: Path) -> Non
     code, out = run(app, "schema", "task")
     assert code == 0
     schema = json.loads(out)
-    assert schema["$schema"].endswith("2020-12/schema")
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
     assert {"name", "resources", "run", "envs", "file_mounts", "service"} <= set(schema["properties"])
     target = tmp_path / "task.schema.json"
     assert run(app, "schema", "task", "-o", str(target))[0] == 0

@@ -8,15 +8,21 @@ SCHEMA_ID = "https://skypurza.dev/schemas/task.json"
 
 
 def task_json_schema() -> dict[str, Any]:
-    """Draft 2020-12 schema of one task document, as our models accept it."""
+    """Draft-07 schema of one task document, as our models accept it.
+
+    Draft-07 (`definitions`, not `$defs`) because every yaml-language-server release reads it;
+    the schema uses no keyword that later drafts changed.
+    """
     from .task import Task
 
-    schema = Task.model_json_schema(by_alias=True, mode="validation")
+    schema = Task.model_json_schema(by_alias=True, mode="validation", ref_template="#/definitions/{model}")
     schema = _tidy(schema)
+    if "$defs" in schema:
+        schema["definitions"] = schema.pop("$defs")
     # Env names are checked by pattern; say so for names that do not match it too.
     schema["properties"]["envs"]["additionalProperties"] = False
     out: dict[str, Any] = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$schema": "http://json-schema.org/draft-07/schema#",
         "$id": SCHEMA_ID,
         "title": "SkyPilot 0.14.1 task (as accepted by spz)",
         "description": ("One task of a SkyPilot task YAML. Multi-document files are pipelines: "
@@ -35,7 +41,7 @@ def _tidy(node: Any) -> Any:
                 continue
             if key == "title" and isinstance(value, str):
                 continue
-            if key in ("properties", "$defs", "patternProperties"):
+            if key in ("properties", "$defs", "definitions", "patternProperties"):
                 out[key] = {name: _tidy(v) for name, v in value.items()}
             else:
                 out[key] = _tidy(value)
