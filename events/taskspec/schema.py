@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-SCHEMA_ID = "https://skypurza.dev/schemas/task.json"
-
 
 def task_json_schema() -> dict[str, Any]:
     """Draft-07 schema of one task document, as our models accept it.
@@ -23,7 +21,6 @@ def task_json_schema() -> dict[str, Any]:
     schema["properties"]["envs"]["additionalProperties"] = False
     out: dict[str, Any] = {
         "$schema": "http://json-schema.org/draft-07/schema#",
-        "$id": SCHEMA_ID,
         "title": "SkyPilot 0.14.1 task (as accepted by spz)",
         "description": ("One task of a SkyPilot task YAML. Multi-document files are pipelines: "
                         "an optional first document {name, execution} names them."),
