@@ -1,0 +1,90 @@
+"""Which backend runs a placement: one instance per infra, made on first use.
+
+`aws` is the AwsAdapter configured from the settings (botocore reads credentials and
+AWS_ENDPOINT_URL itself); `local` is the LocalAdapter, imported only when a local placement
+arrives, so this module works in builds without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .adapter import ComputeBackend
+from .settings import ProvisionerSettings
+
+log = logging.getLogger(__name__)
+
+KNOWN = ("aws", "local")
+
+
+class UnsupportedInfra(Exception):
+    pass
+
+
+class Backends:
+    def __init__(self, settings: ProvisionerSettings, *, stage: str, nats_url: str = "",
+                 overrides: Mapping[str, ComputeBackend] | None = None) -> None:
+        self.settings = settings
+        self.stage = stage
+        self.nats_url = nats_url
+        # Given backends (tests, benches) are owned from here on: close() closes them too.
+        self._made: dict[str, ComputeBackend] = dict(overrides or {})
+        self._regions: tuple[str, ...] | None = None
+
+    def has(self, infra: str) -> bool:
+        return infra in self._made
+
+    def get(self, infra: str) -> ComputeBackend:
+        backend = self._made.get(infra)
+        if backend is None:
+            backend = self._make(infra)
+            self._made[infra] = backend
+        return backend
+
+    def _make(self, infra: str) -> ComputeBackend:
+        s = self.settings
+        if infra == "aws":
+            from .aws import AwsAdapter
+            from .aws_retry import RetryOptions
+
+            return AwsAdapter(regions=s.aws_regions, poll_interval=s.aws_poll_s,
+                              launch_timeout=s.aws_launch_timeout_s,
+                              retry=RetryOptions(max_attempts=s.aws_max_attempts, base_delay=s.aws_retry_base_s))
+        if infra == "local":
+            try:
+                from .local import LocalAdapter  # type: ignore[import-not-found]
+            except ModuleNotFoundError as exc:
+                raise UnsupportedInfra("the local backend is not available in this build") from exc
+            root = Path(s.local_root) if s.local_root else None
+            return LocalAdapter(self.nats_url, self.stage, root)  # type: ignore[no-any-return]
+        raise UnsupportedInfra(f"infra {infra!r} has no backend here (known: {', '.join(KNOWN)})")
+
+    async def aws_regions(self) -> tuple[str, ...]:
+        """The enabled AWS regions: configured, else those EC2 lists for the account."""
+        if self.settings.aws_regions:
+            return self.settings.aws_regions
+        if self._regions is None:
+            self._regions = await _describe_regions()
+        return self._regions
+
+    async def close(self) -> None:
+        for infra in list(self._made):
+            backend = self._made.pop(infra)
+            try:
+                await backend.close()
+            except Exception:  # closing must not hide the reason we are shutting down
+                log.exception("closing the %s backend failed", infra)
+
+
+async def _describe_regions() -> tuple[str, ...]:
+    import aioboto3
+
+    session = aioboto3.Session()
+    region = session.region_name or "us-east-1"
+    async with session.client("ec2", region_name=region) as ec2:
+        reply: dict[str, Any] = await asyncio.wait_for(ec2.describe_regions(AllRegions=False), 30)
+    return tuple(sorted(r["RegionName"] for r in reply.get("Regions", [])))

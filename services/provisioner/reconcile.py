@@ -1,0 +1,151 @@
+"""Reconciliation: compare what the clouds hold for this stage with what the log says is alive.
+
+- Live clusters come from the log (ClusterProvisioned minus ClusterTerminated), never from memory.
+- Each backend lists what it holds for the stage (`list_owned`; for AWS, every enabled region
+  plus the regions of live clusters), and `adapter.find_orphans` compares.
+- An orphan (a node no live cluster accounts for) becomes an OrphanFound event, so it is audited;
+  with `terminate=True` it is terminated (only nodes tagged with this stage are ever touched) and
+  a second OrphanFound with action "terminated" records it. Each (node, action) is recorded once.
+- Nodes younger than `grace_s` are never orphans: their launch may still be on its way to the log.
+  Clusters this process is launching right now are accepted whatever their nodes.
+- A vanished cluster (the log knows node ids the cloud no longer holds alive) is reported; the
+  recovery service owns what to do about it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus
+from skypurza.events.envelope import derive_id
+from skypurza.events.models import ClusterProvisioned, OrphanFound
+
+from .adapter import NodeInfo, find_orphans
+from .backends import Backends, UnsupportedInfra
+from .state import find_event, live_clusters
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_CLUSTER = "?"
+
+
+@dataclass
+class ReconcileReport:
+    checked: dict[str, list[str]] = field(default_factory=dict)  # infra -> regions listed
+    live: list[str] = field(default_factory=list)
+    orphans: list[NodeInfo] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    vanished: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # infra -> why it could not be checked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "live_clusters": self.live,
+            "orphans": [
+                {"instance_id": n.instance_id, "cluster": n.cluster, "region": n.region, "zone": n.zone,
+                 "state": str(n.state), "instance_type": n.instance_type,
+                 "launched_at": n.launched_at.isoformat() if n.launched_at else None,
+                 "terminated": n.instance_id in self.terminated}
+                for n in self.orphans
+            ],
+            "vanished": {c: list(ids) for c, ids in self.vanished.items()},
+            "errors": self.errors,
+        }
+
+
+def old_enough(nodes: Sequence[NodeInfo], now: datetime, grace_s: float) -> list[NodeInfo]:
+    """Pure: the nodes launched at least `grace_s` ago (a node without a launch time counts)."""
+    limit = now - timedelta(seconds=grace_s)
+    return [n for n in nodes if n.launched_at is None or _aware(n.launched_at) <= limit]
+
+
+def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
+                   launching: Collection[str] = ()) -> dict[str, list[str]]:
+    """Pure: cluster -> node ids the log knows, for one infra (launching clusters: any node)."""
+    out = {c: [n.instance_id for n in ev.nodes] for c, ev in live.items() if ev.candidate.infra == infra}
+    for c in launching:
+        out[c] = []
+    return out
+
+
+async def reconcile(
+    bus: Bus,
+    backends: Backends,
+    *,
+    terminate: bool = False,
+    grace_s: float = 600.0,
+    infras: Sequence[str] | None = None,
+    launching: Collection[str] = (),
+    now: datetime | None = None,
+) -> ReconcileReport:
+    now = now or datetime.now(timezone.utc)
+    live = await live_clusters(bus)
+    report = ReconcileReport(live=sorted(live))
+    wanted = list(infras) if infras is not None else sorted(
+        {ev.candidate.infra for ev in live.values()} | set(backends.settings.reconcile_infras))
+    for infra in wanted:
+        try:
+            backend = backends.get(infra)
+            regions: list[str] | None = None
+            if infra == "aws":
+                regions = sorted(set(await backends.aws_regions())
+                                 | {ev.candidate.region for ev in live.values()
+                                    if ev.candidate.infra == "aws" and ev.candidate.region})
+            owned = await backend.list_owned(bus.stage, regions)
+        except UnsupportedInfra as exc:
+            report.errors[infra] = str(exc)
+            continue
+        except Exception as exc:  # one cloud failing must not hide the others
+            log.warning("reconcile: listing %s failed: %s", infra, exc)
+            report.errors[infra] = f"{type(exc).__name__}: {exc}"
+            continue
+        report.checked[infra] = regions or []
+        orphans, vanished = find_orphans(owned, expected_nodes(live, infra, launching))
+        orphans = old_enough(orphans, now, grace_s)
+        report.vanished.update(vanished)
+        for cluster, ids in vanished.items():
+            log.warning("reconcile: cluster %s lost node(s) %s", cluster, ", ".join(ids))
+        for node in orphans:
+            await record_orphan(bus, node, infra, "reported")
+        report.orphans += orphans
+        if terminate and orphans:
+            try:
+                done = await backend.terminate_nodes(bus.stage, orphans)
+            except Exception as exc:
+                log.warning("reconcile: terminating %s orphans failed: %s", infra, exc)
+                report.errors[infra] = f"terminate: {type(exc).__name__}: {exc}"
+                continue
+            report.terminated += done
+            for node in orphans:
+                if node.instance_id in done:
+                    await record_orphan(bus, node, infra, "terminated")
+    return report
+
+
+async def record_orphan(bus: Bus, node: NodeInfo, infra: str, action: str) -> bool:
+    """Publish OrphanFound once per (node, action). Returns whether it was new."""
+    cluster = node.cluster or UNKNOWN_CLUSTER
+    subject = naming.event_subject(bus.stage, "cluster", cluster, OrphanFound.EVENT_NAME)
+    seen = await find_event(bus, subject, lambda s: isinstance(s.event, OrphanFound)
+                            and s.event.instance_id == node.instance_id and s.event.action == action)
+    if seen is not None:
+        return False
+    detail = (f"{infra} {node.instance_type or ''} {node.state} in {node.zone or node.region or infra}; "
+              f"launched {node.launched_at.isoformat() if node.launched_at else 'at an unknown time'}"
+              + (f"; launch token {node.launch_token}" if node.launch_token else ""))
+    event = OrphanFound(cluster=cluster, instance_id=node.instance_id, region=node.region or infra,
+                        action=action, detail=detail)  # type: ignore[arg-type]
+    env = bus.envelope(event, id=derive_id(f"{bus.stage}/{infra}/{node.instance_id}", "reconcile", action))
+    await bus.publish(env)
+    log.warning("reconcile: orphan %s (cluster %s) %s", node.instance_id, cluster, action)
+    return True
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)

@@ -1,0 +1,348 @@
+"""The provisioner service: placements become clusters, lifecycle requests become cloud calls.
+
+Consumes (durable consumer, see events/service.py):
+    PlacementChosen  -> launch the gang -> ClusterProvisioned, then job 1 (JobQueued)
+                        | CapacityError (capacity, spot_capacity, quota, unsupported, transient)
+                        | ProvisionFailed (auth, invalid, unknown)
+    DownRequested    -> terminate -> ClusterTerminated
+    StopRequested    -> stop -> ClusterStopped         StartRequested -> start -> ClusterStarted
+    ClusterIdle      -> stop, or terminate when down (or spot, which cannot stop)
+
+Idempotent under redelivery and restarts:
+- The launch token is the PlacementChosen's envelope id; the backend finds nodes launched under
+  it instead of launching again (AWS: ClientToken and a tag), and a rolled-back gang remembers
+  its failure. Before launching, the log is asked whether this placement already has an outcome.
+- Every event published has an id derived from its cause (JetStream drops copies), and the
+  first job's JobQueued id is derived from the placement, looked up before queueing.
+- Cluster state (backend, region, nodes, stopped or not) is rebuilt from the log for every
+  event (state.py), so a restarted provisioner knows everything a running one knew.
+
+Concurrency: launches take minutes, so the service asks its runner (events/service.py) for
+`concurrency` handlers at once, ordered per cluster (`ordering_key`): one slow launch does not
+hold up another task's failover, and a DownRequested still waits for the launch of its own
+cluster. Each event is acked only after its reactions are in the log; messages waiting their
+turn are kept alive. `ack_wait` bounds how long a dead provisioner's events stay invisible.
+
+Reconciliation runs every `reconcile_interval_s` (reconcile.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, Stored
+from skypurza.events.envelope import Event, derive_id
+from skypurza.events.jobqueue import job_queued_subject, queue_job
+from skypurza.events.models import (
+    ClusterIdle,
+    ClusterProvisioned,
+    ClusterStarted,
+    ClusterStopped,
+    ClusterTerminated,
+    DownRequested,
+    PlacementChosen,
+    StartRequested,
+    StopRequested,
+    TaskSubmitted,
+)
+from skypurza.events.service import Emit
+
+from . import plan, userdata
+from .adapter import (
+    CapacityError,
+    ClusterRef,
+    ComputeBackend,
+    FatalProvisionError,
+    LaunchSpec,
+    NodeInfo,
+    ProvisionError,
+    TransientProvisionError,
+)
+from .backends import Backends, UnsupportedInfra
+from .reconcile import ReconcileReport, reconcile
+from .settings import ProvisionerSettings
+from .state import ClusterState, event_with_id, load_cluster_state, placement_outcome
+
+log = logging.getLogger(__name__)
+
+_CLUSTER_EVENTS = (DownRequested, StopRequested, StartRequested, ClusterIdle)
+
+
+class ProvisionerService:
+    name = "provisioner"
+
+    def __init__(self, settings: ProvisionerSettings | None = None,
+                 backends: Mapping[str, ComputeBackend] | None = None) -> None:
+        self.settings = settings or ProvisionerSettings.load()
+        # Read by ServiceRunner: handlers at once (ordered per cluster) and the ack wait.
+        self.concurrency = max(1, self.settings.concurrency)
+        self.ack_wait = self.settings.ack_wait_s
+        self._overrides = dict(backends or {})
+        self._bus: Bus | None = None
+        self._backends: Backends | None = None
+        self._launching: set[str] = set()  # clusters this process is launching right now
+        self._reconciler: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ Service protocol
+
+    def subjects(self, stage: str) -> list[str]:
+        return [naming.event_filter(stage, "task", PlacementChosen.EVENT_NAME)] + [
+            naming.event_filter(stage, "cluster", e.EVENT_NAME) for e in _CLUSTER_EVENTS
+        ]
+
+    def ordering_key(self, stored: Stored) -> str:
+        return str(getattr(stored.event, "cluster", ""))
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        self._backends = Backends(self.settings, stage=bus.stage, nats_url=_url_of(bus), overrides=self._overrides)
+        if self.settings.reconcile_interval_s > 0 and self._reconciler is None:
+            self._reconciler = asyncio.create_task(self._reconcile_loop(), name="provisioner-reconcile")
+
+    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
+        event = stored.event
+        if isinstance(event, PlacementChosen):
+            return await self._on_placement(stored, event)
+        if isinstance(event, DownRequested):
+            return await self._on_down(stored, event)
+        if isinstance(event, StopRequested):
+            return await self._on_stop(stored, event)
+        if isinstance(event, StartRequested):
+            return await self._on_start(stored, event)
+        if isinstance(event, ClusterIdle):
+            return await self._on_idle(stored, event)
+        return []
+
+    async def close(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+            await asyncio.gather(self._reconciler, return_exceptions=True)
+            self._reconciler = None
+        if self._backends is not None:
+            await self._backends.close()
+
+    @property
+    def bus(self) -> Bus:
+        assert self._bus is not None, "start(bus) first"
+        return self._bus
+
+    @property
+    def backends(self) -> Backends:
+        assert self._backends is not None, "start(bus) first"
+        return self._backends
+
+    # ------------------------------------------------------------------ launch
+
+    async def _on_placement(self, stored: Stored, pc: PlacementChosen) -> list[Event | Emit]:
+        assert stored.envelope is not None
+        placement_id = stored.envelope.id
+        outcome = await placement_outcome(self.bus, task_id=pc.task_id, cluster=pc.cluster, placement_id=placement_id)
+        if outcome.failed is not None:
+            return []  # already answered (a redelivery)
+        submitted = await self._submitted(pc.task_id)
+        if outcome.provisioned is not None:
+            if submitted is not None:
+                await self._queue_first_job(placement_id, pc.cluster, submitted)
+            return []
+        if submitted is None:
+            return [plan.provision_failed(pc, placement_id, "TaskNotFound",
+                                          f"no TaskSubmitted for task {pc.task_id} in the log")]
+        state = await load_cluster_state(self.bus, pc.cluster)
+        if state.live:
+            # Two launches raced for one name (the CLI queues directly on clusters that are up):
+            # the task runs on the cluster that exists.
+            log.info("cluster %s is already up; queueing task %s on it", pc.cluster, pc.task_id)
+            await self._queue_first_job(placement_id, pc.cluster, submitted)
+            return []
+        try:
+            backend = self.backends.get(pc.candidate.infra)
+        except UnsupportedInfra as exc:
+            return [plan.provision_failed(pc, placement_id, "UnsupportedInfra", str(exc))]
+        spec = await self._launch_spec(stored, pc, placement_id, submitted)
+        self._launching.add(pc.cluster)
+        try:
+            result = await self._launch(backend, spec, pc, placement_id)
+        finally:
+            self._launching.discard(pc.cluster)
+        if isinstance(result, Event):
+            log.warning("launch of %s (attempt %d, %s) failed: %s", pc.cluster, pc.attempt,
+                        pc.candidate.label(), getattr(result, "code", ""))
+            return [result]
+        provisioned = plan.provisioned_event(placement=pc, placement_id=placement_id, submitted=submitted,
+                                             nodes=result, launched_at=datetime.now(timezone.utc))
+        await self.bus.publish(self.bus.envelope(provisioned, cause=stored.envelope, handler=self.name,
+                                                 key=ClusterProvisioned.EVENT_NAME))
+        await self._queue_first_job(placement_id, pc.cluster, submitted)
+        return []
+
+    async def _launch_spec(self, stored: Stored, pc: PlacementChosen, placement_id: str,
+                           submitted: TaskSubmitted) -> LaunchSpec:
+        request = plan.matching_request(plan.requests_of(submitted.task), pc.candidate)
+        job_id = await self._planned_job_id(pc.cluster, placement_id)
+        user_data = None
+        labels: dict[str, str] = {}
+        if pc.candidate.infra == "aws":
+            agent = plan.agent_spec(nats_url=self.settings.agent_nats_url or _url_of(self.bus), stage=self.bus.stage,
+                                    placement=pc, start_seq=stored.seq)
+            user_data = userdata.render(agent, install=self.settings.node_install)
+        else:
+            # Backends that start agents themselves (local) read where to start from here.
+            labels[plan.START_SEQ] = str(stored.seq)
+        return plan.launch_spec(stage=self.bus.stage, placement=pc, placement_id=placement_id, submitted=submitted,
+                                request=request, job_id=job_id, user_data=user_data, labels=labels)
+
+    async def _launch(self, backend: ComputeBackend, spec: LaunchSpec, pc: PlacementChosen,
+                      placement_id: str) -> list[NodeInfo] | Event:
+        """The gang's nodes, or the event that reports why there are none."""
+        attempts = max(1, self.settings.transient_attempts)
+        last: ProvisionError | None = None
+        for attempt in range(attempts):
+            try:
+                return await backend.launch(spec)
+            except (CapacityError, FatalProvisionError) as err:
+                return plan.failure_event(err, pc, placement_id)
+            except TransientProvisionError as err:
+                # Same token: the next try adopts whatever this one left running.
+                last = err
+                log.warning("launch %s: transient failure (try %d of %d): %s", spec.launch_token, attempt + 1,
+                            attempts, err)
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(self.settings.transient_backoff_s * 2 ** attempt)
+            except ProvisionError as err:
+                return plan.failure_event(err, pc, placement_id)
+            except Exception as exc:  # a bug or an unexpected answer: end the task visibly
+                log.exception("launch %s failed unexpectedly", spec.launch_token)
+                await self._clean_up(backend, spec)
+                return plan.provision_failed(pc, placement_id, type(exc).__name__, str(exc))
+        assert last is not None
+        await self._clean_up(backend, spec)
+        return plan.failure_event(last, pc, placement_id)
+
+    async def _clean_up(self, backend: ComputeBackend, spec: LaunchSpec) -> None:
+        """Terminate what a given-up launch left (the cluster is not live, so all of it)."""
+        try:
+            await backend.terminate(ClusterRef(stage=spec.stage, cluster=spec.cluster, region=spec.region,
+                                               zone=spec.zone, infra=spec.infra))
+        except Exception:
+            log.exception("cleaning up after launch %s failed; reconciliation will find the nodes", spec.launch_token)
+
+    async def _submitted(self, task_id: str) -> TaskSubmitted | None:
+        found = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", task_id,
+                                                               TaskSubmitted.EVENT_NAME))
+        return found.event if found is not None and isinstance(found.event, TaskSubmitted) else None
+
+    def _job_event_id(self, placement_id: str) -> str:
+        return derive_id(placement_id, self.name, "job")
+
+    async def _planned_job_id(self, cluster: str, placement_id: str) -> int:
+        """The id job 1 of this placement gets (tagged on the nodes before it is queued)."""
+        subject = job_queued_subject(self.bus.stage, cluster)
+        mine = await event_with_id(self.bus, subject, self._job_event_id(placement_id))
+        if mine is not None and mine.event is not None:
+            return int(mine.event.job_id)  # type: ignore[attr-defined]
+        last = await self.bus.last_event(subject)
+        return int(last.event.job_id) + 1 if last is not None and last.event is not None else 1  # type: ignore[attr-defined]
+
+    async def _queue_first_job(self, placement_id: str, cluster: str, submitted: TaskSubmitted) -> None:
+        event_id = self._job_event_id(placement_id)
+        if await event_with_id(self.bus, job_queued_subject(self.bus.stage, cluster), event_id) is not None:
+            return
+        await queue_job(self.bus, cluster=cluster, id=event_id, **plan.job_fields(submitted))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _state(self, cluster: str) -> tuple[ClusterState, ComputeBackend | None]:
+        state = await load_cluster_state(self.bus, cluster)
+        if not state.live or state.infra is None:
+            return state, None
+        try:
+            return state, self.backends.get(state.infra)
+        except UnsupportedInfra as exc:
+            log.error("cluster %s: %s", cluster, exc)
+            return state, None
+
+    async def _on_down(self, stored: Stored, ev: DownRequested) -> list[Event | Emit]:
+        state, backend = await self._state(ev.cluster)
+        if backend is None or stored.seq < state.terminated_seq:
+            return []  # not up, or this request was served by an earlier termination
+        return [await self._terminate(state, backend, ev.reason)]
+
+    async def _terminate(self, state: ClusterState, backend: ComputeBackend, reason: str) -> ClusterTerminated:
+        ids = await backend.terminate(state.ref(self.bus.stage))
+        known = [n.instance_id for n in state.nodes]
+        return ClusterTerminated(cluster=state.cluster, terminated_at=datetime.now(timezone.utc), reason=reason,
+                                 instance_ids=sorted(set(known) | set(ids)))
+
+    async def _on_stop(self, stored: Stored, ev: StopRequested) -> list[Event | Emit]:
+        state, backend = await self._state(ev.cluster)
+        if backend is None or state.stopped or stored.seq < state.terminated_seq:
+            return []
+        try:
+            await backend.stop(state.ref(self.bus.stage))
+        except FatalProvisionError as err:
+            log.warning("cannot stop cluster %s: %s", ev.cluster, err)
+            return []
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
+
+    async def _on_start(self, stored: Stored, ev: StartRequested) -> list[Event | Emit]:
+        state, backend = await self._state(ev.cluster)
+        if backend is None or not state.stopped:
+            return []
+        try:
+            nodes = await backend.start(state.ref(self.bus.stage))
+        except (CapacityError, FatalProvisionError) as err:
+            log.warning("cannot start cluster %s: %s", ev.cluster, err)
+            return []
+        return [ClusterStarted(cluster=ev.cluster, started_at=datetime.now(timezone.utc),
+                               nodes=plan.event_nodes(nodes))]
+
+    async def _on_idle(self, stored: Stored, ev: ClusterIdle) -> list[Event | Emit]:
+        state, backend = await self._state(ev.cluster)
+        if backend is None or state.stopped or stored.seq < max(state.provisioned_seq, state.started_seq):
+            return []  # not up, already stopped, or idle from before the cluster (re)started
+        job = await self.bus.last_event(job_queued_subject(self.bus.stage, ev.cluster))
+        if job is not None and job.seq > stored.seq:
+            return []  # a job arrived after the agent declared the cluster idle
+        assert state.provisioned is not None
+        if ev.down or state.provisioned.candidate.use_spot:
+            return [await self._terminate(state, backend, "autostop")]
+        try:
+            await backend.stop(state.ref(self.bus.stage))
+        except FatalProvisionError as err:
+            log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
+            return [await self._terminate(state, backend, "autostop")]
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
+
+    # ------------------------------------------------------------------ reconciliation
+
+    async def reconcile(self, *, terminate: bool | None = None, infras: Sequence[str] | None = None) -> ReconcileReport:
+        return await reconcile(
+            self.bus, self.backends,
+            terminate=self.settings.reconcile_terminate if terminate is None else terminate,
+            grace_s=self.settings.reconcile_grace_s, infras=infras, launching=set(self._launching),
+        )
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reconcile_interval_s)
+            try:
+                report = await self.reconcile()
+                if report.orphans or report.vanished:
+                    log.warning("reconcile: %d orphan(s), %d vanished cluster(s)", len(report.orphans),
+                                len(report.vanished))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("periodic reconciliation failed")
+
+
+def _url_of(bus: Bus) -> str:
+    url: Any = getattr(bus.nc, "connected_url", None)
+    if url is None:
+        return ""
+    return str(url.geturl()) if hasattr(url, "geturl") else str(url)
