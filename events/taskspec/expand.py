@@ -89,7 +89,9 @@ def _single(fields: dict[str, Any], accelerator: str | None, order: int | None) 
     cpus = parse_cpus(fields["cpus"]) if "cpus" in fields else None
     memory = parse_memory(fields["memory"]) if "memory" in fields else None
     disk = fields.get("disk_size", fields.get("ephemeral_storage"))
-    extra = {k: v for k, v in fields.items() if k not in _INTERPRETED}
+    # A docker login carries a password: it stays with the task, never in a request (requests
+    # end up in events).
+    extra = {k: v for k, v in fields.items() if k not in _INTERPRETED and k != "docker_login_config"}
     image_id = fields.get("image_id")
     return ResourceRequest(
         cloud=cloud,
