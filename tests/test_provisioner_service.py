@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from aws_fixtures import FakeAws
@@ -221,3 +222,42 @@ def test_a_slow_launch_does_not_hold_up_another_task(nats_server, fake_aws: Fake
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_local_placement_starts_agents_that_run_job_one(nats_server, tmp_path, monkeypatch) -> None:
+    """The `local` backend through the service: agents start reading at the placement, run the
+    first job, and go away with the cluster."""
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path / "home"))
+    from skypurza.events.types import Candidate
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        svc = service_local(tmp_path / "local")
+        local = Candidate(infra="local", instance_type="local", num_nodes=1)
+        async with running(bus, svc):
+            await submit(bus, "tl", "here", num_nodes=1, task={"name": "hello", "run": "echo hello from $SKYPILOT_NODE_RANK"})
+            placed = await place(bus, "tl", "here", local)
+            prov = (await wait_for(bus, subject("cluster", "here", "cluster_provisioned"), timeout=60)).event
+            done = await wait_for(bus, subject("cluster", "here", "job_succeeded"), timeout=60)
+            record = json.loads((tmp_path / "local" / "clusters" / "here" / "cluster.json").read_text())
+            await bus.publish(DownRequested(cluster="here"))
+            gone = (await wait_for(bus, subject("cluster", "here", "cluster_terminated"), timeout=30)).event
+        assert prov.placement_id == placed.id and prov.candidate.infra == "local" and len(prov.nodes) == 1
+        assert done.event.job_id == 1 and gone.instance_ids == [prov.nodes[0].instance_id]
+        pc_seq = (await bus.last_event(subject("task", "tl", "placement_chosen"))).seq
+        ready = await wait_for(bus, subject("cluster", "here", "node_ready"))
+        assert ready.seq > pc_seq
+        assert f"start_seq={pc_seq}" in record["nodes"][0]["argv"]
+        await bus.close()
+
+    asyncio.run(main())
+
+
+def service_local(root):
+    from dataclasses import replace
+
+    from provisioner_fixtures import SETTINGS
+
+    from skypurza.services.provisioner.service import ProvisionerService
+
+    return ProvisionerService(replace(SETTINGS, local_root=str(root)))
