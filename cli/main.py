@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "cmd_ledger",    # cost-report, ledger billing|settle, audit
     "cmd_events",    # events tail|replay|schema|dlq
     "cmd_api",       # api start|stop|status|logs, serve
+    "cmd_provision", # reconcile (hidden for now; `spz status --refresh` calls it too)
 ]
 
 
