@@ -91,3 +91,21 @@ def test_orphans_are_reported_periodically_and_terminated_on_request(
     table = CliRunner().invoke(app, ["reconcile"])
     assert table.exit_code == 0, table.output
     assert "No orphans." in table.output and train[1] in table.output
+
+
+def test_enabled_regions_from_settings_or_from_ec2(fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skypurza.services.provisioner.backends import Backends
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    configured = ProvisionerSettings.load(env={}, config={"aws": {"regions": ["eu-west-1", "us-east-2"]},
+                                                          "provisioner": {"concurrency": 3}})
+    assert configured.aws_regions == ("eu-west-1", "us-east-2") and configured.concurrency == 3
+    env_wins = ProvisionerSettings.load(env={"SKYPURZA_AWS_REGIONS": "ap-south-1"},
+                                        config={"aws": {"regions": ["eu-west-1"]}})
+    assert env_wins.aws_regions == ("ap-south-1",)
+    # Nothing configured: the regions EC2 lists for the account (AWS_ENDPOINT_URL honoured).
+    for key, value in fake_aws.env.items():
+        monkeypatch.setenv(key, value)
+    backends = Backends(ProvisionerSettings.load(env={}, config={}), stage=STAGE)
+    regions = asyncio.run(backends.aws_regions())
+    assert {"us-east-1", "eu-west-1", "af-south-1"} <= set(regions) and list(regions) == sorted(regions)

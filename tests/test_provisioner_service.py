@@ -261,3 +261,41 @@ def service_local(root):
     from skypurza.services.provisioner.service import ProvisionerService
 
     return ProvisionerService(replace(SETTINGS, local_root=str(root)))
+
+
+def test_idle_is_ignored_when_a_job_came_after_it_across_a_restart(nats_server, fake_aws: FakeAws) -> None:
+    """State comes from the log: a provisioner started after the events knows the cluster, sees
+    that a job was queued after the agent declared it idle, and does not stop it."""
+    from datetime import datetime, timezone
+
+    from skypurza.events.jobqueue import queue_job
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        async with running(bus, service(fake_aws)):
+            await launch(bus, "t1", "od", candidate(use_spot=False, num_nodes=1))
+            await wait_for(bus, subject("cluster", "od", "job_queued"))
+        # While no provisioner runs: the agent says idle, then the user queues job 2.
+        await bus.publish(ClusterIdle(cluster="od", idle_since=datetime.now(timezone.utc), idle_minutes=1))
+        await queue_job(bus, cluster="od", task_id="t2", task={"run": "true"})
+        async with running(bus, service(fake_aws)) as runner:
+            for _ in range(100):
+                if runner.stats.handled >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert runner.stats.handled == 1 and runner.stats.published == 0
+            assert await bus.last_event(subject("cluster", "od", "cluster_stopped")) is None
+            # Idle again after job 2: now it stops (on-demand, down=False).
+            await bus.publish(ClusterIdle(cluster="od", idle_since=datetime.now(timezone.utc), idle_minutes=1))
+            await wait_for(bus, subject("cluster", "od", "cluster_stopped"))
+            await bus.publish(StopRequested(cluster="od"))  # already stopped: nothing to do
+            for _ in range(100):
+                if runner.stats.handled >= 3:
+                    break
+                await asyncio.sleep(0.05)
+        assert len(await events_on(bus, subject("cluster", "od", "cluster_stopped"))) == 1
+        assert [i["State"]["Name"] for i in instances(fake_aws, ("running", "stopped"))] == ["stopped"]
+        assert fake_aws.request_count("StopInstances") == 1
+        await bus.close()
+
+    asyncio.run(main())
