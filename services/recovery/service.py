@@ -1,0 +1,524 @@
+"""The recovery service: managed jobs driven through their states, preempted nodes found and
+replaced. Part of the control plane: no controller VM, and its state is the event log.
+
+Eats (durable consumer):
+    mjob:    ManagedJobSubmitted -> STARTING (first launch), ManagedJobCancelRequested -> CANCELLING
+    task:    PlacementFailed -> fallback launch or FAILED_NO_RESOURCE, ProvisionFailed -> FAILED_NO_RESOURCE
+    cluster: JobStarted -> RUNNING; JobSucceeded -> next task or SUCCEEDED; JobFailed -> restart or
+             FAILED/FAILED_SETUP; SpotPreempted, NodeLost, ClusterTerminated (of the job's current
+             cluster) -> RECOVERING on a new cluster; ClusterProvisioned (of a cluster the job no
+             longer uses) -> torn down.
+Emits: ManagedJobStatusChanged (optimistic concurrency on the job's subject), TaskSubmitted
+       (kind="managed", one per launch, id derived from the job and launch number),
+       DownRequested (every cluster of the job but the current one; all of them at the end),
+       SpotPreempted / NodeLost (from EC2 and heartbeats, with the evidence).
+
+How a decision is made (`_act`): load the job's state (a fold of its `mjob` events, cached and
+checked against the subject's last sequence), `machine.decide(state, fact)`, publish the
+transition with `expected_last_seq` = the state's sequence. A second recovery service that
+decided from the same state loses the race (ConcurrencyConflict), reloads, and finds the fact
+already acted on; the same decision from the same state even derives the same event id.
+What a state needs done (`_realize`: tear down old clusters, wait until the lost one is gone,
+submit the launch) is checked against the log before each publish, so it is done exactly once
+whoever does it, and redone after a crash between the transition and its effects (at start
+and every `reconcile_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, ConcurrencyConflict, Stored
+from skypurza.events.envelope import Event, derive_id
+from skypurza.events.models import (
+    ClusterProvisioned,
+    ClusterTerminated,
+    DownRequested,
+    JobCancelled,
+    JobFailed,
+    JobQueued,
+    JobStarted,
+    JobSucceeded,
+    ManagedJobCancelRequested,
+    ManagedJobStatusChanged,
+    ManagedJobSubmitted,
+    NodeLost,
+    PlacementFailed,
+    ProvisionFailed,
+    SpotPreempted,
+    TaskSubmitted,
+)
+from skypurza.events.service import Emit
+
+from . import buckets, detect, machine
+from .ec2watch import Ec2Watch, Target
+from .settings import RecoverySettings
+from .strategy import LaunchPlan, Placed, recovery_launch
+
+log = logging.getLogger("skypurza.recovery")
+
+_CLUSTER_EVENTS = (ClusterProvisioned, ClusterTerminated, JobStarted, JobSucceeded, JobFailed, JobCancelled,
+                   SpotPreempted, NodeLost)
+_TASK_EVENTS = (PlacementFailed, ProvisionFailed)
+
+
+class RecoveryService:
+    name = "recovery"
+
+    def __init__(self, settings: RecoverySettings | None = None, *, aws_session: Any = None,
+                 endpoint_url: str | None = None, bucket_store: str | None = None):
+        self.settings = settings or RecoverySettings.load()
+        self._aws_session = aws_session
+        self._endpoint_url = endpoint_url
+        self._bucket_store = bucket_store
+        self._bus: Bus | None = None
+        self.jobs: dict[int, machine.JobState] = {}
+        self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._placed: dict[str, ClusterProvisioned] = {}
+        self._published: set[str] = set()  # ids of the transitions this process published
+        self._reported: set[tuple[str, str]] = set()  # (cluster, instance or rank) already reported lost
+        self._beats: dict[tuple[str, int], float] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._hb_sub: Any = None
+        self._ec2: Ec2Watch | None = None
+
+    # ------------------------------------------------------------------ Service protocol
+
+    def subjects(self, stage: str) -> list[str]:
+        return ([naming.aggregate_events_subject(stage, "mjob")]
+                + [naming.event_filter(stage, "task", e.EVENT_NAME) for e in _TASK_EVENTS]
+                + [naming.event_filter(stage, "cluster", e.EVENT_NAME) for e in _CLUSTER_EVENTS])
+
+    @property
+    def bus(self) -> Bus:
+        assert self._bus is not None, "start(bus) first"
+        return self._bus
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        await self._rebuild()
+        if self.settings.heartbeat_timeout_s > 0 and self._hb_sub is None:
+            self._hb_sub = await bus.nc.subscribe(naming.heartbeats_filter(bus.stage), cb=self._on_beat)
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="recovery-heartbeats"))
+        if self.settings.ec2_poll_s > 0 and self._ec2 is None:
+            self._ec2 = Ec2Watch(session=self._aws_session, endpoint_url=self._endpoint_url,
+                                 missing_polls=self.settings.missing_polls)
+            self._tasks.append(asyncio.create_task(self._ec2_loop(), name="recovery-ec2"))
+        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="recovery-reconcile"))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._hb_sub is not None:
+            try:
+                await self._hb_sub.unsubscribe()
+            except Exception:
+                pass
+            self._hb_sub = None
+        if self._ec2 is not None:
+            await self._ec2.close()
+            self._ec2 = None
+
+    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
+        ev = stored.event
+        cause = stored.envelope.id if stored.envelope else ""
+        if isinstance(ev, ManagedJobSubmitted):
+            await self._act(ev.managed_job_id, machine.Kick(), cause)
+        elif isinstance(ev, ManagedJobCancelRequested):
+            await self._act(ev.managed_job_id, machine.Cancel(), cause)
+        elif isinstance(ev, ManagedJobStatusChanged):
+            if cause not in self._published:  # another recovery service's decision: see it through
+                await self._realize(ev.managed_job_id)
+        elif isinstance(ev, PlacementFailed):
+            job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
+            if job is not None:
+                await self._act(job, machine.PlacementFailedF(ev.cluster, await self._placement_detail(job, ev)),
+                                cause)
+        elif isinstance(ev, ProvisionFailed):
+            job = await self._job_of_cluster(ev.cluster)
+            if job is not None:
+                await self._act(job, machine.ProvisionFailedF(ev.cluster, f"{ev.code}: {ev.message}"), cause)
+        elif isinstance(ev, ClusterProvisioned):
+            job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
+            if job is not None:
+                self._placed[ev.cluster] = ev
+                await self._realize(job)
+        elif isinstance(ev, ClusterTerminated):
+            job = await self._job_of_cluster(ev.cluster)
+            if job is not None:
+                await self._act(job, machine.TerminatedF(ev.cluster, f"cluster terminated ({ev.reason})"), cause)
+        elif isinstance(ev, (SpotPreempted, NodeLost)):
+            job = await self._job_of_cluster(ev.cluster)
+            if job is not None:
+                await self._act(job, _lost_fact(ev), cause)
+        elif isinstance(ev, (JobStarted, JobSucceeded, JobFailed, JobCancelled)):
+            job = await self._job_of_cluster(ev.cluster)
+            if job is not None and await self._is_managed_job(ev.cluster, ev.job_id, job):
+                await self._act(job, await self._job_fact(ev), cause)
+        return []
+
+    # ------------------------------------------------------------------ state
+
+    async def _rebuild(self) -> None:
+        """Every managed job's state from the log (the service keeps nothing else)."""
+        subject = naming.aggregate_events_subject(self.bus.stage, "mjob")
+        if await self.bus.last_event(subject) is None:
+            return
+        async for s in self.bus.replay(filter_subject=subject):
+            ev = s.event
+            job_id = getattr(ev, "managed_job_id", None)
+            if ev is None or job_id is None:
+                continue
+            at = s.envelope.time if s.envelope else s.timestamp
+            state = machine.apply(self.jobs.get(job_id), ev, s.seq, at)
+            if state is not None:
+                self.jobs[job_id] = state
+        log.info("recovery: %d managed job(s) rebuilt from the log, %d unfinished", len(self.jobs),
+                 sum(1 for j in self.jobs.values() if not j.terminal))
+
+    async def load(self, job_id: int) -> machine.JobState | None:
+        """The job's state as the log has it now (the cache, brought up to the subject's end)."""
+        subject = naming.aggregate_subjects(self.bus.stage, "mjob", str(job_id))
+        last = await self.bus.last_event(subject)
+        if last is None:
+            return None
+        state = self.jobs.get(job_id)
+        if state is not None and state.last_seq >= last.seq:
+            return state
+        start = state.last_seq + 1 if state is not None else 1
+        async for s in self.bus.replay(filter_subject=subject, start_seq=start):
+            if s.event is not None:
+                state = machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp)
+        if state is not None:
+            self.jobs[job_id] = state
+        return state
+
+    async def _act(self, job_id: int, fact: machine.Fact, cause: str = "") -> None:
+        """Decide on one fact and publish the transition (with optimistic concurrency), then see
+        the new state's effects through."""
+        async with self._locks[job_id]:
+            for _ in range(25):
+                state = await self.load(job_id)
+                if state is None:
+                    return
+                transition = machine.decide(state, fact)
+                if transition is None:
+                    break
+                event = transition.event(job_id)
+                # Same state version + same decision = same id, whoever decides it.
+                env = self.bus.envelope(event, id=derive_id(f"mjob:{job_id}:{state.last_seq}", self.name,
+                                                            f"{transition.status}|{transition.cluster}"))
+                try:
+                    ack = await self.bus.publish(env, expected_last_seq=state.last_seq)
+                except ConcurrencyConflict:
+                    log.info("job %s changed under us; deciding again", job_id)
+                    await asyncio.sleep(0)
+                    continue
+                self._published.add(env.id)
+                log.info("job %s: %s -> %s (%s)", job_id, state.status, transition.status, transition.reason)
+                new = machine.apply(state, event, ack.seq, env.time)
+                if new is not None and not ack.duplicate:
+                    self.jobs[job_id] = new
+                break
+        await self._realize(job_id)
+
+    # ------------------------------------------------------------------ effects
+
+    async def _realize(self, job_id: int) -> None:
+        async with self._locks[job_id]:
+            state = await self.load(job_id)
+            if state is None:
+                return
+            gone: dict[str, str] = {}
+            for cluster in machine.clusters_to_tear_down(state):
+                gone[cluster] = await self._ensure_down(state, cluster)
+            launch = machine.wanted_launch(state)
+            if launch is not None:
+                waiting = [c for c in state.clusters if c != state.cluster and gone.get(c) == "going"]
+                if waiting:
+                    log.info("job %s: waiting for %s to be torn down before launching %s", job_id,
+                             ", ".join(waiting), launch.cluster)
+                else:
+                    await self._ensure_launch(state, launch)
+            cancel_done = state.status == "CANCELLING" and (state.cluster is None or gone.get(state.cluster) == "absent")
+        if cancel_done:
+            await self._act(job_id, machine.NothingToCancel(state.cluster))
+
+    async def _ensure_down(self, state: machine.JobState, cluster: str) -> str:
+        """'gone' (terminated), 'going' (teardown asked), or 'absent' (never provisioned, so far)."""
+        prov = await self._last(cluster, ClusterProvisioned)
+        if prov is None:
+            return "absent"
+        term = await self._last(cluster, ClusterTerminated)
+        if term is not None and term.seq > prov.seq:
+            return "gone"
+        down = await self._last(cluster, DownRequested)
+        if down is not None and down.seq > prov.seq:
+            return "going"
+        assert prov.envelope is not None
+        reason = "managed_job_done" if state.terminal or state.status == "CANCELLING" else "recovery"
+        env = self.bus.envelope(DownRequested(cluster=cluster, reason=reason, requested_by=f"recovery:job {state.job_id}"),
+                                id=derive_id(prov.envelope.id, self.name, "down"))
+        await self.bus.publish(env)
+        log.info("job %s: tearing down %s (%s)", state.job_id, cluster, reason)
+        return "going"
+
+    async def _ensure_launch(self, state: machine.JobState, launch: machine.Launch) -> None:
+        task_id = launch.task_id(state.job_id)
+        subject = naming.event_subject(self.bus.stage, "task", task_id, TaskSubmitted.EVENT_NAME)
+        if await self.bus.last_event(subject) is not None:
+            return
+        task = state.tasks[launch.task_index]
+        plan = LaunchPlan(task)
+        if launch.episode in machine.LOSS_WHYS and launch.lost_cluster:
+            placed = await self._placement(launch.lost_cluster)
+            plan = recovery_launch(task, state.recovery.strategy, placed, launch.phase)
+        task_dict, named = buckets.checkpoint_buckets(plan.task, self.bus.stage, state.job_id)
+        for bucket in sorted(set(named.values())):
+            await asyncio.to_thread(buckets.ensure_bucket, self.bus.stage, bucket, kind=self._bucket_store)
+        num_nodes = task.get("num_nodes")
+        submitted = TaskSubmitted(
+            task_id=task_id, kind="managed", cluster=launch.cluster, task=task_dict,
+            num_nodes=int(num_nodes) if isinstance(num_nodes, int) and num_nodes > 0 else 1,
+            user=state.user, team=state.team, project=state.project,
+            secrets_key=f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None,
+            down=False, managed_job_id=state.job_id, task_index=launch.task_index,
+            initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
+        )
+        await self.bus.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted")))
+        log.info("job %s: launch %d of task %d on %s (%s)", state.job_id, launch.number, launch.task_index,
+                 launch.cluster, plan.note or launch.episode)
+
+    # ------------------------------------------------------------------ lookups
+
+    async def _last(self, cluster: str, cls: type[Event]) -> Stored | None:
+        return await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", cluster, cls.EVENT_NAME))
+
+    async def _placement(self, cluster: str) -> Placed | None:
+        prov = await self._provisioned(cluster)
+        if prov is None:
+            return None
+        c = prov.candidate
+        return Placed(c.infra, c.region, c.zone, c.instance_type, c.use_spot)
+
+    async def _provisioned(self, cluster: str) -> ClusterProvisioned | None:
+        prov = self._placed.get(cluster)
+        if prov is None:
+            found = await self._last(cluster, ClusterProvisioned)
+            if found is not None and isinstance(found.event, ClusterProvisioned):
+                prov = found.event
+                self._placed[cluster] = prov
+        return prov
+
+    async def _job_of_cluster(self, cluster: str, hint: int | None = None) -> int | None:
+        """The managed job a cluster belongs to: its name says which (`<name>-<job>-<launch>`),
+        and the job's own events confirm it."""
+        candidates = [hint] if hint is not None else []
+        parts = cluster.rsplit("-", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            candidates.append(int(parts[1]))
+        for job_id in candidates:
+            state = self.jobs.get(job_id)
+            if state is None or cluster not in state.clusters:
+                state = await self.load(job_id)
+            if state is not None and cluster in state.clusters:
+                return job_id
+        return None
+
+    async def _is_managed_job(self, cluster: str, job_id: int, managed_job_id: int) -> bool:
+        """Whether job `job_id` of the cluster is the managed job (not an `spz exec` beside it)."""
+        subject = naming.event_subject(self.bus.stage, "cluster", cluster, JobQueued.EVENT_NAME)
+        last = await self.bus.last_event(subject)
+        if last is not None and isinstance(last.event, JobQueued) and last.event.job_id == job_id:
+            return last.event.managed_job_id == managed_job_id
+        async for s in self.bus.replay(filter_subject=subject):
+            if isinstance(s.event, JobQueued) and s.event.job_id == job_id:
+                return s.event.managed_job_id == managed_job_id
+        return False
+
+    async def _job_fact(self, ev: Event) -> machine.Fact:
+        if isinstance(ev, JobStarted):
+            return machine.JobStartedF(ev.cluster)
+        if isinstance(ev, JobSucceeded):
+            return machine.JobSucceededF(ev.cluster)
+        if isinstance(ev, JobCancelled):
+            return machine.JobCancelledF(ev.cluster)
+        assert isinstance(ev, JobFailed)
+        # A node that died takes its job with it: look before calling it the user's failure.
+        lost = await self._check_cluster_now(ev.cluster)
+        if lost is not None:
+            return lost
+        detail = ev.reason + (f" on node {ev.failed_rank}" if ev.failed_rank is not None else "")
+        return machine.JobFailedF(ev.cluster, ev.phase, ev.exit_code, detail.strip())
+
+    async def _placement_detail(self, job_id: int, ev: PlacementFailed) -> str:
+        """The failure's own text (every attempt is listed in it), with the episode's earlier try."""
+        text = ev.reason
+        state = self.jobs.get(job_id)
+        if state is not None and state.phase >= 2 and len(state.clusters) >= 2:
+            earlier = machine.launch_task_id(job_id, len(state.clusters) - 1)
+            prev = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", earlier,
+                                                                  PlacementFailed.EVENT_NAME))
+            if prev is not None and isinstance(prev.event, PlacementFailed):
+                text = f"{text}\nbefore that, with the recovery strategy's constraints: {prev.event.reason}"
+        return text
+
+    # ------------------------------------------------------------------ detection
+
+    def _watched(self) -> list[tuple[int, str]]:
+        return [(j.job_id, j.cluster) for j in self.jobs.values() if j.status in machine.ACTIVE and j.cluster]
+
+    async def _aws_targets(self, clusters: list[str]) -> list[Target]:
+        targets = []
+        for cluster in clusters:
+            prov = await self._provisioned(cluster)
+            if prov is None or prov.candidate.infra != "aws" or not prov.candidate.region:
+                continue
+            targets += [Target(cluster, n.rank, n.instance_id, prov.candidate.region) for n in prov.nodes]
+        return targets
+
+    async def _ec2_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.ec2_poll_s)
+            try:
+                await self.check_ec2([c for _, c in self._watched()])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("EC2 check failed")
+
+    async def check_ec2(self, clusters: list[str]) -> list[Event]:
+        """Ask EC2 about these clusters' nodes; publish SpotPreempted/NodeLost for lost ones."""
+        if self._ec2 is None:
+            return []
+        targets = await self._aws_targets(clusters)
+        if not targets:
+            return []
+        out = []
+        for target, finding in await self._ec2.look(targets):
+            ev = await self._report_lost(target.cluster, target.rank, finding.instance_id, finding.kind,
+                                         finding.evidence)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    async def _check_cluster_now(self, cluster: str) -> machine.LostF | None:
+        """EC2's word on one cluster right now (after a job failure), as a loss fact or None."""
+        if self._ec2 is None:
+            return None
+        try:
+            found = await self.check_ec2([cluster])
+        except Exception as exc:
+            log.warning("cannot check %s with EC2: %s", cluster, exc)
+            return None
+        if found:
+            return _lost_fact(found[0])  # type: ignore[arg-type]
+        prior = await self._last(cluster, SpotPreempted)
+        if prior is not None and isinstance(prior.event, SpotPreempted):
+            return _lost_fact(prior.event)
+        return None
+
+    async def _report_lost(self, cluster: str, rank: int | None, instance_id: str | None, kind: str,
+                           evidence: dict[str, Any], last_heartbeat: datetime | None = None) -> Event | None:
+        key = (cluster, instance_id or f"rank-{rank}")
+        if key in self._reported:
+            return None
+        cls: type[Event] = SpotPreempted if kind == "preempted" else NodeLost
+        prior = await self._last(cluster, cls)
+        if prior is not None and getattr(prior.event, "instance_id", None) == instance_id \
+                and getattr(prior.event, "rank", None) == rank:
+            self._reported.add(key)
+            return None
+        now = datetime.now(timezone.utc)
+        if cls is SpotPreempted:
+            event: Event = SpotPreempted(cluster=cluster, rank=rank, instance_id=instance_id or "", detected_at=now,
+                                         evidence=evidence)
+        else:
+            event = NodeLost(cluster=cluster, rank=rank if rank is not None else 0, instance_id=instance_id,
+                             last_heartbeat=last_heartbeat, detected_at=now, evidence=evidence)
+        await self.bus.publish(self.bus.envelope(event, id=derive_id(f"{cluster}|{key[1]}", self.name, kind)))
+        self._reported.add(key)
+        log.warning("%s: node %s (%s) %s: %s", cluster, rank, instance_id, kind, evidence)
+        return event
+
+    async def _on_beat(self, msg: Any) -> None:
+        parsed = detect.parse_heartbeat_subject(msg.subject, naming.subject_prefix(self.bus.stage))
+        if parsed is not None:
+            self._beats[parsed] = time.monotonic()
+
+    async def _heartbeat_loop(self) -> None:
+        timeout = self.settings.heartbeat_timeout_s
+        while True:
+            await asyncio.sleep(max(0.05, min(timeout / 4, 5.0)))
+            try:
+                await self.check_heartbeats(timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("heartbeat check failed")
+
+    async def check_heartbeats(self, timeout: float) -> None:
+        watched = []
+        for _, cluster in self._watched():
+            prov = self._placed.get(cluster) or await self._provisioned(cluster)
+            if prov is not None:
+                watched += [(cluster, n.rank, n.instance_id) for n in prov.nodes]
+        now = time.monotonic()
+        for silent in detect.silent_nodes(self._beats, watched, now, timeout):
+            last = datetime.now(timezone.utc).timestamp() - silent.seconds
+            await self._report_lost(
+                silent.cluster, silent.rank, silent.instance_id, "node_lost",
+                {"source": "heartbeat", "silent_s": round(silent.seconds, 1), "timeout_s": timeout},
+                last_heartbeat=datetime.fromtimestamp(last, timezone.utc))
+            self._beats.pop((silent.cluster, silent.rank), None)
+
+    # ------------------------------------------------------------------ reconciliation
+
+    async def _reconcile_loop(self) -> None:
+        await self.reconcile(include_recently_ended=True)
+        while True:
+            await asyncio.sleep(self.settings.reconcile_s)
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciliation failed")
+
+    async def reconcile(self, include_recently_ended: bool = False) -> None:
+        """Look at every unfinished job again: kick the pending ones, see every state's effects
+        through (a crash between a transition and its effects is repaired here)."""
+        now = datetime.now(timezone.utc)
+        for job_id, state in list(self.jobs.items()):
+            recent = (include_recently_ended and state.ended_at is not None
+                      and (now - state.ended_at).total_seconds() < self.settings.recheck_ended_s)
+            if state.terminal and not recent:
+                continue
+            try:
+                if state.status == "PENDING" or state.cancel_requested:
+                    await self._act(job_id, machine.Kick())
+                else:
+                    await self._realize(job_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciling job %s failed", job_id)
+
+
+def _lost_fact(ev: SpotPreempted | NodeLost) -> machine.LostF:
+    e = ev.evidence or {}
+    where = f"node {ev.rank}" if ev.rank is not None else "a node"
+    if isinstance(ev, SpotPreempted):
+        what = e.get("state_reason_code") or "spot interruption"
+        return machine.LostF(ev.cluster, "preempted", f"{where} ({ev.instance_id}) preempted: {what}")
+    why = e.get("state_reason_code") or (f"no heartbeat for {e.get('silent_s')} s" if e.get("source") == "heartbeat"
+                                         else e.get("state") or "lost")
+    return machine.LostF(ev.cluster, "node_lost", f"{where} ({ev.instance_id}) lost: {why}")
