@@ -238,6 +238,30 @@ def test_permission_error_is_fatal_and_actionable(fake_aws: FakeAws) -> None:
     assert fake_aws.request_count("RunInstances") == 1
 
 
+def test_missing_credentials_are_fatal_not_transient(fake_aws: FakeAws, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import aioboto3
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    backend = AwsAdapter(session=aioboto3.Session(), endpoint_url=fake_aws.endpoint_url, regions=(REGION,),
+                         poll_interval=0.02, retry=FAST_RETRY)
+
+    async def go() -> None:
+        try:
+            await backend.launch(spec())
+        finally:
+            await backend.close()
+
+    with pytest.raises(FatalProvisionError) as info:
+        run(go())
+    assert info.value.kind is FailureKind.AUTH and "AWS_ACCESS_KEY_ID" in str(info.value)
+    assert fake_aws.request_count("RunInstances") == 0
+
+
 def test_instance_type_not_offered_is_unsupported(fake_aws: FakeAws) -> None:
     with pytest.raises(CapacityError) as info:
         run(with_adapter(fake_aws, lambda b: b.launch(spec(instance_type="p9.48xlarge"))))

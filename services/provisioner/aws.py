@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aioboto3
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from skypurza.events import naming
 
@@ -549,6 +549,11 @@ class AwsAdapter:
                     http_status=status, use_spot=bool(where.use_spot),
                 )
                 raise provision_error(failure, **self._context(where)) from exc
+            except NoCredentialsError as exc:  # no credentials at all: no other place fixes that
+                raise provision_error(Failure(
+                    FailureKind.AUTH, FailureScope.CLOUD, "NoCredentials",
+                    f"{exc}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or run `aws configure`",
+                ), **self._context(where)) from exc
             except BotoCoreError as exc:  # connection failures, still failing after the retries
                 raise TransientProvisionError(Failure(
                     FailureKind.TRANSIENT, FailureScope.REQUEST, type(exc).__name__, str(exc),
