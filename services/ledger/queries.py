@@ -1,0 +1,263 @@
+"""The read side: status, queue, managed jobs queue and the cost report, as plain JSON-able data.
+
+Each function takes a DuckDB connection (a cursor of the ledger's own connection, or a file
+opened read-only) and the request's parameters. Every query orders its rows fully, and times are
+ISO 8601 UTC strings, so the same projection always gives the same bytes.
+docs/ledger.md has the request and response shapes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from .billing import grp_tres_minutes
+from .showback import GROUP_BYS, UNASSIGNED, micros_to_dollars, parse_period, period_of
+
+_TS_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso(t: datetime | None) -> str | None:
+    if t is None:
+        return None
+    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    return t.strftime(_TS_FMT)
+
+
+def parse_time(value: Any, name: str) -> datetime | None:
+    """An ISO time or date ('2026-11-01', '2026-11-01T10:00:00Z'); naive means UTC."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, datetime):
+        t = value
+    else:
+        text = str(value).strip()
+        try:
+            parse_period(text)
+            text = f"{text}-01"  # a period: its first instant
+        except ValueError:
+            pass
+        try:
+            t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{name}: {value!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T10:00:00Z)") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _naive(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(tzinfo=None)
+
+
+def _dicts(cur: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    res = cur.execute(sql, params or [])
+    names = [d[0] for d in res.description]
+    out = []
+    for row in res.fetchall():
+        d = {}
+        for k, v in zip(names, row):
+            d[k] = iso(v) if isinstance(v, datetime) else v
+        out.append(d)
+    return out
+
+
+def _names(value: Any) -> list[str] | None:
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Clusters (without terminated ones unless `all`), newest first, with their nodes and cost."""
+    where, args = [], []
+    if not params.get("all"):
+        where.append("c.status <> 'TERMINATED'")
+    names = _names(params.get("clusters"))
+    if names:
+        where.append("c.name IN (SELECT unnest(?::VARCHAR[]))")
+        args.append(names)
+    if params.get("user"):
+        where.append('c."user" = ?')
+        args.append(params["user"])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = _dicts(cur, f"""
+        SELECT c.name, c.status, c.infra, c.region, c.zone, c.instance_type, c.market, c.accelerators,
+               c.num_nodes, c.hourly_price_micros, c.launched_at, c.started_at, c.stopped_at,
+               c.terminated_at, c.termination_reason, c.status_reason, c."user", c.team, c.project,
+               c.managed_job_id, c.task_id, c.autostop_minutes, c.autostop_down, c.down_after_job,
+               c.idle_since, c.last_event_seq,
+               coalesce((SELECT sum((m.hourly_price_micros::HUGEINT
+                          * (epoch_us(m.metered_until) - epoch_us(m.lifetime_start))) // 3600000000)
+                         FROM meters m
+                         WHERE m.cluster = c.name AND m.metered_until IS NOT NULL
+                           AND m.lifetime_start >= c.launched_at), 0)::BIGINT AS cost_micros
+        FROM clusters c {cond}
+        ORDER BY c.launched_at DESC NULLS FIRST, c.name""", args)
+    if not rows:
+        return rows
+    nodes = _dicts(cur, """
+        SELECT cluster, rank, instance_id, private_ip, public_ip, zone, status, ready_at, host
+        FROM nodes WHERE cluster IN (SELECT unnest(?::VARCHAR[])) ORDER BY cluster, rank""",
+                   [[r["name"] for r in rows]])
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for n in nodes:
+        by_cluster.setdefault(n.pop("cluster"), []).append(n)
+    for r in rows:
+        r["nodes"] = by_cluster.get(r["name"], [])
+        r["cost_usd"] = str(micros_to_dollars(r["cost_micros"]))
+    return rows
+
+
+# ---------------------------------------------------------------- queues
+
+_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+
+
+def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Jobs of the given clusters (all clusters when none), newest job first per cluster."""
+    where, args = [], []
+    names = _names(params.get("clusters") or params.get("cluster"))
+    if names:
+        where.append("cluster IN (SELECT unnest(?::VARCHAR[]))")
+        args.append(names)
+    if params.get("skip_finished"):
+        where.append(f"status NOT IN {_JOB_TERMINAL}")
+    if params.get("user"):
+        where.append('"user" = ?')
+        args.append(params["user"])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    return _dicts(cur, f"""
+        SELECT cluster, job_id, name, "user", status, submitted_at, started_at, ended_at, exit_code,
+               failed_rank, failed_phase, reason, task_id, managed_job_id, skypilot_task_id,
+               cancel_requested
+        FROM jobs {cond} ORDER BY cluster, job_id DESC""", args)
+
+
+_MANAGED_TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_CONTROLLER", "CANCELLED")
+
+
+def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Managed jobs, newest first; `skip_finished` hides ended ones; `user` filters."""
+    where, args = [], []
+    if params.get("skip_finished"):
+        where.append(f"status NOT IN {_MANAGED_TERMINAL}")
+    if params.get("user") and not params.get("all_users", True):
+        where.append('"user" = ?')
+        args.append(params["user"])
+    ids = params.get("job_ids")
+    if ids:
+        where.append("job_id IN (SELECT unnest(?::BIGINT[]))")
+        args.append([int(i) for i in ids])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    limit = f"LIMIT {int(params['limit'])}" if params.get("limit") else ""
+    return _dicts(cur, f"""
+        SELECT job_id, name, "user", team, project, status, num_tasks, task_index, cluster, recoveries,
+               restarts_on_errors, submitted_at, started_at, ended_at, cancel_requested, reason
+        FROM managed_jobs {cond} ORDER BY job_id DESC {limit}""", args)
+
+
+# ---------------------------------------------------------------- cost report
+
+
+def _key_sql(by: str) -> str:
+    if by == "user":
+        return f"""coalesce(nullif("user", ''), '{UNASSIGNED}')"""
+    if by in ("team", "project", "region"):
+        return f"""coalesce(nullif({by}, ''), '{UNASSIGNED}')"""
+    if by == "cluster":
+        return "cluster"
+    if by == "day":
+        return "strftime(start_at, '%Y-%m-%d')"
+    raise ValueError(f"cannot group by {by!r}; accepted: {', '.join(GROUP_BYS)}")
+
+
+def cost_report(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Showback: usage per group in [since, until) (by interval start), then the compensations
+    booked in that range (late usage of settled periods) on lines of their own.
+
+    Same rules as `showback.report`; in SQL so ten million usage rows take well under 200 ms.
+    """
+    by = str(params.get("by") or "team")
+    key = _key_sql(by)
+    since = parse_time(params.get("since"), "since")
+    until = parse_time(params.get("until"), "until")
+    if since and until and until <= since:
+        raise ValueError("until must be after since")
+    rng, args = [], []
+    if since:
+        rng.append("start_at >= ?")
+        args.append(_naive(since))
+    if until:
+        rng.append("start_at < ?")
+        args.append(_naive(until))
+    cond = "".join(f" AND {c}" for c in rng)
+    usage = cur.execute(f"""
+        SELECT {key} AS k, sum(cost_micros)::BIGINT, sum(billing_seconds)::BIGINT, count(*)
+        FROM usage WHERE booked_period = period{cond}
+        GROUP BY k ORDER BY k""", args).fetchall()
+    # Compensations count at the first instant of the period they are booked in.
+    brng, bargs = [], []
+    if since:
+        brng.append("booked_period >= ?")
+        bargs.append(period_of(since) if since == _period_start(period_of(since)) else _next_period_of(since))
+    if until:
+        brng.append("booked_period < ?")
+        bargs.append(period_of(until) if until == _period_start(period_of(until)) else _next_period_of(until))
+    bcond = "".join(f" AND {c}" for c in brng)
+    ckey = "booked_period || '-01'" if by == "day" else key
+    comp = cur.execute(f"""
+        SELECT {ckey} AS k, period, sum(cost_micros)::BIGINT, sum(billing_seconds)::BIGINT, count(*)
+        FROM usage WHERE booked_period <> period{bcond}
+        GROUP BY k, period ORDER BY k, period""", bargs).fetchall()
+    lines = [_line(k, "usage", c, b, n, None) for k, c, b, n in usage]
+    lines += [_line(k, "compensation", c, b, n, fp) for k, fp, c, b, n in comp]
+    total_c = sum(line["cost_micros"] for line in lines)
+    total_b = sum(line["billing_seconds"] for line in lines)
+    cp = cur.execute("SELECT last_seq FROM checkpoint").fetchall()[0]
+    return {
+        "by": by, "since": iso(since), "until": iso(until), "currency": "USD", "lines": lines,
+        "total": {"cost_micros": total_c, "cost_usd": str(micros_to_dollars(total_c)),
+                  "billing_seconds": total_b, "billing_minutes": grp_tres_minutes(total_b) if total_b >= 0 else -grp_tres_minutes(-total_b)},
+        "through_seq": int(cp[0]) if cp else 0,
+    }
+
+
+def _line(key: str, kind: str, cost: int, bill: int, rows: int, for_period: str | None) -> dict[str, Any]:
+    return {"key": key, "kind": kind, "cost_micros": int(cost), "cost_usd": str(micros_to_dollars(int(cost))),
+            "billing_seconds": int(bill),
+            "billing_minutes": grp_tres_minutes(int(bill)) if bill >= 0 else -grp_tres_minutes(-int(bill)),
+            "rows": int(rows), "for_period": for_period}
+
+
+def _period_start(period: str) -> datetime:
+    y, m = parse_period(period)
+    return datetime(y, m, 1, tzinfo=UTC)
+
+
+def _next_period_of(t: datetime) -> str:
+    """The first period whose first instant is at or after `t` (t not itself a period start)."""
+    from .showback import next_period
+
+    return next_period(period_of(t))
+
+
+# ---------------------------------------------------------------- position and settlements
+
+
+def position(cur: Any) -> dict[str, Any]:
+    row = cur.execute("SELECT last_seq, records FROM checkpoint").fetchall()[0]
+    return {"checkpoint": int(row[0]) if row else 0, "records": int(row[1]) if row else 0}
+
+
+def settlements(cur: Any) -> list[dict[str, Any]]:
+    rows = _dicts(cur, "SELECT period, settled_at, through_seq, event_id, seq, total_micros, billing_seconds "
+                       "FROM settlements ORDER BY period")
+    totals = _dicts(cur, "SELECT period, team, total_micros, billing_seconds FROM settlement_totals ORDER BY period, team")
+    for r in rows:
+        r["teams"] = {t["team"]: {"cost_micros": t["total_micros"], "billing_seconds": t["billing_seconds"]}
+                      for t in totals if t["period"] == r["period"]}
+    return rows
