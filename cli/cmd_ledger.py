@@ -1,10 +1,21 @@
-"""`spz ledger ...`: ledger commands. `billing` computes Slurm billing for one allocation."""
+"""Ledger commands: `spz cost-report`, `spz ledger billing|settle|settlements`, `spz audit`,
+`spz events export`, and `spz events replay --into` (dispatched here by cmd_events).
+
+Queries go to the ledger service over NATS request-reply (`skypurza.events.ledger_queries`): the
+projections file has one writer, the ledger. Replay and export read the log themselves.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import csv
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+
+from .context import check_output, fail, print_json, run_async, stage
 
 if TYPE_CHECKING:
     from decimal import Decimal
@@ -77,8 +88,255 @@ def billing_command(
     console.print(f"billing_int (stored)   {result.billing_int}")
 
 
+# ---------------------------------------------------------------- helpers
+
+
+async def _bus(source: str) -> Any:
+    from .control import connect_bus
+
+    return await connect_bus(stage(), source)
+
+
+def _ask(source: str, call: Any) -> Any:
+    """Run `call(bus)` against the ledger; a missing ledger is an error message, not a traceback."""
+
+    async def run() -> Any:
+        bus = await _bus(source)
+        try:
+            return await call(bus)
+        finally:
+            await bus.close()
+
+    try:
+        return run_async(run())
+    except (TimeoutError, OSError) as exc:
+        raise fail(f"the ledger did not answer ({type(exc).__name__}); is it running? (`spz api status`)")
+    except RuntimeError as exc:  # the ledger's own error message (bad period, bad --by ...)
+        raise fail(str(exc))
+    except Exception as exc:
+        if type(exc).__name__ in ("NoRespondersError", "TimeoutError"):
+            raise fail("the ledger service is not running; start it with `spz api start`")
+        raise
+
+
+def _since(value: str | None, days: int | None) -> str | None:
+    if days is not None:
+        return (datetime.now(timezone.utc) - timedelta(days=days)).isoformat()
+    return value or None
+
+
+# ---------------------------------------------------------------- cost-report
+
+
+def cost_report_command(
+    by: str = typer.Option("team", "--by", help="Group by user, team, project, cluster, region or day."),
+    since: Optional[str] = typer.Option(None, "--since", help="From this date/time or period (2026-11-01, 2026-11, ISO time; UTC)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Up to (excluding) this date/time or period."),
+    days: Optional[int] = typer.Option(None, "--days", help="The last N days (instead of --since)."),
+    output: str = typer.Option("table", "-o", "--output", help="table, json or csv."),
+) -> None:
+    """Showback: cost in dollars and Slurm billing units, for live and finished clusters.
+
+    Usage lines count intervals by their start in [since, until); late usage of a settled period
+    shows as a `compensation` line in the period it is booked in, with the period it corrects.
+    """
+    check_output(output, ("table", "json", "csv"))
+    from skypurza.services.ledger.showback import GROUP_BYS
+
+    if by not in GROUP_BYS:
+        raise typer.BadParameter(f"{by!r}; accepted: {', '.join(GROUP_BYS)}", param_hint="--by")
+    from skypurza.events import ledger_queries as lq
+
+    rep = _ask("cost-report", lambda bus: lq.cost_report(bus, by=by, since=_since(since, days), until=until))
+    if output == "json":
+        print_json(rep)
+        return
+    if output == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow([by, "kind", "for_period", "cost_usd", "cost_micros", "billing_seconds", "billing_minutes", "rows"])
+        for line in rep["lines"]:
+            w.writerow([line["key"], line["kind"], line["for_period"] or "", line["cost_usd"], line["cost_micros"],
+                        line["billing_seconds"], line["billing_minutes"], line["rows"]])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from skypurza.services.ledger.showback import format_dollars
+
+    table = Table(title=f"Cost by {by}" + (f" since {rep['since']}" if rep["since"] else "")
+                  + (f" until {rep['until']}" if rep["until"] else ""))
+    for col, just in ((by.upper(), "left"), ("KIND", "left"), ("FOR PERIOD", "left"), ("COST", "right"),
+                      ("BILLING (TRES-min)", "right"), ("INTERVALS", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for line in rep["lines"]:
+        table.add_row(line["key"], line["kind"], line["for_period"] or "", format_dollars(line["cost_micros"]),
+                      f"{line['billing_minutes']:,}", f"{line['rows']:,}")
+    total = rep["total"]
+    table.add_row("TOTAL", "", "", format_dollars(total["cost_micros"]), f"{total['billing_minutes']:,}", "",
+                  style="bold")
+    Console().print(table)
+
+
+# ---------------------------------------------------------------- settle
+
+
+def settle_command(
+    period: str = typer.Option(..., "--period", help="The month to close, YYYY-MM (UTC)."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Close a period: the ledger publishes PeriodSettled with the totals per team. Usage of the
+    period that arrives later is booked in the next open period as a compensation."""
+    check_output(output)
+    from skypurza.services.ledger.showback import format_dollars, parse_period
+
+    try:
+        parse_period(period)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--period")
+    from skypurza.events import ledger_queries as lq
+
+    res = _ask("ledger-settle", lambda bus: lq.settle(bus, period))
+    if output == "json":
+        print_json(res)
+        return
+    typer.echo(f"Settled {res['period']} at sequence {res['through_seq']} (event {res['event_id']}):")
+    for team, t in sorted(res["teams"].items()):
+        typer.echo(f"  {team:<24} {format_dollars(t['cost_micros']):>14}  {t['billing_seconds'] // 60:,} TRES-min")
+    typer.echo(f"  {'TOTAL':<24} {format_dollars(res['total_micros']):>14}")
+
+
+def settlements_command(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
+    """Settled periods and their totals per team."""
+    check_output(output)
+    from skypurza.events import ledger_queries as lq
+    from skypurza.services.ledger.showback import format_dollars
+
+    rows = _ask("ledger-settlements", lq.settlements)
+    if output == "json":
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo("No settled period.")
+    for r in rows:
+        typer.echo(f"{r['period']}  settled {r['settled_at']}  through seq {r['through_seq']}  "
+                   f"total {format_dollars(r['total_micros'])}")
+
+
+# ---------------------------------------------------------------- audit
+
+
+def audit_command(
+    live: Optional[Path] = typer.Option(None, "--live", help="Compare this projections file (of a stopped ledger) ..."),
+    replay: Optional[Path] = typer.Option(None, "--replay", help="... with this one (e.g. from `spz events replay --into`)."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the ledger's fresh replay in this file."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Replay the log into a fresh file and compare it with the live projection, table by table
+    (row counts and content checksums). Exits with 1 when they differ."""
+    check_output(output)
+    if (live is None) != (replay is None):
+        raise typer.BadParameter("give both --live and --replay, or neither (then the ledger audits itself)")
+    if live is not None and replay is not None:
+        from skypurza.services.ledger.replay import audit
+
+        for f in (live, replay):
+            if not f.exists():
+                raise fail(f"{f} does not exist")
+        try:
+            res = audit(live, replay)
+        except Exception as exc:  # e.g. the file is open by a running ledger
+            raise fail(f"cannot read the files: {exc}")
+    else:
+        from skypurza.events import ledger_queries as lq
+
+        res = _ask("audit", lambda bus: lq.audit(bus, keep=str(keep.resolve()) if keep else None))
+    if output == "json":
+        print_json(res)
+    else:
+        for t in res["tables"]:
+            mark = "ok  " if t["equal"] else "DIFF"
+            typer.echo(f"{mark} {t['table']:<18} live {t['live_rows']:>10,} rows  replay {t['replay_rows']:>10,} rows")
+            for side in ("only_live", "only_replay"):
+                for row in t.get(side) or []:
+                    typer.echo(f"       {side}: {row}")
+        typer.echo("The projection matches the log." if res["ok"] else
+                   f"The projection differs from the log in: {', '.join(res['differing'])}")
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- events replay --into / export
+
+
+def _seq_or_time(value: str | None, flag: str) -> tuple[int | None, datetime | None]:
+    if value is None or value == "":
+        return None, None
+    if value.isdigit():
+        return int(value), None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: give a sequence number (42) or an ISO time (2026-11-30T10:00:00Z)",
+                                 param_hint=flag)
+    return None, t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def replay_into_command(into: Path, until: Optional[str] = None, overwrite: bool = False) -> None:
+    """`spz events replay --into FILE [--until SEQ|TIME]`: rebuild the projections from the log."""
+    from skypurza.services.ledger.replay import replay_into
+
+    useq, utime = _seq_or_time(until, "--until")
+    if into.exists() and not overwrite:
+        raise fail(f"{into} exists; replay builds a new file")
+
+    async def run() -> dict[str, Any]:
+        bus = await _bus("events-replay-into")
+        try:
+            return await replay_into(bus, into, until_seq=useq, until_time=utime, overwrite=overwrite)
+        finally:
+            await bus.close()
+
+    res = run_async(run())
+    typer.echo(f"Replayed {res['records']:,} events (through sequence {res['last_seq']}) into {res['file']} "
+               f"in {res['seconds']} s.")
+
+
+def export_command(
+    file: Path = typer.Argument(..., help="Where to write the events."),
+    format: str = typer.Option("jsonl", "--format", help="jsonl (CloudEvents, one per line) or parquet."),
+    since: Optional[str] = typer.Option(None, "--since", help="From this sequence or time (default: the start)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Up to this sequence or time (inclusive)."),
+) -> None:
+    """Export the event log for auditors and external tools."""
+    from skypurza.services.ledger.export import FORMATS, export
+
+    if format not in FORMATS:
+        raise typer.BadParameter(f"{format!r}; accepted: {', '.join(FORMATS)}", param_hint="--format")
+    sseq, stime = _seq_or_time(since, "--since")
+    useq, utime = _seq_or_time(until, "--until")
+
+    async def run() -> dict[str, Any]:
+        bus = await _bus("events-export")
+        try:
+            return await export(bus, format, file, since_seq=sseq, since_time=stime, until_seq=useq, until_time=utime)
+        finally:
+            await bus.close()
+
+    res = run_async(run())
+    typer.echo(f"Exported {res['events']:,} events (sequences {res['first_seq']}..{res['last_seq']}) to {res['file']}.")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `ledger` sub-app to ``app``."""
+    """Add `cost-report`, `audit` and the `ledger` sub-app to ``app``."""
     ledger = typer.Typer(name="ledger", help="Usage, billing and settlement.", no_args_is_help=True)
     ledger.command("billing")(billing_command)
+    ledger.command("settle")(settle_command)
+    ledger.command("settlements")(settlements_command)
     app.add_typer(ledger, name="ledger")
+    app.command("cost-report")(cost_report_command)
+    app.command("audit")(audit_command)
+
+
+def register_events(events_app: typer.Typer) -> None:
+    """Add `export` to the `events` sub-app (`replay --into` calls replay_into_command)."""
+    events_app.command("export")(export_command)

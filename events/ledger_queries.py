@@ -29,10 +29,13 @@ async def status(bus: Bus, all: bool = False, clusters: list[str] | None = None,
 
 
 async def queue(bus: Bus, clusters: list[str] | str | None = None, skip_finished: bool = False,
-                user: str | None = None, min_seq: int | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Jobs of the given clusters (all clusters when none)."""
+                user: str | None = None, min_seq: int | None = None, timeout: float = 10.0,
+                cluster: str | None = None) -> list[dict[str, Any]]:
+    """Jobs of the given clusters (all clusters when none; `cluster` names one)."""
     if isinstance(clusters, str):
         clusters = [clusters]
+    if cluster is not None:
+        clusters = [*(clusters or []), cluster]
     return await bus.request(SERVICE, "queue", _params(clusters=clusters, skip_finished=skip_finished, user=user,
                                                        min_seq=min_seq), timeout=timeout)
 

@@ -608,9 +608,11 @@ def _job_queued(state: State, rec: Record, ev: JobQueued) -> None:
     if state.get("jobs", (ev.cluster, ev.job_id)) is not None:
         return
     task = ev.task if isinstance(ev.task, dict) else {}
+    c = state.get("clusters", ev.cluster) or {}
+    nodes = task.get("num_nodes") if isinstance(task.get("num_nodes"), int) else None
     state.put("jobs", (ev.cluster, ev.job_id), new_row(
         sc.JOBS, cluster=ev.cluster, job_id=ev.job_id, name=ev.name or task.get("name"), task_id=ev.task_id,
-        user=ev.user, status="PENDING", submitted_at=utc(rec.time), managed_job_id=ev.managed_job_id,
+        user=ev.user, num_nodes=nodes or c.get("num_nodes") or 1, status="PENDING", submitted_at=utc(rec.time), managed_job_id=ev.managed_job_id,
         skypilot_task_id=ev.skypilot_task_id or None, has_setup=bool(ev.run_setup and task.get("setup")),
         setup_done_ranks=0, cancel_requested=False, last_event_seq=rec.seq))
 
@@ -627,8 +629,7 @@ def _job_node_finished(state: State, rec: Record, ev: JobNodeFinished) -> None:
         return
     if ev.phase == "setup" and ev.exit_code == 0:
         j["setup_done_ranks"] = (j["setup_done_ranks"] or 0) + 1
-        c = state.get("clusters", ev.cluster)
-        if j["status"] == "SETUP" and j["setup_done_ranks"] >= ((c or {}).get("num_nodes") or 1):
+        if j["status"] == "SETUP" and j["setup_done_ranks"] >= (j["num_nodes"] or 1):
             j["status"] = "RUNNING"
     elif ev.phase == "run" and j["status"] == "SETUP":
         j["status"] = "RUNNING"

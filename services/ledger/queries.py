@@ -8,6 +8,7 @@ docs/ledger.md has the request and response shapes.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +108,10 @@ def status(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
     for n in nodes:
         by_cluster.setdefault(n.pop("cluster"), []).append(n)
     for r in rows:
+        r["accelerators"] = json.loads(r["accelerators"]) if r["accelerators"] else None
+        r["use_spot"] = r["market"] == "spot"
+        r["autostop"] = r["autostop_minutes"]  # the names `spz status -o json` uses
+        r["autodown"] = bool(r["autostop_down"])
         r["nodes"] = by_cluster.get(r["name"], [])
         r["cost_usd"] = str(micros_to_dollars(r["cost_micros"]))
     return rows
@@ -131,7 +136,7 @@ def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
         args.append(params["user"])
     cond = f"WHERE {' AND '.join(where)}" if where else ""
     return _dicts(cur, f"""
-        SELECT cluster, job_id, name, "user", status, submitted_at, started_at, ended_at, exit_code,
+        SELECT cluster, job_id, name, "user", num_nodes, status, submitted_at, started_at, ended_at, exit_code,
                failed_rank, failed_phase, reason, task_id, managed_job_id, skypilot_task_id,
                cancel_requested
         FROM jobs {cond} ORDER BY cluster, job_id DESC""", args)

@@ -80,7 +80,7 @@ NODES = _t(
 
 JOBS = _t(
     "jobs", ("cluster", "job_id"),
-    ("cluster", V), ("job_id", B), ("name", V), ("task_id", V), ("user", V), ("status", V),
+    ("cluster", V), ("job_id", B), ("name", V), ("task_id", V), ("user", V), ("num_nodes", I), ("status", V),
     ("submitted_at", TS), ("started_at", TS), ("ended_at", TS), ("exit_code", I), ("failed_rank", I),
     ("failed_phase", V), ("reason", V), ("managed_job_id", B), ("skypilot_task_id", V),
     ("has_setup", BOOL), ("setup_done_ranks", I), ("cancel_requested", BOOL), ("last_event_seq", B),

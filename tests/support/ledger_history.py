@@ -23,15 +23,16 @@ T0 = datetime(2026, 10, 30, 22, 0, tzinfo=UTC)
 
 
 class History:
-    def __init__(self, t0: datetime = T0, source: str = "/tests/history"):
+    def __init__(self, t0: datetime = T0, source: str = "/tests/history", prefix: str = "event"):
         self.envs: list[Envelope] = []
         self.t = t0
         self.source = source
+        self.prefix = prefix
 
     def add(self, event: Event, *, at: datetime | None = None, advance: timedelta = timedelta(seconds=1)) -> Envelope:
         if at is not None:
             self.t = at
-        env = make_envelope(event, source=self.source, id=str(uuid.uuid5(NS, f"event-{len(self.envs)}")),
+        env = make_envelope(event, source=self.source, id=str(uuid.uuid5(NS, f"{self.prefix}-{len(self.envs)}")),
                             time=self.t)
         self.envs.append(env)
         self.t = self.t + advance
@@ -153,15 +154,18 @@ def usage(cluster: str, rank: int, start: datetime, end: datetime, cost: int, *,
                          lifetime_id=lifetime_id, **kw)
 
 
-def settlement_tail(h: History) -> None:
-    """Usage in October, the settlement of October, then a late October interval."""
+def settlement_tail(h: History, offset: int = 0) -> None:
+    """Usage in October, the settlement of October, then a late October interval.
+
+    `offset`: how many events the log holds before `h`'s (the settlement's through_seq is the
+    sequence of the event just before it)."""
     oct31 = datetime(2026, 10, 31, 23, 0, tzinfo=UTC)
     h.add(usage("c9", 0, oct31, oct31 + timedelta(minutes=1), 18_333, billing_seconds=240))
     h.add(usage("c9", 0, oct31 + timedelta(minutes=1), oct31 + timedelta(minutes=2), 18_334, billing_seconds=240))
     h.add(usage("c9", 1, oct31, oct31 + timedelta(minutes=1), 18_333, team=None, user="zed"))
     settled = h.add(PeriodSettled(period="2026-10", settled_at=datetime(2026, 11, 1, 1, tzinfo=UTC),
                                   totals_micros={"ml": 36_667, "(none)": 18_333},
-                                  billing_seconds={"ml": 480, "(none)": 0}, through_seq=len(h.envs)))
+                                  billing_seconds={"ml": 480, "(none)": 0}, through_seq=offset + len(h.envs)))
     late = h.add(usage("c9", 0, oct31 + timedelta(minutes=2), oct31 + timedelta(minutes=3), 18_333, billing_seconds=240))
     h.add(usage("c9", 0, datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 1, 0, 1, tzinfo=UTC), 18_333))
     h.add(CompensationRecorded(period="2026-11", for_period="2026-10", team="ml", amount_micros=18_333,
@@ -176,3 +180,21 @@ def unknown_and_poison() -> list[bytes]:
               "io.skypurza.job_started.v1", "time": "2026-11-02T00:00:00Z", "subject": "cluster/c1",
               "data": {"cluster": "c1"}}
     return [json.dumps(future).encode(), json.dumps(poison).encode()]
+
+
+# ---------------------------------------------------------------- running the ledger in tests
+
+
+async def publish_all(bus: Any, envs: list[Envelope], extra_raw: list[bytes] = ()) -> int:
+    """Publish the envelopes (each with its Nats-Msg-Id), then raw payloads; returns the last seq."""
+    await bus.publish_many(envs)
+    for raw in extra_raw:
+        await bus.js.publish(f"{bus.subject_of(envs[0]).rsplit('.evt.', 1)[0]}.evt.task.x.raw", raw)
+    return await bus.last_seq()
+
+
+async def table_rows(con: Any, table: str) -> list[tuple]:
+    from skypurza.services.ledger.schema import BY_NAME
+
+    t = BY_NAME[table]
+    return con.execute(f'SELECT * FROM "{table}" ORDER BY {t.order_by}').fetchall()

@@ -1,0 +1,179 @@
+"""Ledger projections on a real nats-server and real DuckDB files: a scripted history of every
+event type, idempotency per event id, batch-size independence, unknown and newer events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import duckdb
+from ledger_history import History, publish_all, scripted, settlement_tail, unknown_and_poison
+from nats_fixtures import connect_bus
+
+from skypurza.events import ledger_queries as lq
+from skypurza.events.models import TaskSubmitted
+from skypurza.services.ledger.ledgerconfig import LedgerConfig
+from skypurza.services.ledger.replay import audit, replay_into
+from skypurza.services.ledger.service import LedgerService
+
+
+def _rows(path: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_scripted_history_projects_every_table(nats_server, tmp_path):
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = scripted()
+        settlement_tail(h)
+        last = await publish_all(bus, h.envs, unknown_and_poison())
+        svc = LedgerService(tmp_path / "live.duckdb", tick_s=0, config=LedgerConfig())
+        await svc.start(bus)
+        try:
+            assert await svc.wait_written(last)
+            pos = await lq.position(bus)
+            assert pos["checkpoint"] == last and pos["caught_up"] in (True, False)
+            status = {c["name"]: c for c in await lq.status(bus, all=True)}
+            live = {c["name"] for c in await lq.status(bus)}
+            queue = await lq.queue(bus, cluster="c1")
+            mjobs = await lq.jobs_queue(bus)
+            report = await lq.cost_report(bus, by="team")
+        finally:
+            await svc.close()
+            await bus.close()
+        return status, live, queue, mjobs, report
+
+    status, live, queue, mjobs, report = asyncio.run(main())
+    # clusters: c2 never came up and c3's launch failed: no record (as in SkyPilot)
+    assert set(status) == {"c1", "mj-1", "c5"} and live == {"c5"}
+    c1 = status["c1"]
+    assert c1["status"] == "TERMINATED" and c1["region"] == "us-east-2" and c1["zone"] == "us-east-2b"
+    assert c1["team"] == "ml" and c1["project"] == "llm"  # from the task's labels
+    assert c1["num_nodes"] == 2 and c1["hourly_price_micros"] == 1_100_000 and c1["user"] == "alice"
+    assert c1["autostop"] == 10 and c1["autodown"] is True and c1["termination_reason"] == "user"
+    assert [n["status"] for n in c1["nodes"]] == ["TERMINATED", "TERMINATED"]
+    assert status["mj-1"]["status"] == "TERMINATED" and status["mj-1"]["use_spot"] is True
+    assert status["c5"]["status"] == "INIT" and status["c5"]["status_reason"] == "node 0 lost"
+    assert [n["status"] for n in status["c5"]["nodes"]] == ["LOST"]
+    # jobs: SkyPilot's states, final states stay final
+    by_id = {j["job_id"]: j for j in queue}
+    assert [j["job_id"] for j in queue] == [4, 3, 2, 1]
+    assert by_id[1]["status"] == "SUCCEEDED" and by_id[1]["exit_code"] == 0 and by_id[1]["num_nodes"] == 2
+    assert by_id[2]["status"] == "CANCELLED" and by_id[2]["cancel_requested"] is True
+    assert by_id[3]["status"] == "FAILED_SETUP" and by_id[3]["failed_rank"] == 1
+    assert by_id[4]["status"] == "FAILED" and by_id[4]["exit_code"] == 3
+    # managed job: recovered once, cancelled; the RUNNING after CANCELLED is ignored
+    assert len(mjobs) == 1
+    mj = mjobs[0]
+    assert mj["status"] == "CANCELLED" and mj["recoveries"] == 1 and mj["cancel_requested"] is True
+    assert mj["cluster"] == "mj-1" and mj["started_at"] is not None and mj["ended_at"] is not None
+    # usage: October settled; the late October interval is a compensation booked in November
+    lines = {(line["key"], line["kind"]): line for line in report["lines"]}
+    assert lines[("ml", "usage")]["cost_micros"] == 18_333 + 18_334 + 18_333
+    assert lines[("(none)", "usage")]["cost_micros"] == 18_333
+    comp = lines[("ml", "compensation")]
+    assert comp["cost_micros"] == 18_333 and comp["for_period"] == "2026-10"
+
+
+def test_placements_attempts_and_skipped_rows(nats_server, tmp_path):
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = scripted()
+        await publish_all(bus, h.envs, unknown_and_poison())
+        await replay_into(bus, tmp_path / "r.duckdb")
+        await bus.close()
+
+    asyncio.run(main())
+    f = tmp_path / "r.duckdb"
+    attempts = _rows(f, "SELECT task_id, attempt, region, outcome, error_code FROM attempts ORDER BY task_id, attempt")
+    assert attempts == [
+        ("t1", 1, "us-east-1", "capacity_error", "InsufficientInstanceCapacity"),
+        ("t1", 2, "us-east-2", "provisioned", None),
+        ("t3", 1, "us-east-1", "provision_failed", "UnauthorizedOperation"),
+        ("t4", 1, "us-east-1", "provisioned", None),
+        ("t5", 1, "us-east-1", "provisioned", None),
+    ]
+    placements = dict(_rows(f, "SELECT task_id, status FROM placements"))
+    assert placements == {"t1": "PROVISIONED", "t2": "FAILED", "t3": "FAILED", "t4": "PROVISIONED",
+                          "t5": "PROVISIONED"}
+    skipped = _rows(f, "SELECT type, status FROM skipped ORDER BY seq")
+    assert skipped == [("io.skypurza.future_thing.v1", "unknown"), ("io.skypurza.job_started.v1", "poison")]
+    # node runs for the meter: c1 ran twice (stop/start), mj-1 was preempted (its run ends then)
+    meters = _rows(f, "SELECT cluster, rank, lifetime_start, stop_at FROM meters ORDER BY cluster, rank, lifetime_start")
+    assert [(m[0], m[1]) for m in meters] == [("c1", 0), ("c1", 0), ("c1", 1), ("c1", 1), ("c5", 0), ("mj-1", 0)]
+    assert all(m[3] is not None for m in meters if m[0] != "c5")
+    mj_run = [m for m in meters if m[0] == "mj-1"][0]
+    assert (mj_run[3] - mj_run[2]).total_seconds() == 70 * 60  # billed until the preemption
+
+
+def test_same_log_same_tables_whatever_the_batches(nats_server, tmp_path):
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = scripted()
+        settlement_tail(h)
+        await publish_all(bus, h.envs, unknown_and_poison())
+        await replay_into(bus, tmp_path / "big.duckdb", batch=5000)
+        await replay_into(bus, tmp_path / "one.duckdb", batch=1)
+        await replay_into(bus, tmp_path / "seven.duckdb", batch=7)
+        await bus.close()
+
+    asyncio.run(main())
+    for other in ("one.duckdb", "seven.duckdb"):
+        res = audit(tmp_path / "big.duckdb", tmp_path / other)
+        assert res["ok"], res["differing"]
+
+
+def test_repeated_events_are_applied_once(nats_server, tmp_path):
+    """An event stored twice (published again after the de-duplication window) changes nothing."""
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = scripted()
+        settlement_tail(h)
+        await publish_all(bus, h.envs)
+        await replay_into(bus, tmp_path / "once.duckdb")
+        # Store every event a second time, as a late re-publisher would (new Nats-Msg-Id).
+        for env in h.envs:
+            await bus.js.publish(bus.subject_of(env), env.to_json(), headers={"Nats-Msg-Id": env.id + "-again"})
+        assert await bus.last_seq() == 2 * len(h.envs)
+        await replay_into(bus, tmp_path / "twice.duckdb")
+        await bus.close()
+
+    asyncio.run(main())
+    res = audit(tmp_path / "once.duckdb", tmp_path / "twice.duckdb")
+    differing = set(res["differing"])
+    # Only the position differs (checkpoint); every read model is the same.
+    assert differing <= {"checkpoint"}, res
+    assert _rows(tmp_path / "twice.duckdb", "SELECT count(*) FROM usage") == \
+        _rows(tmp_path / "once.duckdb", "SELECT count(*) FROM usage")
+
+
+def test_newer_event_version_stops_the_projection_before_it(nats_server, tmp_path):
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = History()
+        h.add(TaskSubmitted(task_id="a", cluster="ca", task={}))
+        await publish_all(bus, h.envs)
+        newer = json.loads(h.envs[0].to_json())
+        newer.update(id="newer-1", type="io.skypurza.task_submitted.v9")
+        await bus.js.publish(bus.subject_of(h.envs[0]), json.dumps(newer).encode())
+        svc = LedgerService(tmp_path / "live.duckdb", tick_s=0, config=LedgerConfig())
+        await svc.start(bus)
+        try:
+            for _ in range(100):
+                pos = await lq.position(bus)
+                if pos["halted"]:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await svc.close()
+            await bus.close()
+        return pos
+
+    pos = asyncio.run(main())
+    assert pos["halted"] and "newer" in pos["halted"]
+    assert pos["checkpoint"] == 1  # the event before it is committed, the newer one is not skipped
