@@ -518,7 +518,7 @@ def _lost_fact(ev: SpotPreempted | NodeLost) -> machine.LostF:
     where = f"node {ev.rank}" if ev.rank is not None else "a node"
     if isinstance(ev, SpotPreempted):
         what = e.get("state_reason_code") or "spot interruption"
-        return machine.LostF(ev.cluster, "preempted", f"{where} ({ev.instance_id}) preempted: {what}")
+        return machine.LostF(ev.cluster, "preempted", f"{where} ({ev.instance_id}): {what}")
     why = e.get("state_reason_code") or (f"no heartbeat for {e.get('silent_s')} s" if e.get("source") == "heartbeat"
                                          else e.get("state") or "lost")
-    return machine.LostF(ev.cluster, "node_lost", f"{where} ({ev.instance_id}) lost: {why}")
+    return machine.LostF(ev.cluster, "node_lost", f"{where} ({ev.instance_id}): {why}")
