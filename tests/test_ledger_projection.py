@@ -177,3 +177,59 @@ def test_newer_event_version_stops_the_projection_before_it(nats_server, tmp_pat
     pos = asyncio.run(main())
     assert pos["halted"] and "newer" in pos["halted"]
     assert pos["checkpoint"] == 1  # the event before it is committed, the newer one is not skipped
+
+
+def test_the_ledger_continues_after_a_nats_server_restart(tmp_path):
+    from skypurza.events.natsserver import NatsServer, free_port
+
+    port = free_port()
+    store = tmp_path / "js"
+
+    async def main():
+        server = NatsServer(store_dir=store, port=port).start()
+        bus = await connect_bus(server)
+        h = scripted()
+        await bus.publish_many(h.envs[:30])
+        svc = LedgerService(tmp_path / "live.duckdb", tick_s=0, config=LedgerConfig())
+        await svc.start(bus)
+        try:
+            assert await svc.wait_written(30)
+            server.kill()  # a crash, not a shutdown
+            await asyncio.sleep(0.5)
+            server = NatsServer(store_dir=store, port=port).start()
+            for _ in range(50):
+                try:
+                    await bus.publish_many(h.envs[30:])
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            assert await svc.wait_written(len(h.envs), timeout=30)
+            return await lq.status(bus, all=True)
+        finally:
+            await svc.close()
+            await bus.close()
+            server.stop()
+
+    status = asyncio.run(main())
+    assert {c["name"]: c["status"] for c in status} == {"c1": "TERMINATED", "mj-1": "TERMINATED", "c5": "INIT"}
+
+
+def test_both_log_transports_read_the_same_batches(nats_server):
+    from skypurza.services.ledger.logreader import LogReader
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        h = scripted()
+        await publish_all(bus, h.envs, unknown_and_poison())
+        out = {}
+        for kind in ("raw", "natspy"):
+            got = []
+            async for batch in LogReader(bus, start_seq=5, batch=7, transport=kind).batches():
+                got.extend(batch)
+            out[kind] = got
+        await bus.close()
+        return out, len(h.envs) + 2
+
+    out, n = asyncio.run(main())
+    assert [m[0] for m in out["raw"]] == list(range(5, n + 1))
+    assert [(s, d) for s, _, d in out["raw"]] == [(s, d) for s, _, d in out["natspy"]]
