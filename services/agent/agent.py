@@ -29,7 +29,7 @@ from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterT
 from skypurza.events.envelope import Event, new_id, utcnow
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
 
-from . import mounts
+from . import mounts, storage
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -111,6 +111,7 @@ class Agent:
         self._pgids: dict[tuple[int, str], int] = {}
         self._watchers: set[asyncio.Task] = set()
         self._prepared: dict[int, _Prepared] = {}
+        self.checkpoints = storage.Checkpoints(spec.infra, spec.stage)  # checkpoint buckets (storage.py)
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
 
     # ------------------------------------------------------------------ lifecycle
@@ -308,6 +309,7 @@ class Agent:
         file_mounts = {dst: (src.model_dump(exclude_none=True) if hasattr(src, "model_dump") else src)
                        for dst, src in (task.file_mounts or {}).items()}
         synced = self.state / "jobs" / str(job.job_id) / "synced"
+        file_mounts = await self.checkpoints.attach(job.job_id, file_mounts, self.home, download=not synced.exists())
         steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home)
         for step in steps:
             try:
@@ -386,6 +388,8 @@ class Agent:
             self.local.killing = False
         self._pgids.pop((job.job_id, phase), None)
         log.info("job %s: %s ended with %s", job.job_id, phase, code)
+        if phase == "run":
+            await self.checkpoints.detach(job.job_id)  # the last upload of the job's buckets
         await self._report(job, phase, code, files)
         self._wake.set()
 
