@@ -54,18 +54,16 @@ def _node(m: dict[str, Any], overlay: Published | None) -> MeteredNode | None:
 
 
 def due_usage(state: State, now: datetime, tick: timedelta, cfg: LedgerConfig,
-              overlay: dict[tuple[str, int, str], Published], *, only_stopped: bool = False,
+              overlay: dict[tuple[str, int, str], Published], *,
               limit_per_node: int = 10_000) -> list[tuple[str, UsageRecorded]]:
     """(event id, event) of every interval due by `now`, node run by node run, in a stable order.
 
-    `overlay` is updated with what is returned (the caller publishes it). `only_stopped` meters
-    just the runs that ended (their final interval is due at once, not at the next tick).
+    `overlay` is updated with what is returned (the caller publishes it); at most
+    `limit_per_node` intervals per run (a ledger that was down long catches up over passes).
     """
     out: list[tuple[str, UsageRecorded]] = []
     for key in sorted(state.unfinalized):
         m = state.rows["meters"][key]
-        if only_stopped and m["stop_at"] is None:
-            continue
         node = _node(m, overlay.get(key))
         if node is None:
             continue

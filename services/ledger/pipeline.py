@@ -7,7 +7,7 @@ releases the GIL while it executes), one commit at a time and in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import duckdb
@@ -51,8 +51,7 @@ class Projector:
         self.con.close()
 
 
-async def project(projector: Projector, batches: AsyncIterator[list[RawMsg]],
-                  after_write: Callable[[store.Changes], Awaitable[None] | None] | None = None) -> None:
+async def project(projector: Projector, batches: AsyncIterator[list[RawMsg]]) -> None:
     """Apply and commit every batch; raises NewerEventError after committing what precedes it."""
     pending: asyncio.Task | None = None
     try:
@@ -62,21 +61,10 @@ async def project(projector: Projector, batches: AsyncIterator[list[RawMsg]],
             ch, err = projector.apply_raw(raw)
             if pending is not None:
                 await pending
-            if not ch.empty or ch.last_seq > projector.written_seq:
-                pending = asyncio.create_task(_write(projector, ch, after_write))
+            pending = asyncio.create_task(asyncio.to_thread(projector.write, ch))
             if err is not None:
-                if pending is not None:
-                    await pending
+                await pending
                 raise err
     finally:
         if pending is not None:
             await pending
-
-
-async def _write(projector: Projector, ch: store.Changes,
-                 after: Callable[[store.Changes], Awaitable[None] | None] | None) -> None:
-    await asyncio.to_thread(projector.write, ch)
-    if after is not None:
-        res = after(ch)
-        if res is not None:
-            await res

@@ -179,7 +179,8 @@ class State:
         self.task_attempts.clear()
         for c, r in self.rows["nodes"]:
             self.cluster_ranks.setdefault(c, set()).add(r)
-        for key, m in sorted(self.rows["meters"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1]["lifetime_start"], kv[0][2])):
+        # A node's runs in the order the log began them (what an uninterrupted run appended).
+        for key, m in sorted(self.rows["meters"].items(), key=lambda kv: (kv[1]["created_seq"], kv[0])):
             self.node_lifetimes.setdefault((key[0], key[1]), []).append(key[2])
             self.meter_ranks.setdefault(key[0], set()).add(key[1])
             if not m["finalized"]:
@@ -276,7 +277,7 @@ def _placement_chosen(state: State, rec: Record, ev: PlacementChosen) -> None:
             placement_id=rec.id, accelerators=_json(ev.candidate.accelerators),
             user=owner.get("user") or "", team=owner.get("team"), project=owner.get("project"),
             managed_job_id=owner.get("managed_job_id"), created_seq=rec.seq, last_event_seq=rec.seq,
-            last_event_at=utc(rec.time), **{k: v for k, v in _candidate_fields(ev.candidate).items()}))
+            last_event_at=utc(rec.time), **_candidate_fields(ev.candidate)))
         for rank in list(state.cluster_ranks.get(ev.cluster, ())):
             state.delete("nodes", (ev.cluster, rank))
 
@@ -373,7 +374,7 @@ def _start_lifetimes(state: State, rec: Record, cluster: dict[str, Any], nodes: 
             zone=zone or cluster["zone"], market=cluster["market"],
             hourly_price_micros=cluster["hourly_price_micros"], tres=tres, user=cluster["user"] or "",
             team=cluster["team"], project=cluster["project"], lifetime_start=start, stop_at=None,
-            metered_until=None, finalized=False, last_event_seq=rec.seq))
+            metered_until=None, finalized=False, created_seq=rec.seq, last_event_seq=rec.seq))
     state.meter_changed = True
 
 

@@ -8,6 +8,7 @@ order-independent content checksum, and a few rows found on one side only.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
@@ -31,13 +32,13 @@ async def replay_into(bus: Any, file: Path | str, until_seq: int | None = None,
         path.unlink()
         Path(f"{path}.wal").unlink(missing_ok=True)
     t0 = time.perf_counter()
-    projector = Projector(path)
+    projector = await asyncio.to_thread(Projector, path)
     try:
         reader = LogReader(bus, start_seq=1, until_seq=until_seq, until_time=until_time, batch=batch)
         await project(projector, reader.batches())
         last_seq, records = projector.state.last_seq, projector.state.records
     finally:
-        projector.close()
+        await asyncio.to_thread(projector.close)
     seconds = time.perf_counter() - t0
     return {"file": str(path), "last_seq": last_seq, "records": records, "seconds": round(seconds, 3),
             "events_per_s": round(records / seconds) if seconds > 0 else None}

@@ -118,7 +118,7 @@ METERS = _t(
     ("cluster", V), ("rank", I), ("lifetime_id", V), ("instance_id", V), ("instance_type", V),
     ("infra", V), ("region", V), ("zone", V), ("market", V), ("hourly_price_micros", B), ("tres", V),
     ("user", V), ("team", V), ("project", V), ("lifetime_start", TS), ("stop_at", TS),
-    ("metered_until", TS), ("finalized", BOOL), ("last_event_seq", B),
+    ("metered_until", TS), ("finalized", BOOL), ("created_seq", B), ("last_event_seq", B),
 )
 
 USAGE = _t(

@@ -100,10 +100,6 @@ class Changes:
     skipped: pa.Table | None = None
     usage_rows: int = 0
 
-    @property
-    def empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.ops or self.applied is not None or self.skipped is not None)
-
 
 def snapshot(state: State) -> Changes:
     """What the current batch changed, as Arrow tables (call before the next batch starts)."""
@@ -184,7 +180,3 @@ def write(con: duckdb.DuckDBPyConnection, ch: Changes) -> None:
         con.execute("ROLLBACK")
         raise
 
-
-def checkpoint(con: duckdb.DuckDBPyConnection) -> int:
-    row = con.execute("SELECT last_seq FROM checkpoint WHERE projection = ?", [sc.PROJECTION]).fetchall()[0]
-    return int(row[0]) if row else 0
