@@ -137,8 +137,9 @@ def cost_report_command(
 ) -> None:
     """Showback: cost in dollars and Slurm billing units, for live and finished clusters.
 
-    Usage lines count intervals by their start in [since, until); late usage of a settled period
-    shows as a `compensation` line in the period it is booked in, with the period it corrects.
+    Usage lines count metered intervals by their start in [since, until).
+
+    Late usage of a settled period is a `compensation` line in the period it is booked in.
     """
     check_output(output, ("table", "json", "csv"))
     from skypurza.services.ledger.showback import GROUP_BYS
@@ -184,8 +185,10 @@ def settle_command(
     period: str = typer.Option(..., "--period", help="The month to close, YYYY-MM (UTC)."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Close a period: the ledger publishes PeriodSettled with the totals per team. Usage of the
-    period that arrives later is booked in the next open period as a compensation."""
+    """Close a period: the ledger publishes PeriodSettled with the totals per team.
+
+    Usage of the period that arrives later is booked in the next open period, as a compensation.
+    """
     check_output(output)
     from skypurza.services.ledger.showback import format_dollars, parse_period
 
@@ -231,8 +234,10 @@ def audit_command(
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the ledger's fresh replay in this file."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Replay the log into a fresh file and compare it with the live projection, table by table
-    (row counts and content checksums). Exits with 1 when they differ."""
+    """Compare the live projection with a fresh replay of the log, table by table.
+
+    Row counts and content checksums; exits with 1 when they differ.
+    """
     check_output(output)
     if (live is None) != (replay is None):
         raise typer.BadParameter("give both --live and --replay, or neither (then the ledger audits itself)")
