@@ -40,12 +40,12 @@ async def queue(bus: Bus, clusters: list[str] | str | None = None, skip_finished
                                                        min_seq=min_seq), timeout=timeout)
 
 
-async def jobs_queue(bus: Bus, skip_finished: bool = False, job_ids: list[int] | None = None,
+async def jobs_queue(bus: Bus, all: bool = True, skip_finished: bool = False, job_ids: list[int] | None = None,
                      user: str | None = None, all_users: bool = True, limit: int | None = None,
                      min_seq: int | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Managed jobs, newest first."""
+    """Managed jobs, newest first; finished ones only with `all` (the default) and not `skip_finished`."""
     return await bus.request(SERVICE, "jobs_queue", _params(
-        skip_finished=skip_finished, job_ids=job_ids, user=user, all_users=all_users, limit=limit,
+        all=all, skip_finished=skip_finished, job_ids=job_ids, user=user, all_users=all_users, limit=limit,
         min_seq=min_seq), timeout=timeout)
 
 

@@ -42,6 +42,7 @@ def test_scripted_history_projects_every_table(nats_server, tmp_path):
             live = {c["name"] for c in await lq.status(bus)}
             queue = await lq.queue(bus, cluster="c1")
             mjobs = await lq.jobs_queue(bus)
+            assert await lq.jobs_queue(bus, all=False) == []  # the one managed job has ended
             report = await lq.cost_report(bus, by="team")
         finally:
             await svc.close()

@@ -146,9 +146,9 @@ _MANAGED_TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE"
 
 
 def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Managed jobs, newest first; `skip_finished` hides ended ones; `user` filters."""
+    """Managed jobs, newest first; `skip_finished` (or `all: false`) hides ended ones; `user` filters."""
     where, args = [], []
-    if params.get("skip_finished"):
+    if params.get("skip_finished") or params.get("all") is False:
         where.append(f"status NOT IN {_MANAGED_TERMINAL}")
     if params.get("user") and not params.get("all_users", True):
         where.append('"user" = ?')
