@@ -291,7 +291,7 @@ class Bus:
             while True:
                 try:
                     msgs = await sub.fetch(batch=batch, timeout=1.0)
-                except NatsTimeout:
+                except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                     return  # nothing (more) matches up to the end
                 for msg in msgs:
                     md = msg.metadata
@@ -335,7 +335,7 @@ class Bus:
                 while True:
                     try:
                         msgs = await sub.fetch(batch=256, timeout=2.0)
-                    except NatsTimeout:
+                    except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                         continue
                     for msg in msgs:
                         next_seq = msg.metadata.sequence.stream + 1
