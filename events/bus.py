@@ -124,6 +124,10 @@ class Bus:
         """Run `cb` after each reconnect (pull subscriptions can go silent after a server restart)."""
         self._reconnected.append(cb)
 
+    def off_reconnect(self, cb: Callable[[], Awaitable[None]]) -> None:
+        if cb in self._reconnected:
+            self._reconnected.remove(cb)
+
     async def close(self) -> None:
         # Not drain(): draining idle pull subscriptions waits out its 30 s timeout. Everything we
         # publish is awaited (acked) already, so a flush and close lose nothing.

@@ -444,9 +444,7 @@ class LogReader(Sink):
         if self._closed:
             return
         self._closed = True
-        callbacks = getattr(self.bus, "_reconnected", None)
-        if callbacks is not None and self._on_reconnect in callbacks:
-            callbacks.remove(self._on_reconnect)
+        self.bus.off_reconnect(self._on_reconnect)
         await self._delete_consumer()
         if self._transport is not None:
             await self._transport.close()
