@@ -99,6 +99,7 @@ class Stand:
         job, _ = await queue_job(self.bus, cluster=ts.cluster, task_id=ts.task_id, task=ts.task,
                                  managed_job_id=ts.managed_job_id, skypilot_task_id=ts.skypilot_task_id or "")
         await self.bus.publish(JobStarted(cluster=ts.cluster, job_id=job.job_id, started_at=now()))
+        await self.bus.publish_log(ts.cluster, job.job_id, 0, f"hello from {ts.cluster} as {ts.skypilot_task_id}")
         await self.finish(ts.cluster, what, job.job_id)
 
     async def finish(self, cluster: str, what: str, job_id: int = 1) -> None:
@@ -153,6 +154,55 @@ async def until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "con
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
         await asyncio.sleep(0.05)
+
+
+class Background:
+    """The recovery service and a Stand on a loop of their own (for CLI tests, whose commands
+    run their own event loops in the test's thread)."""
+
+    def __init__(self, url: str, **stand: Any):
+        import threading
+
+        self.url = url
+        self.stand_kw = stand
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.stand: Stand | None = None
+        self._stop: asyncio.Event | None = None
+        self._main: Any = None
+
+    def __enter__(self) -> "Background":
+        self.thread.start()
+        ready = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        ready.result(15)
+        return self
+
+    async def _start(self) -> None:
+        bus = await Bus.connect(self.url, STAGE, source="/tests/background")
+        self.bus = bus
+        self.stand = await Stand(bus, **self.stand_kw).start()
+        self._stop = asyncio.Event()
+        started = asyncio.Event()
+
+        async def main() -> None:
+            async with recovery(bus):
+                started.set()
+                await self._stop.wait()  # type: ignore[union-attr]
+
+        self._main = asyncio.create_task(main())
+        await started.wait()
+
+    async def _shutdown(self) -> None:
+        assert self._stop is not None and self.stand is not None
+        self._stop.set()
+        await self._main
+        await self.stand.stop()
+        await self.bus.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,424 @@
+"""`spz jobs launch|queue|cancel|logs`: managed jobs, as `sky jobs` has them.
+
+A managed job is a task (or a pipeline of tasks) that the recovery service runs to the end: it
+launches a cluster per task, brings the job back on a new cluster when a spot node is
+preempted or a node is lost, tears every cluster down when the job ends. There is no
+controller VM: the recovery service is part of the control plane, and its state is the log.
+
+`launch` publishes ManagedJobSubmitted (the job id allocated by the log with optimistic
+concurrency), then follows the job's output across its clusters until it ends. `queue` asks
+the ledger's projection and reads the log itself when no ledger answers (or with -r).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from .context import check_output, fail, print_json, run_async, stage
+
+jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
+                       no_args_is_help=True, rich_markup_mode="rich")
+
+_RES = "Resources (override the task YAML)"
+_TASK = "Task (override the task YAML)"
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_CANCELLED = 0, 100, 102, 103
+POLL_S = 0.5
+
+
+def exit_code_of(status: str | None) -> int:
+    if status is None:
+        return EXIT_NOT_FOUND
+    if status == "SUCCEEDED":
+        return EXIT_SUCCEEDED
+    if status == "CANCELLED":
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+def load_job(entrypoint: list[str], overrides: Any, job_recovery: str | None, name: str | None,
+             cwd: Path) -> tuple[str, list[Any], list[dict[str, Any]]]:
+    """(job name, tasks, public task dicts) for an entrypoint: a YAML file (a pipeline allowed) or
+    a command; overrides apply to a single task (SkyPilot refuses them for pipelines)."""
+    from skypurza.events.taskspec import TaskSpecError, apply_overrides, is_yaml_entrypoint, load_tasks
+    from skypurza.events.taskspec.overrides import task_from_command
+
+    from .submit import SubmitError, localise
+
+    words = [w for w in entrypoint if w.strip()]
+    if not words:
+        raise SubmitError("give a task YAML file or a command (e.g. spz jobs launch train.yaml)")
+    text = " ".join(words)
+    header_name: str | None = None
+    try:
+        if len(words) == 1 and is_yaml_entrypoint(text):
+            loaded = load_tasks(text, env_overrides=dict(overrides.envs), secret_overrides=dict(overrides.secrets))
+            if loaded.is_job_group:
+                raise SubmitError(f"{text} is a job group (execution: parallel); spz runs pipelines (serial) only")
+            tasks = list(loaded.tasks)
+            header_name = loaded.name
+            if len(tasks) == 1:
+                tasks = [apply_overrides(tasks[0], overrides)]
+            elif overrides.resource_overrides() or overrides.num_nodes or overrides.workdir:
+                raise SubmitError("resource, --num-nodes and --workdir overrides apply to one task; "
+                                  f"{text} is a pipeline of {len(tasks)} tasks: set them in the YAML")
+        else:
+            tasks = [task_from_command(text, overrides)]
+            header_name = "sky-cmd"
+    except TaskSpecError as exc:
+        raise SubmitError(str(exc)) from None
+    publics = []
+    for t in tasks:
+        public = localise(t, t.public_dict(), cwd)
+        if job_recovery:
+            public = with_job_recovery(public, job_recovery)
+        publics.append(public)
+    job_name = name or header_name or (tasks[0].name if len(tasks) == 1 else None) or "sky-managed"
+    return job_name, tasks, publics
+
+
+def with_job_recovery(public: dict[str, Any], strategy: str) -> dict[str, Any]:
+    """--job-recovery: the strategy of every resource alternative (restart settings kept)."""
+    from skypurza.events.taskspec.resources import check_strategy
+
+    check_strategy(strategy)
+    resources = dict(public.get("resources") or {})
+    current = resources.get("job_recovery")
+    resources["job_recovery"] = {**current, "strategy": strategy} if isinstance(current, dict) else strategy
+    for key in ("ordered", "any_of"):
+        if isinstance(resources.get(key), list):
+            resources[key] = [{k: v for k, v in a.items() if k != "job_recovery"} if isinstance(a, dict) else a
+                              for a in resources[key]]
+    return {**public, "resources": resources}
+
+
+def launch_command(
+    entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD",
+                                                     help="A task YAML (several documents: a pipeline) or a command."),
+    name: Optional[str] = typer.Option(None, "-n", "--name", help="Job name (default: the YAML's name)."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    detach_run: bool = typer.Option(False, "-d", "--detach-run", help="Return once submitted; do not stream output."),
+    job_recovery: Optional[str] = typer.Option(None, "--job-recovery",
+                                               help="EAGER_NEXT_REGION (default), FAILOVER or none."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json (a summary on stdout)."),
+    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION, aws/REGION/ZONE or local.", rich_help_panel=_RES),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. A100:8, or none.", rich_help_panel=_RES),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="vCPUs per node: 4 or 4+.", rich_help_panel=_RES),
+    memory: Optional[str] = typer.Option(None, "--memory", help="GiB per node: 16 or 16+.", rich_help_panel=_RES),
+    instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", help="e.g. g5.xlarge, or none.", rich_help_panel=_RES),
+    use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", help="Spot instances or not.", rich_help_panel=_RES),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Number of nodes.", rich_help_panel=_RES),
+    disk_size: Optional[int] = typer.Option(None, "--disk-size", help="OS disk size in GB.", rich_help_panel=_RES),
+    image_id: Optional[str] = typer.Option(None, "--image-id", help="Image (AMI) id, or none.", rich_help_panel=_RES),
+    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
+    secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret (never stored in the log).", rich_help_panel=_TASK),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="Directory synced to ~/sky_workdir.", rich_help_panel=_TASK),
+) -> None:
+    """Launch a managed job: run to the end on clusters of its own, recovered from preemption.
+
+    Exit status (without --detach-run): 0 succeeded, 100 failed, 103 cancelled. Ctrl-C while
+    streaming detaches: the job keeps running (spz jobs cancel ID stops it).
+
+    Examples:
+
+      spz jobs launch train.yaml -n llm --detach-run
+
+      spz jobs launch --use-spot --job-recovery FAILOVER 'python train.py'
+    """
+    check_output(output)
+    from .cmd_cluster import _config, _confirm, _overrides
+    from .submit import SubmitError
+
+    overrides = _overrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
+                           use_spot=use_spot, num_nodes=num_nodes, disk_size=disk_size, image_id=image_id,
+                           env=env, secret=secret, name=None, workdir=workdir)
+    try:
+        job_name, tasks, publics = load_job(entrypoint or [], overrides, job_recovery, name, Path.cwd())
+    except SubmitError as exc:
+        raise fail(str(exc))
+    except Exception as exc:  # e.g. an unknown --job-recovery strategy
+        raise fail(str(exc))
+    cfg = _config()
+    what = f"{len(tasks)} tasks" if len(tasks) > 1 else "task"
+    _confirm(f"Launch managed job {job_name} ({what})?", yes, destructive=False)
+    from .progress import StatusLine, echo_err, echo_out
+
+    status = StatusLine()
+    out = echo_err if output == "json" else echo_out
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        from skypurza.services.recovery.submit import submit_managed_job
+
+        from .control import connect_bus
+
+        status.update("Connecting to the control plane")
+        bus = await connect_bus(stage(), "jobs-launch")
+        try:
+            labels: dict[str, str] = {}
+            for t in tasks:
+                if t.resources is not None and t.resources.labels:
+                    labels.update(t.resources.labels)
+            job = await submit_managed_job(bus, name=job_name, tasks=publics, user=cfg.user,
+                                           team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
+                                           secrets=[t.secret_values() for t in tasks])
+            summary: dict[str, Any] = {"id": job.managed_job_id, "name": job_name,
+                                       "task_ids": job.skypilot_task_ids}
+            status.note(f"Managed job {job.managed_job_id} ({job_name}) submitted.")
+            if detach_run:
+                status.note(f"Follow it: spz jobs logs {job.managed_job_id}; see it: spz jobs queue; "
+                            f"cancel it: spz jobs cancel {job.managed_job_id}")
+                summary["status"] = "PENDING"
+                return 0, summary
+            final = await follow_job(bus, job.managed_job_id, out, follow=True, status=status)
+            summary["status"] = final
+            return exit_code_of(final), summary
+        finally:
+            await bus.close()
+
+    try:
+        code, summary = run_async(run())
+    except KeyboardInterrupt:
+        status.stop()
+        status.note("\nDetached (Ctrl-C): the managed job keeps running. Cancel it: spz jobs cancel ID")
+        raise typer.Exit(130)
+    finally:
+        status.stop()
+    if output == "json":
+        print_json(summary)
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------------------------------- logs
+
+async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: Any = None) -> str | None:
+    """Print the job's output across its clusters (each launch under a header); with `follow`,
+    until the job ends. Returns the job's status (None: no such job)."""
+    from skypurza.events import naming
+    from skypurza.services.recovery.submit import read_jobs
+
+    from .jobwatch import format_line, parse_log
+
+    printed: dict[str, int] = {}  # cluster -> last logs-stream sequence printed
+    shown_status = None
+    while True:
+        state = (await read_jobs(bus, [job_id])).get(job_id)
+        if state is None:
+            return None
+        nodes = int(state.task.get("num_nodes") or 1) if state.tasks else 1
+        for n, cluster in enumerate(state.clusters, 1):
+            start = printed.get(cluster, 0) + 1
+            async for msg in bus.replay_raw(stream=bus.logs_stream, start_seq=start,
+                                            filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
+                if cluster not in printed:
+                    out(f"── launch {n}: cluster {cluster} ──")
+                line = parse_log(msg)
+                printed[cluster] = line.seq
+                out(format_line(line, nodes))
+        if state.status != shown_status and status is not None:
+            shown_status = state.status
+            status.update(f"Managed job {job_id}: {state.status}" + (f" on {state.cluster}" if state.cluster else ""))
+        if state.terminal or not follow:
+            if status is not None and state.terminal:
+                status.stop()
+                color = "green" if state.status == "SUCCEEDED" else ("yellow" if state.status == "CANCELLED" else "red")
+                status.note(f"[{color}]Managed job {job_id}: {state.status}[/{color}]"
+                            + (f" — {state.reason}" if state.status != "SUCCEEDED" and state.reason else ""))
+            return state.status
+        await asyncio.sleep(POLL_S)
+
+
+def logs_command(
+    job_id: Optional[int] = typer.Argument(None, help="The managed job (default: the latest)."),
+    name: Optional[str] = typer.Option(None, "-n", "--name", help="The job by name (the latest of that name)."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow until the job ends, or print what there is."),
+) -> None:
+    """Print a managed job's output, every launch of it (recoveries included), in order."""
+    from .progress import StatusLine, echo_out
+
+    status = StatusLine()
+
+    async def run() -> int:
+        from skypurza.services.recovery.submit import read_jobs
+
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "jobs-logs")
+        try:
+            target = job_id
+            if target is None:
+                jobs = await read_jobs(bus)
+                matching = sorted(j for j, s in jobs.items() if name is None or s.name == name)
+                if not matching:
+                    status.note("No managed jobs" + (f" named {name}." if name else "."))
+                    return EXIT_NOT_FOUND
+                target = matching[-1]
+            final = await follow_job(bus, target, echo_out, follow=follow, status=status if follow else None)
+            if final is None:
+                status.note(f"[red]No managed job {target}.[/red]")
+                return EXIT_NOT_FOUND
+            return exit_code_of(final) if follow else 0
+        finally:
+            await bus.close()
+
+    try:
+        code = run_async(run())
+    except KeyboardInterrupt:
+        status.stop()
+        status.note("\nStopped following (Ctrl-C); the job keeps running.")
+        raise typer.Exit(130)
+    finally:
+        status.stop()
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------------------------------ queue
+
+def queue_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One job as `-o json` prints it, from the ledger's row or the log's fold alike."""
+    return {
+        "id": d.get("id", d.get("job_id")), "name": d.get("name"), "status": d.get("status"),
+        "recoveries": d.get("recoveries", 0), "restarts_on_errors": d.get("restarts_on_errors", 0),
+        "cluster": d.get("cluster"), "task_index": d.get("task_index", 0), "num_tasks": d.get("num_tasks", 1),
+        "user": d.get("user"), "submitted_at": _iso(d.get("submitted_at")), "started_at": _iso(d.get("started_at")),
+        "ended_at": _iso(d.get("ended_at")), "reason": d.get("reason") or None,
+    }
+
+
+def _iso(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def queue_command(
+    all_: bool = typer.Option(False, "-a", "--all", help="Every job (default: the latest 50)."),
+    skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only unfinished jobs."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json (a list of jobs)."),
+    refresh: bool = typer.Option(False, "-r", "--refresh", help="Read the event log itself, not the ledger."),
+) -> None:
+    """Show managed jobs: id, name, status, recoveries, the cluster they run on."""
+    check_output(output)
+    from skypurza.events.managed_events import TERMINAL_STATUSES
+
+    async def run() -> list[dict[str, Any]]:
+        from skypurza.services.recovery.submit import read_jobs
+
+        from .cmd_cluster import _ledger
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "jobs-queue")
+        try:
+            rows = None if refresh else await _ledger(bus, "jobs_queue", {"skip_finished": skip_finished,
+                                                                         "timeout": 3.0})
+            if isinstance(rows, list):
+                return [queue_row(r) for r in rows]
+            jobs = await read_jobs(bus)
+            return [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True)]
+        finally:
+            await bus.close()
+
+    rows = run_async(run())
+    if skip_finished:
+        rows = [r for r in rows if r["status"] not in TERMINAL_STATUSES]
+    rows.sort(key=lambda r: -int(r["id"] or 0))
+    if not all_:
+        rows = rows[:50]
+    if output == "json":
+        print_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from .jobwatch import since
+
+    console = Console(highlight=False)
+    if not rows:
+        console.print("No managed jobs.")
+        return
+    now = datetime.now(timezone.utc)
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "TASK", "SUBMITTED", "STATUS", "RECOVERIES", "CLUSTER"):
+        table.add_column(col)
+    for r in rows:
+        submitted = datetime.fromisoformat(r["submitted_at"].replace("Z", "+00:00")) if r["submitted_at"] else None
+        task = f"{(r['task_index'] or 0) + 1}/{r['num_tasks']}" if (r["num_tasks"] or 1) > 1 else "-"
+        table.add_row(str(r["id"]), r["name"] or "-", task, since(submitted, now), r["status"] or "-",
+                      str(r["recoveries"] or 0), r["cluster"] or "-")
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------------- cancel
+
+def cancel_command(
+    job_ids: Optional[list[int]] = typer.Argument(None, metavar="[ID]...", help="Managed job ids."),
+    name: Optional[str] = typer.Option(None, "-n", "--name", help="Every unfinished job of this name."),
+    all_: bool = typer.Option(False, "-a", "--all", help="Every unfinished managed job."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    async_: bool = typer.Option(False, "--async", help="Do not wait until they are cancelled."),
+) -> None:
+    """Cancel managed jobs: their clusters are torn down and they end CANCELLED."""
+    chosen = sum(1 for x in (bool(job_ids), name is not None, all_) if x)
+    if chosen != 1:
+        raise fail("give job ids, or -n NAME, or --all (exactly one of them)")
+    from .cmd_cluster import WAIT_S, _confirm
+
+    async def run() -> int:
+        from skypurza.services.recovery.submit import read_jobs, request_cancel
+
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "jobs-cancel")
+        try:
+            jobs = await read_jobs(bus, list(job_ids) if job_ids else None)
+            if job_ids:
+                missing = [j for j in job_ids if j not in jobs]
+                if missing:
+                    raise fail(f"no managed job {', '.join(map(str, missing))}")
+                targets = [j for j in job_ids if not jobs[j].terminal]
+                for j in job_ids:
+                    if jobs[j].terminal:
+                        typer.echo(f"Managed job {j} already ended ({jobs[j].status}).")
+            else:
+                targets = sorted(j for j, s in jobs.items() if not s.terminal and (name is None or s.name == name))
+            if not targets:
+                typer.echo("Nothing to cancel.")
+                return 0
+            _confirm(f"Cancel managed job(s) {', '.join(map(str, targets))}?", yes)
+            user = os.environ.get("SKYPURZA_USER") or ""
+            for j in targets:
+                await request_cancel(bus, j, requested_by=user)
+            if async_:
+                typer.echo(f"Cancellation requested for {', '.join(map(str, targets))}.")
+                return 0
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while True:
+                now = await read_jobs(bus, targets)
+                if all(now[j].terminal for j in targets):
+                    break
+                if asyncio.get_running_loop().time() > deadline:
+                    raise fail("the jobs did not end in time; see spz jobs queue")
+                await asyncio.sleep(POLL_S)
+            for j in targets:
+                typer.echo(f"Managed job {j}: {now[j].status}.")
+            return 0
+        finally:
+            await bus.close()
+
+    raise typer.Exit(run_async(run()))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `spz jobs ...` to the spz app."""
+    jobs_app.command("launch")(launch_command)
+    jobs_app.command("queue")(queue_command)
+    jobs_app.command("cancel")(cancel_command)
+    jobs_app.command("logs")(logs_command)
+    app.add_typer(jobs_app, name="jobs")
+
