@@ -13,6 +13,16 @@ from skypurza.events.agentspec import AgentSpec
 from .agent import Agent
 
 
+def _dump_tasks() -> None:
+    """SIGUSR1: log where every asyncio task of the agent waits (for a stuck agent)."""
+    import io
+
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(file=buf)
+        logging.getLogger("skypurza.agent").warning("task %s:\n%s", task.get_name(), buf.getvalue())
+
+
 def main(argv: list[str] | None = None) -> int:
     spec = AgentSpec.from_argv(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=os.environ.get("SKYPURZA_AGENT_LOG_LEVEL", "INFO"),
@@ -27,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM stops the agent, not the jobs: a restarted agent adopts them.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop_event.set)
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         return await agent.run()
 
     return asyncio.run(run())

@@ -174,15 +174,27 @@ class Agent:
         return last.seq + 1 if last is not None else 1
 
     async def _follow(self, start_seq: int) -> None:
+        """The cluster's events, live, into the view. A follow that breaks is started again from
+        the next sequence: without it the agent would go deaf while its jobs still run."""
         assert self.bus is not None
-        async for msg in self.bus.follow(filter_subject=self._subject, start_seq=start_seq):
-            stored = stored_from_msg(msg)
-            if stored.seq <= self.view.last_seq:
-                continue
-            self._fold(stored)
-            if isinstance(stored.event, (ClusterStopped, ClusterTerminated)):
-                self._ending = stored.event.EVENT_NAME
-            self._wake.set()
+        while True:
+            try:
+                async for msg in self.bus.follow(filter_subject=self._subject, start_seq=self.view.last_seq + 1
+                                                 if self.view.last_seq else start_seq):
+                    stored = stored_from_msg(msg)
+                    if stored.seq <= self.view.last_seq:
+                        continue
+                    self._fold(stored)
+                    if isinstance(stored.event, (ClusterStopped, ClusterTerminated)):
+                        self._ending = stored.event.EVENT_NAME
+                    self._wake.set()
+                if self.bus.nc.is_closed:
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following the cluster's events failed; following again")
+            await asyncio.sleep(0.5)
 
     def _fold(self, stored: Stored) -> None:
         if stored.event is None or stored.envelope is None:

@@ -107,6 +107,11 @@ class LocalAdapter:
         tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)
 
+    def agents(self, cluster: str) -> list[dict[str, Any]]:
+        """The cluster's nodes as recorded: rank, instance_id, home, argv and the agent's pid."""
+        record = self._read(cluster)
+        return [dict(n) for n in record["nodes"]] if record is not None else []
+
     # ------------------------------------------------------------------ the backend interface
 
     async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:

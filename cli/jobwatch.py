@@ -1,0 +1,221 @@
+"""Watching a submission and a job: progress from the event log, output from the logs stream.
+
+- `wait_for_job` follows a task's events (placement, capacity errors, provisioning) and its
+  cluster's events until the task's job is queued, updating a status line;
+- `stream_job` prints a job's output (history, then live) until the job ends, and returns the
+  job as the log tells it. Lines are printed in the order the logs stream stored them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, AsyncIterator, Callable
+
+from skypurza.events import naming
+
+from .clusterlog import Cluster, Job, apply, read_cluster
+
+# Lines a failing node's neighbours print while they are being stopped arrive just after the
+# head decided the outcome: wait this long before the last read of the logs stream.
+DRAIN_S = 0.5
+
+
+class SubmissionFailed(Exception):
+    pass
+
+
+@dataclass
+class LogLine:
+    seq: int
+    ts: str
+    rank: int
+    stream: str
+    line: str
+
+
+def parse_log(msg: Any) -> LogLine:
+    try:
+        body = json.loads(msg.data)
+    except ValueError:
+        body = {"line": msg.data.decode(errors="replace")}
+    return LogLine(msg.metadata.sequence.stream, str(body.get("ts", "")), int(body.get("rank", 0) or 0),
+                   str(body.get("stream", "stdout")), str(body.get("line", "")))
+
+
+def format_line(line: LogLine, num_nodes: int, timestamps: bool = False) -> str:
+    """SkyPilot-like prefixes: `(head, rank=0)` / `(worker1, rank=1)` for multi-node jobs,
+    `(setup)` for setup output; agent notices as they are."""
+    text = line.line
+    if line.stream != "agent":
+        who = ""
+        if num_nodes > 1:
+            who = "head, rank=0" if line.rank == 0 else f"worker{line.rank}, rank={line.rank}"
+        if line.stream == "setup":
+            who = f"setup, {who}" if who else "setup"
+        if who:
+            text = f"({who}) {text}"
+    if timestamps and line.ts:
+        text = f"{line.ts} {text}"
+    return text
+
+
+async def merged_follow(bus: Any, filters: list[str], start_seq: int) -> AsyncIterator[Any]:
+    """Several subject filters of the event log as one live sequence of Stored events."""
+    from skypurza.events.bus import stored_from_msg
+
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(subject: str) -> None:
+        async for msg in bus.follow(filter_subject=subject, start_seq=start_seq):
+            await queue.put(stored_from_msg(msg))
+
+    tasks = [asyncio.create_task(pump(f)) for f in filters]
+    try:
+        while True:
+            yield await queue.get()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
+                       status: Callable[[str], None], note: Callable[[str], None]) -> tuple[int, Cluster]:
+    """Follow a submission until its job is queued on the cluster: (job_id, cluster so far)."""
+    from .clusterlog import Cluster
+
+    state = Cluster(cluster)
+    filters = [naming.aggregate_subjects(bus.stage, "task", task_id),
+               naming.aggregate_subjects(bus.stage, "cluster", cluster)]
+    status("Choosing where to run the task")
+    async for s in merged_follow(bus, filters, start_seq):
+        ev = s.event
+        if ev is None or s.envelope is None:
+            continue
+        kind = ev.EVENT_NAME
+        if s.envelope.aggregate == "cluster":
+            apply(state, ev, s.envelope.time)
+        if kind == "placement_chosen" and ev.task_id == task_id:
+            c = ev.candidate
+            price = f", ${c.total_hourly_price_micros / 1e6:.4f}/h" if c.hourly_price_micros else ""
+            note(f"Placement (attempt {ev.attempt}): {c.label()} x{ev.num_nodes}{price}")
+            status(f"Launching {ev.num_nodes} node(s) on {c.label()}")
+        elif kind == "capacity_error" and ev.task_id == task_id:
+            note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next placement")
+            status("Choosing the next placement")
+        elif kind == "placement_failed" and ev.task_id == task_id:
+            raise SubmissionFailed(f"no placement for the task: {ev.reason}")
+        elif kind == "provision_failed" and ev.task_id == task_id:
+            raise SubmissionFailed(f"launch failed: {ev.code}: {ev.message}")
+        elif kind == "cluster_provisioned":
+            note(f"Cluster {cluster} is up ({len(ev.nodes)} node(s))")
+            status("Waiting for the nodes' agents")
+        elif kind == "job_queued" and ev.task_id == task_id:
+            return ev.job_id, state
+        elif kind == "cluster_terminated":
+            raise SubmissionFailed(f"cluster {cluster} was terminated before the job was queued")
+    raise SubmissionFailed("the event log closed")  # pragma: no cover
+
+
+async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Callable[[str], None],
+                     follow: bool = True, tail: int = 0, timestamps: bool = False,
+                     status: Callable[[str], None] | None = None) -> Job | None:
+    """Print the job's output until it ends (or, without `follow`, what there is). Returns the job."""
+    cluster = await read_cluster(bus, cluster_name)
+    job = cluster.jobs.get(job_id)
+    nodes = job.num_nodes if job else 1
+    subject = naming.logs_subject_filter(bus.stage, cluster_name, job_id)
+    history: list[LogLine] = []
+    async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject):
+        history.append(parse_log(msg))
+    last = history[-1].seq if history else 0
+    for line in (history[-tail:] if tail > 0 else history):
+        print_line(format_line(line, nodes, timestamps))
+    if not follow or job is None or job.terminal:
+        return job
+
+    done = asyncio.Event()
+
+    async def events() -> None:
+        async for s in bus.follow(filter_subject=naming.aggregate_subjects(bus.stage, "cluster", cluster_name),
+                                  start_seq=cluster.last_seq + 1):
+            if s is None:
+                continue
+            from skypurza.events.bus import stored_from_msg
+
+            stored = stored_from_msg(s)
+            if stored.event is None or stored.envelope is None:
+                continue
+            apply(cluster, stored.event, stored.envelope.time)
+            j = cluster.jobs.get(job_id)
+            if j is not None and status is not None:
+                status(_job_status_text(j))
+            if j is not None and j.terminal:
+                done.set()
+                return
+            if cluster.status == "TERMINATED":
+                done.set()
+                return
+
+    async def logs() -> None:
+        nonlocal last
+        async for msg in bus.follow(stream=bus.logs_stream, filter_subject=subject,
+                                    start_seq=last + 1 if last else None):
+            line = parse_log(msg)
+            if line.seq <= last:
+                continue
+            last = line.seq
+            print_line(format_line(line, nodes, timestamps))
+
+    if status is not None and job is not None:
+        status(_job_status_text(job))
+    ev_task = asyncio.create_task(events())
+    log_task = asyncio.create_task(logs())
+    try:
+        await done.wait()
+        await asyncio.sleep(DRAIN_S)
+    finally:
+        ev_task.cancel()
+        log_task.cancel()
+        await asyncio.gather(ev_task, log_task, return_exceptions=True)
+    async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject, start_seq=last + 1):
+        line = parse_log(msg)
+        if line.seq > last:
+            last = line.seq
+            print_line(format_line(line, nodes, timestamps))
+    return cluster.jobs.get(job_id)
+
+
+def _job_status_text(job: Job) -> str:
+    if job.status == "PENDING":
+        return f"Job {job.job_id}: waiting for the cluster (earlier jobs run first)"
+    if job.status == "SETTING_UP":
+        return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.num_nodes} node(s) done)"
+    if job.status == "RUNNING":
+        return f"Job {job.job_id}: running on {job.num_nodes} node(s)"
+    return f"Job {job.job_id}: {job.status}"
+
+
+def since(t: datetime | None, now: datetime) -> str:
+    if t is None:
+        return "-"
+    secs = int((now - t).total_seconds())
+    if secs < 60:
+        return f"{secs}s ago"
+    if secs < 3600:
+        return f"{secs // 60}m ago"
+    if secs < 86400:
+        return f"{secs // 3600}h ago"
+    return f"{secs // 86400}d ago"
+
+
+def duration(start: datetime | None, end: datetime | None, now: datetime) -> str:
+    if start is None:
+        return "-"
+    secs = int(((end or now) - start).total_seconds())
+    h, rem = divmod(secs, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m}m {s}s" if h else (f"{m}m {s}s" if m else f"{s}s")
