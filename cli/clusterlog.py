@@ -95,15 +95,19 @@ class Cluster:
     def last_job(self) -> Job | None:
         return self.jobs[max(self.jobs)] if self.jobs else None
 
+    def last_setup(self) -> Job | None:
+        """The last job that ran setup: what the nodes were set up with (exec never runs setup)."""
+        ran = [j for j in self.jobs.values() if j.run_setup]
+        return max(ran, key=lambda j: j.job_id) if ran else None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "status": self.status, "infra": self.infra, "region": self.region, "zone": self.zone,
             "instance_type": self.instance_type, "num_nodes": self.num_nodes, "use_spot": self.use_spot,
             "accelerators": self.accelerators,
-            "hourly_price": self.hourly_price_micros * self.num_nodes / 1_000_000,
-            "hourly_price_micros": self.hourly_price_micros * self.num_nodes,
+            "hourly_price_micros": self.hourly_price_micros,  # per node, as the ledger has it
             "launched_at": self.launched_at.isoformat() if self.launched_at else None, "user": self.user,
-            "autostop": self.idle_minutes, "autodown": self.idle_down,
+            "autostop": self.idle_minutes, "autodown": self.idle_down, "market": "spot" if self.use_spot else "on-demand",
         }
 
 

@@ -102,6 +102,38 @@ def _report_job(status: Any, cluster: str, job: Any) -> None:
         status.note(f"Job {job.job_id} on {cluster}: {job.status}")
 
 
+async def _watched(coro: Any) -> Any:
+    """Run `coro`, failing early when the embedded control plane it waits on has stopped
+    (a service that died would otherwise leave the command waiting for ever)."""
+    import asyncio
+
+    from .control import ControlPlane
+    from .jobwatch import SubmissionFailed
+
+    plane = ControlPlane(stage())
+
+    async def watchdog() -> None:
+        while True:
+            await asyncio.sleep(3.0)
+            st = await asyncio.to_thread(plane.status)
+            if st["mode"] == "embedded" and not st["running"]:
+                raise SubmissionFailed("the control plane stopped (see spz api logs, or "
+                                       f"{plane.logs_dir / 'services.log'}); start it again with spz api start")
+
+    main = asyncio.ensure_future(coro)
+    dog = asyncio.ensure_future(watchdog())
+    try:
+        done, _ = await asyncio.wait([main, dog], return_when=asyncio.FIRST_COMPLETED)
+        if main in done:
+            return main.result()
+        main.cancel()
+        await asyncio.gather(main, return_exceptions=True)
+        return dog.result()
+    finally:
+        dog.cancel()
+        main.cancel()
+
+
 def _config() -> Any:
     from skypurza.events.config import ConfigError, load_config
 
@@ -238,7 +270,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         if existing.status == "UP":
             if nodes > existing.num_nodes:
                 raise fail(f"the task needs {nodes} nodes; cluster {cluster} has {existing.num_nodes}")
-            last = existing.last_job()
+            last = existing.last_setup()
             run_setup = not no_setup and (last is None or setup_changed(task.setup, last.setup))
             job, _ = await queue_job(bus, cluster=cluster, task_id=task_id, task=public, name=task.name,
                                      user=cfg.user, run_setup=run_setup,
@@ -261,8 +293,8 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                 summary["status"] = "SUBMITTED"
                 return 0, summary
             try:
-                job_id, _ = await wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
-                                               status=status.update, note=status.note)
+                job_id, _ = await _watched(wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
+                                                        status=status.update, note=status.note))
             except SubmissionFailed as exc:
                 status.stop()
                 status.note(f"[red]✗ {exc}[/red]")
@@ -439,11 +471,11 @@ def _fmt_price(micros: Any) -> str:
 
 
 def cluster_row(d: dict[str, Any]) -> dict[str, Any]:
-    """One cluster in `status -o json` form, from a ledger row or the log's fold."""
+    """One cluster in `status -o json` form, from a ledger row or the log's fold (both give the
+    price per node as `hourly_price_micros`); `hourly_price` is the whole cluster's, in dollars."""
     nodes = int(d.get("num_nodes") or 0)
-    micros = d.get("hourly_price_micros")
-    if micros is None and d.get("hourly_price") is not None:
-        micros = round(float(d["hourly_price"]) * 1_000_000)
+    node_micros = d.get("hourly_price_micros")
+    total = int(node_micros) * max(nodes, 1) if node_micros is not None else None
     return {
         "name": d.get("name") or d.get("cluster"),
         "status": d.get("status"),
@@ -454,28 +486,32 @@ def cluster_row(d: dict[str, Any]) -> dict[str, Any]:
         "num_nodes": nodes,
         "accelerators": d.get("accelerators"),
         "use_spot": bool(d.get("use_spot") or d.get("market") == "spot"),
-        "hourly_price": (int(micros) / 1_000_000) if micros is not None else None,
-        "hourly_price_micros": int(micros) if micros is not None else None,
+        "hourly_price": total / 1_000_000 if total is not None else None,
+        "hourly_price_micros": total,
+        "node_hourly_price_micros": int(node_micros) if node_micros is not None else None,
         "launched_at": d.get("launched_at"),
         "user": d.get("user"),
-        "autostop": d.get("autostop", d.get("idle_minutes")),
-        "autodown": bool(d.get("autodown", d.get("down_when_idle", False))),
+        "autostop": d.get("autostop", d.get("autostop_minutes")),
+        "autodown": bool(d.get("autodown", d.get("autostop_down", False))),
     }
 
 
-async def _ledger(bus: Any, query: str, payload: dict[str, Any]) -> Any | None:
-    """The ledger's answer, or None when no ledger answers (then the caller reads the log)."""
-    try:
-        import importlib
+def job_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One job in `queue -o json` form (SkyPilot's status names: SETTING_UP, not SETUP)."""
+    out = dict(d)
+    if out.get("status") == "SETUP":
+        out["status"] = "SETTING_UP"
+    return out
 
-        mod = importlib.import_module("skypurza.events.ledger_queries")
-        fn = getattr(mod, query, None)
-    except ImportError:
-        fn = None
+
+async def _ledger(bus: Any, query: str, **params: Any) -> Any | None:
+    """The ledger's answer, up to date with the log as it is now; None when no ledger answers
+    (then the caller reads the log itself)."""
+    from skypurza.events import ledger_queries
+
     try:
-        if fn is not None:
-            return await fn(bus, **payload)
-        return await bus.request("ledger", query, payload, timeout=5.0)
+        seq = await bus.last_seq()
+        return await getattr(ledger_queries, query)(bus, min_seq=seq, **params)
     except Exception:
         return None
 
@@ -506,9 +542,7 @@ def status_command(
 
         bus = await connect_bus(stage(), "status")
         try:
-            rows = None if refresh else await _ledger(bus, "status", {"all": all_})
-            if isinstance(rows, dict):
-                rows = rows.get("clusters")
+            rows = None if refresh else await _ledger(bus, "status", all=all_)
             if rows is None:
                 rows = [c.as_dict() for c in await _clusters_from_log(bus, all_)]
             return [cluster_row(r) for r in rows]
@@ -563,21 +597,21 @@ def queue_command(
         bus = await connect_bus(stage(), "queue")
         try:
             names = list(clusters or [])
+            for n in names:
+                c = await read_cluster(bus, n)
+                if c.status is None and not c.jobs:
+                    raise fail(f"no cluster named {n}")
             if not names:
                 names = [c.name for c in await _clusters_from_log(bus, False)]
-            out: list[dict[str, Any]] = []
-            for n in names:
-                rows = await _ledger(bus, "queue", {"cluster": n})
-                if isinstance(rows, dict):
-                    rows = rows.get("jobs")
-                if rows is None:
+            if not names:
+                return []
+            rows = await _ledger(bus, "queue", clusters=names)
+            if rows is None:
+                rows = []
+                for n in names:
                     c = await read_cluster(bus, n)
-                    if c.status is None and not c.jobs:
-                        raise fail(f"no cluster named {n}")
-                    rows = [j.as_dict() for j in c.jobs.values()]
-                for r in rows:
-                    out.append({"cluster": n, **r})
-            return out
+                    rows += [{"cluster": n, **j.as_dict()} for j in sorted(c.jobs.values(), key=lambda j: -j.job_id)]
+            return [job_row(r) for r in rows]
         finally:
             await bus.close()
 

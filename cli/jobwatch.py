@@ -191,7 +191,7 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
 
 def _job_status_text(job: Job) -> str:
     if job.status == "PENDING":
-        return f"Job {job.job_id}: waiting for the cluster (earlier jobs run first)"
+        return f"Job {job.job_id}: queued (it starts when the jobs before it have ended)"
     if job.status == "SETTING_UP":
         return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.num_nodes} node(s) done)"
     if job.status == "RUNNING":

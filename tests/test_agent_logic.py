@@ -343,7 +343,7 @@ def test_cluster_fold_and_exit_codes():
         JobFailed(cluster="c", job_id=1, ended_at=T0, phase="setup", exit_code=2, failed_rank=0),
     ]
     c = fold("c", [(e, T0, i + 1) for i, e in enumerate(evs)])
-    assert c.status == "UP" and c.as_dict()["hourly_price"] == 1.006 and c.last_seq == 5
+    assert c.status == "UP" and c.as_dict()["hourly_price_micros"] == 1_006_000 and c.last_seq == 5
     assert c.jobs[1].status == "FAILED_SETUP" and c.jobs[1].name == "a" and c.jobs[2].status == "PENDING"
     assert c.last_job().job_id == 2 and c.jobs[1].setup == "pip install x"
     assert [exit_code_of(s) for s in ("SUCCEEDED", "FAILED_SETUP", "RUNNING", "CANCELLED", None)] == [

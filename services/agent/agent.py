@@ -242,9 +242,7 @@ class Agent:
             pgid = self._pgids.get(running)
             log.info("stopping job %s %s: %s", running[0], running[1], action.reason)
             if pgid is not None:
-                task = asyncio.create_task(kill_group(pgid, self.kill_grace_s))
-                self._watchers.add(task)
-                task.add_done_callback(self._watchers.discard)
+                self._background(kill_group(pgid, self.kill_grace_s))
         elif isinstance(action, PublishStarted):
             job = self.view.jobs[action.job_id]
             await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock()),
@@ -362,9 +360,18 @@ class Agent:
 
     def _watch(self, job: JobView, phase: str, files: PhaseFiles, pid: int,
                proc: subprocess.Popen | None) -> None:
-        task = asyncio.create_task(self._watch_phase(job, phase, files, pid, proc))
+        self._background(self._watch_phase(job, phase, files, pid, proc))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
         self._watchers.add(task)
-        task.add_done_callback(self._watchers.discard)
+
+        def done(t: asyncio.Task) -> None:
+            self._watchers.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task failed", exc_info=t.exception())
+
+        task.add_done_callback(done)
 
     async def _watch_phase(self, job: JobView, phase: str, files: PhaseFiles, pid: int,
                            proc: subprocess.Popen | None) -> None:
@@ -492,8 +499,20 @@ class Agent:
         await self.bus.publish(env)
 
     async def _log_line(self, job_id: int, line: str, stream: str) -> None:
+        """One output line to the logs stream; retried for a while when the bus is away, then
+        dropped (a lost line must not keep the job's outcome from being reported)."""
         assert self.bus is not None
-        await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream)
+        delay = 0.2
+        for attempt in range(8):
+            try:
+                await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream)
+                return
+            except Exception as exc:
+                if attempt == 7:
+                    log.warning("dropped an output line of job %s: %s", job_id, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _agent_line(self, job_id: int, text: str) -> None:
         log.warning("%s", text)

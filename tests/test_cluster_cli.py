@@ -1,0 +1,189 @@
+"""`spz` as a user runs it, end to end on the `local` infra: the embedded control plane (real
+nats-server, optimizer, provisioner, ledger), real agents, real processes.
+
+launch (2 nodes, every env value checked) → logs → queue → status → exec (a distributed job,
+a failing one, a relaunch that skips unchanged setup) → Ctrl-C detaches → cancel → down, and the
+logs still readable after the cluster is gone and the control plane restarted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from agent_harness import ENV_DUMP, parse_env_dump
+
+from skypurza.events.natsserver import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_TASK = f"""\
+name: envdump
+num_nodes: 2
+envs:
+  MY_ENV: null
+secrets:
+  MY_SECRET: null
+setup: |
+  echo setup on $SKYPILOT_SETUP_NODE_RANK
+run: |
+{chr(10).join('  ' + line for line in ENV_DUMP.splitlines())}
+"""
+
+
+def _agent_pids(home: Path) -> list[int]:
+    pids = []
+    for record in home.glob("*/clusters/*/cluster.json"):
+        pids += [n["pid"] for n in json.loads(record.read_text())["nodes"] if n.get("pid")]
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path):
+    home = tmp_path / "home"
+    env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": "clitest", "SKYPURZA_USER": "carol",
+           "SKYPURZA_AGENT_KILL_GRACE_S": "1", "SKYPURZA_NATS_PORT": str(free_port()), "COLUMNS": "200"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    yield env
+    # Leave nothing behind, even when the test failed half-way.
+    for pid in _agent_pids(home):
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+    subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=env, capture_output=True,
+                   timeout=60)
+
+
+def spz(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ranked(stdout: str) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^\((?:head|worker\d+), rank=(\d+)\) (.*)$", line)
+        if m:
+            out.setdefault(int(m[1]), []).append(m[2])
+    return out
+
+
+def test_launch_logs_queue_exec_cancel_down_on_local(cli_env, tmp_path: Path) -> None:
+    task = tmp_path / "envdump.yaml"
+    task.write_text(ENV_TASK)
+    # ------------------------------------------------------------------ launch a 2-node cluster
+    r = spz(cli_env, "launch", "-y", "-c", "dist", str(task), "--env", "MY_ENV=from the command line",
+            "--secret", "MY_SECRET=hunter2-hunter2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Placement (attempt 1): local" in r.stderr and "Cluster dist is up (2 node(s))" in r.stderr
+    assert "(setup, head, rank=0) setup on 0" in r.stdout and "(setup, worker1, rank=1) setup on 1" in r.stdout
+    by_rank = ranked(r.stdout)
+    envs = {rank: parse_env_dump(lines) for rank, lines in by_rank.items()}
+    task_id = envs[0]["SKYPILOT_TASK_ID"]
+    assert re.fullmatch(r"sky-\d{4}(-\d{2}){5}-\d{6}_dist_1", task_id), task_id
+    homes = [tmp_path / "home" / "clitest" / "clusters" / "dist" / f"node-{r}" for r in (0, 1)]
+    for rank in (0, 1):
+        env = envs[rank]
+        assert {k: v for k, v in env.items() if k.startswith("SKYPILOT_")} == {
+            "SKYPILOT_NODE_RANK": str(rank),
+            "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1",
+            "SKYPILOT_NUM_NODES": "2",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": task_id,
+            "SKYPILOT_CLUSTER_INFO": '{"cluster_name": "dist", "cloud": "Local", "region": null, "zone": null}',
+            "SKYPILOT_USER": "carol",
+            "SKYPILOT_INTERNAL_JOB_ID": "1",
+        }
+        for k, v in env.items():
+            if k.startswith("SKYPILOT_"):
+                assert env["SKYPURZA_" + k[9:]] == v
+        assert env["MY_ENV"] == "from the command line"
+        assert env["MY_SECRET_SHA256"] == hashlib.sha256(b"hunter2-hunter2").hexdigest()
+        assert env["HOME"] == str(homes[rank]) and env["CWD"] == str(homes[rank] / "sky_workdir")
+
+    # ------------------------------------------------------------------ logs, queue, status
+    r = spz(cli_env, "logs", "dist", "1", "--no-follow")
+    assert r.returncode == 0 and ranked(r.stdout) == by_rank, r.stderr
+    assert spz(cli_env, "logs", "dist", "1", "--status").returncode == 0
+    assert spz(cli_env, "logs", "dist", "9", "--status").returncode == 102
+    r = spz(cli_env, "status", "-o", "json")
+    clusters = json.loads(r.stdout)
+    assert [(c["name"], c["status"], c["infra"], c["num_nodes"]) for c in clusters] == [("dist", "UP", "local", 2)]
+    assert {"region", "zone", "instance_type", "hourly_price"} <= set(clusters[0])
+    assert "dist" in spz(cli_env, "status").stdout
+
+    # ------------------------------------------------------------------ exec: a distributed job, a failing job
+    port = free_port()
+    r = spz(cli_env, "exec", "dist", "examples/distributed.yaml", "--env", f"MASTER_PORT={port}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(head, rank=0) sum of 1..1,000,000 over 2 nodes = 500000500000" in r.stdout
+    assert "(worker1, rank=1) rank 1 sent its partial sum 250000500000" in r.stdout
+    assert "setup" not in r.stdout, "exec never runs setup"
+    r = spz(cli_env, "exec", "dist", "echo about to fail; exit 4")
+    assert r.returncode == 100 and "about to fail" in r.stdout
+    assert "run failed on node 0 with exit code 4" in r.stderr
+    # relaunch on the cluster: the setup is unchanged, so it is skipped
+    r = spz(cli_env, "launch", "-y", "-c", "dist", str(task), "--env", "MY_ENV=x", "--secret", "MY_SECRET=y")
+    assert r.returncode == 0 and "setup unchanged, skipped" in r.stderr and "setup on" not in r.stdout
+    jobs = json.loads(spz(cli_env, "queue", "dist", "-o", "json").stdout)
+    assert [(j["job_id"], j["status"]) for j in sorted(jobs, key=lambda j: j["job_id"])] == [
+        (1, "SUCCEEDED"), (2, "SUCCEEDED"), (3, "FAILED"), (4, "SUCCEEDED")]
+
+    # ------------------------------------------------------------------ Ctrl-C detaches, cancel kills
+    proc = subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", "exec", "dist", "echo started; sleep 300"],
+                            env=cli_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "nothing was cancelled" in err
+    time.sleep(0.5)
+    jobs = json.loads(spz(cli_env, "queue", "dist", "-o", "json").stdout)
+    assert {j["job_id"]: j["status"] for j in jobs}[5] == "RUNNING", "Ctrl-C must not cancel the job"
+    r = spz(cli_env, "cancel", "-y", "dist", "5")
+    assert r.returncode == 0 and "Job 5: CANCELLED" in r.stdout, r.stdout + r.stderr
+    assert spz(cli_env, "logs", "dist", "5", "--status").returncode == 103
+
+    # ------------------------------------------------------------------ down; logs outlive the cluster
+    agents = _agent_pids(tmp_path / "home")
+    assert len(agents) == 2
+    r = spz(cli_env, "down", "-y", "dist")
+    assert r.returncode == 0 and "TERMINATED" in r.stderr, r.stdout + r.stderr
+    assert not any(_alive(p) for p in agents) and not homes[0].exists()
+    assert json.loads(spz(cli_env, "status", "-o", "json").stdout) == []
+    assert spz(cli_env, "down", "-y", "dist").returncode == 1
+    assert spz(cli_env, "api", "stop").returncode == 0
+    r = spz(cli_env, "logs", "dist", "2")  # starts the control plane again; the job is long over
+    assert r.returncode == 0 and "500000500000" in r.stdout
+
+
+def test_bad_input_is_explained(cli_env, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: echo hi\nnum_nodes: 0\n")
+    r = spz(cli_env, "launch", "-y", str(bad))
+    assert r.returncode == 1 and "num_nodes" in r.stderr and "Traceback" not in r.stderr
+    r = spz(cli_env, "launch", "-y", "--workdir", str(tmp_path / "missing"), "echo hi")
+    assert r.returncode == 1 and "does not exist" in r.stderr
+    r = spz(cli_env, "launch", "-y", "-c", "-bad", "echo hi")
+    assert r.returncode == 1 and "invalid cluster name" in r.stderr
+    r = spz(cli_env, "exec", "nosuch", "echo hi")
+    assert r.returncode == 1 and "cluster nosuch does not exist" in r.stderr
+    r = spz(cli_env, "autostop", "nosuch")
+    assert r.returncode == 1 and "-i MINUTES" in r.stderr
+    r = spz(cli_env, "launch", "--dryrun", "-o", "json", "echo hi")
+    assert r.returncode == 0 and json.loads(r.stdout)
