@@ -178,10 +178,9 @@ def launch_command(
 ) -> None:
     """Launch a cluster and run a task on it, streaming its output until it ends.
 
-    FILE|CMD is a SkyPilot task YAML or a command. The exit status is the job's: 0 when it
-    succeeded, 100 failed, 103 cancelled (1: it could not be placed or launched). On an
-    existing cluster (-c NAME that is UP) the job is queued there and setup runs again only if
-    it changed. Ctrl-C while streaming detaches: the job keeps running.
+    FILE|CMD is a SkyPilot task YAML or a command. The exit status is the job's: 0 when it succeeded, 100 failed, 103 cancelled (1: it could not be placed or launched).
+
+    On an existing cluster (-c NAME that is UP) the job is queued there, and setup runs again only if it changed. Ctrl-C while streaming detaches: the job keeps running.
 
     Examples:
 
@@ -335,8 +334,7 @@ def exec_command(
 ) -> None:
     """Run a task or command on an existing cluster: no provisioning, no setup.
 
-    The workdir and file mounts are synced again; the job waits for earlier jobs. Exit status
-    as spz launch.
+    The workdir and file mounts are synced again; the job waits for earlier jobs. Exit status as spz launch.
 
     Examples:
 
@@ -412,8 +410,7 @@ def logs_command(
 ) -> None:
     """Print a job's output (every node, prefixed by rank when there are several).
 
-    Works after the job ended and after the control plane restarted: output is kept in the
-    logs stream (30 days). Ctrl-C stops following; the job keeps running.
+    Works after the job ended and after the control plane restarted: output is kept in the logs stream (30 days). Ctrl-C stops following; the job keeps running.
     """
     from .progress import StatusLine, echo_out
 
@@ -879,8 +876,7 @@ def autostop_command(
 ) -> None:
     """Stop (or, with --down, tear down) a cluster after it has been idle for -i minutes.
 
-    Idle means no job pending or running. The head node's agent measures it, so it works with
-    your laptop closed. Setting autostop restarts the idle timer.
+    Idle means no job pending or running. The head node's agent measures it, so it works with your laptop closed. Setting autostop restarts the idle timer.
 
     Examples:
 

@@ -260,6 +260,11 @@ def test_down_after_the_job_unless_down_was_requested():
     log.add(JobFailed(cluster="c", job_id=1, ended_at=T0, exit_code=1, failed_rank=0))
     assert decide(log.view, 0, LocalState(), T0) == [PublishDown(1)]
     assert decide(log.view, 0, LocalState(published={"down:1"}), T0) == []
+    # launch -i 5 --down: down once idle 5 minutes, not right after the job
+    log.add(AutostopSet(cluster="c", idle_minutes=5, down=True), at=T0)
+    assert decide(log.view, 0, LocalState(), T0 + timedelta(minutes=1)) == []
+    assert decide(log.view, 0, LocalState(), T0 + timedelta(minutes=6)) == [
+        PublishIdle(log.view.activity_id, T0, 5, True)]
 
 
 # ------------------------------------------------------------------------------ processes, files, GPUs

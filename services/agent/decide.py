@@ -13,7 +13,8 @@ Rules (one job at a time per cluster, in queue order):
   node's run exited 0; failure at the first non-zero report (its phase, exit code, rank);
   cancelled when asked, once the head's own process is gone;
 - the head publishes ClusterIdle when nothing ran for the autostop interval, once per idle
-  period, and DownRequested after a job queued with down_after ended.
+  period, and DownRequested after a job queued with down_after ended (when no autostop
+  interval is set: with one, `--down` tears the cluster down once idle that long).
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ def decide(view: ClusterView, rank: int, local: LocalState, now: datetime) -> li
             outcome = job_outcome(job, view.num_nodes, head_running)
             if outcome is not None:
                 actions.append(PublishOutcome(job_id, outcome))
-            elif job.terminal and job.queued.down_after and not view.down_requested:
+            elif job.terminal and job.queued.down_after and not view.down_requested and view.idle_minutes is None:
+                # With an autostop interval, `--down` means "down when idle that long" (idle_due).
                 actions.append(PublishDown(job_id))
     start = next_phase(view, rank, local)
     if start is not None:
