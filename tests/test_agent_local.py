@@ -320,6 +320,8 @@ def test_autostop_from_launch_and_down_after_the_job(nats_server, tmp_path: Path
         adapter = LocalAdapter(nats_server.url, "test", tmp_path / "state")
         await provision(bus, adapter, "auto", 1, idle_minutes=0)
         idle = await wait_events(bus, "auto", lambda evs: len(of(evs, "cluster_idle")) == 1)
+        # `launch --down` without -i: down right after the job (with -i, once idle that long)
+        await bus.publish(AutostopSet(cluster="auto", idle_minutes=None))
         job, _ = await queue_job(bus, cluster="auto", task_id="t1", task={"run": "echo bye"}, down_after=True)
         evs = await wait_events(bus, "auto", lambda evs: len(of(evs, "down_requested")) == 1)
         await terminate(adapter, "auto")
@@ -332,6 +334,7 @@ def test_autostop_from_launch_and_down_after_the_job(nats_server, tmp_path: Path
     assert down.reason == "job_done"
     names = [e.EVENT_NAME for e in evs]
     assert names.index("down_requested") > names.index("job_succeeded")
+    assert len(of(evs, "cluster_idle")) == 1, "autostop was turned off"
 
 
 def test_managed_job_env_and_a_late_agent(nats_server, tmp_path: Path, fast_agents) -> None:

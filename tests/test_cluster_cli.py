@@ -187,3 +187,18 @@ def test_bad_input_is_explained(cli_env, tmp_path: Path) -> None:
     assert r.returncode == 1 and "-i MINUTES" in r.stderr
     r = spz(cli_env, "launch", "--dryrun", "-o", "json", "echo hi")
     assert r.returncode == 0 and json.loads(r.stdout)
+
+
+def test_the_examples_run_as_the_readme_says(cli_env) -> None:
+    r = spz(cli_env, "launch", "-y", "examples/hello.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(setup) Running setup (nothing heavy to install)." in r.stdout
+    assert "Hello from node 0 of 1" in r.stdout and "9592 primes below 100,000" in r.stdout
+    name = json.loads(spz(cli_env, "status", "-o", "json").stdout)[0]["name"]
+    assert name.startswith("spz-") and name.endswith("-carol")
+    r = spz(cli_env, "launch", "-y", "-c", name, "examples/envs_and_mounts.yaml", "--env", "GREETING=Bonjour")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(setup) setup sees GREETING=Bonjour" in r.stdout
+    assert re.search(r"^Bonjour from .*/node-0/sky_workdir \(2/2\)$", r.stdout, re.MULTILINE)
+    assert "29 words, 17 distinct; most common:" in r.stdout and "  the: 8" in r.stdout
+    assert spz(cli_env, "down", "-a", "-y").returncode == 0
