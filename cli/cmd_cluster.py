@@ -226,9 +226,14 @@ def launch_command(
 
     status = StatusLine()
     out = echo_err if output == "json" else echo_out
+    from .jobwatch import SubmissionFailed
+
     try:
         code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_, no_setup=no_setup,
                                           detach_run=detach_run, async_=async_, status=status, out=out))
+    except SubmissionFailed as exc:
+        status.stop()
+        raise fail(str(exc))
     except KeyboardInterrupt:
         status.stop()
         status.note("\nDetached from the logs (Ctrl-C): nothing was cancelled. "
@@ -243,7 +248,7 @@ def launch_command(
 
 async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, idle: int | None, down: bool,
                   no_setup: bool, detach_run: bool, async_: bool, status: Any, out: Any) -> tuple[int, dict[str, Any]]:
-    from skypurza.events.cluster_events import AutostopSet
+    from skypurza.events.cluster_events import AutostopSet, StartRequested
     from skypurza.events.jobqueue import queue_job
     from skypurza.events.task_events import TaskSubmitted
 
@@ -265,7 +270,10 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
             await bus.put_secrets(task_id, secret_values)
         nodes = task.num_nodes or 1
         if existing.status == "STOPPED":
-            raise fail(f"cluster {cluster} is stopped: start it with spz start {cluster}, then launch again")
+            # As sky launch does: a stopped cluster is started again, in the same place.
+            status.note(f"Cluster {cluster} is stopped: starting it.")
+            await bus.publish(StartRequested(cluster=cluster))
+            await _watched(_wait_started(bus, existing, status))
         if existing.status == "UP":
             if nodes > existing.num_nodes:
                 raise fail(f"the task needs {nodes} nodes; cluster {cluster} has {existing.num_nodes}")
@@ -312,6 +320,26 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         return code, summary
     finally:
         await bus.close()
+
+
+async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:
+    """Follow the cluster's events until ClusterStarted (the cluster is UP again)."""
+    from skypurza.events import naming
+
+    from .clusterlog import apply
+    from .jobwatch import SubmissionFailed, merged_follow
+
+    status.update(f"Starting cluster {cluster.name}")
+    async for s in merged_follow(bus, [naming.aggregate_subjects(bus.stage, "cluster", cluster.name)],
+                                 cluster.last_seq + 1):
+        if s.event is None or s.envelope is None:
+            continue
+        apply(cluster, s.event, s.envelope.time)
+        if s.event.EVENT_NAME == "cluster_started":
+            status.note(f"Cluster {cluster.name} is up again.")
+            return
+        if cluster.status == "TERMINATED":
+            raise SubmissionFailed(f"cluster {cluster.name} was terminated while starting")
 
 
 # -------------------------------------------------------------------------------------------- exec

@@ -196,8 +196,13 @@ def test_the_examples_run_as_the_readme_says(cli_env) -> None:
     assert "Hello from node 0 of 1" in r.stdout and "9592 primes below 100,000" in r.stdout
     name = json.loads(spz(cli_env, "status", "-o", "json").stdout)[0]["name"]
     assert name.startswith("spz-") and name.endswith("-carol")
+    r = spz(cli_env, "stop", "-y", name)
+    assert r.returncode == 0 and f"Cluster {name}: STOPPED." in r.stderr, r.stdout + r.stderr
+    assert json.loads(spz(cli_env, "status", "-o", "json").stdout)[0]["status"] == "STOPPED"
+    # launching on a stopped cluster starts it again, as sky launch does
     r = spz(cli_env, "launch", "-y", "-c", name, "examples/envs_and_mounts.yaml", "--env", "GREETING=Bonjour")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert f"Cluster {name} is up again." in r.stderr
     assert "(setup) setup sees GREETING=Bonjour" in r.stdout
     assert re.search(r"^Bonjour from .*/node-0/sky_workdir \(2/2\)$", r.stdout, re.MULTILINE)
     assert "29 words, 17 distinct; most common:" in r.stdout and "  the: 8" in r.stdout

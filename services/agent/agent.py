@@ -220,6 +220,10 @@ class Agent:
     # ------------------------------------------------------------------ deciding
 
     async def _step(self) -> None:
+        running = self.local.running[0] if self.local.running else None
+        for job_id in [j for j in self._prepared if j != running and self.view.jobs.get(j) is not None
+                       and self.view.jobs[j].terminal]:
+            del self._prepared[job_id]  # task and secrets of ended jobs are not kept in memory
         for _ in range(50):
             actions = decide(self.view, self.rank, self.local, self.clock())
             if not actions:
