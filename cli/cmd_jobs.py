@@ -199,39 +199,82 @@ def launch_command(
 
 async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: Any = None) -> str | None:
     """Print the job's output across its clusters (each launch under a header); with `follow`,
-    until the job ends. Returns the job's status (None: no such job)."""
+    until the job ends. Returns the job's status (None: no such job).
+
+    What was printed already comes from one replay per cluster; then one live follower per
+    cluster (a recovery adds a cluster: a follower starts for it), and the job's state is
+    polled with consumer-less reads."""
     from skypurza.events import naming
     from skypurza.services.recovery.submit import read_jobs
 
-    from .jobwatch import format_line, parse_log
+    from .jobwatch import DRAIN_S, format_line, parse_log
 
+    state = (await read_jobs(bus, [job_id])).get(job_id)
+    if state is None:
+        return None
     printed: dict[str, int] = {}  # cluster -> last logs-stream sequence printed
+    nodes = int(state.task.get("num_nodes") or 1) if state.tasks else 1
+
+    def show(cluster: str, msg: Any) -> None:
+        line = parse_log(msg)
+        if line.seq <= printed.get(cluster, 0):
+            return
+        if cluster not in printed:
+            out(f"── launch {state.clusters.index(cluster) + 1}: cluster {cluster} ──")
+        printed[cluster] = line.seq
+        out(format_line(line, nodes))
+
+    for cluster in list(state.clusters):
+        async for msg in bus.replay_raw(stream=bus.logs_stream,
+                                        filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
+            show(cluster, msg)
+    if not follow or state.terminal:
+        _final_note(status, job_id, state)
+        return state.status
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    followers: dict[str, asyncio.Task[None]] = {}
+
+    async def pump(cluster: str, start: int) -> None:
+        async for msg in bus.follow(stream=bus.logs_stream, start_seq=start,
+                                    filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
+            await queue.put((cluster, msg))
+
     shown_status = None
-    while True:
-        state = (await read_jobs(bus, [job_id])).get(job_id)
-        if state is None:
-            return None
-        nodes = int(state.task.get("num_nodes") or 1) if state.tasks else 1
-        for n, cluster in enumerate(state.clusters, 1):
-            start = printed.get(cluster, 0) + 1
-            async for msg in bus.replay_raw(stream=bus.logs_stream, start_seq=start,
-                                            filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
-                if cluster not in printed:
-                    out(f"── launch {n}: cluster {cluster} ──")
-                line = parse_log(msg)
-                printed[cluster] = line.seq
-                out(format_line(line, nodes))
-        if state.status != shown_status and status is not None:
-            shown_status = state.status
-            status.update(f"Managed job {job_id}: {state.status}" + (f" on {state.cluster}" if state.cluster else ""))
-        if state.terminal or not follow:
-            if status is not None and state.terminal:
-                status.stop()
-                color = "green" if state.status == "SUCCEEDED" else ("yellow" if state.status == "CANCELLED" else "red")
-                status.note(f"[{color}]Managed job {job_id}: {state.status}[/{color}]"
-                            + (f" — {state.reason}" if state.status != "SUCCEEDED" and state.reason else ""))
-            return state.status
-        await asyncio.sleep(POLL_S)
+    ended_at: float | None = None
+    try:
+        while True:
+            for cluster in state.clusters:
+                if cluster not in followers:
+                    followers[cluster] = asyncio.create_task(pump(cluster, printed.get(cluster, 0) + 1))
+            try:
+                cluster, msg = await asyncio.wait_for(queue.get(), timeout=POLL_S)
+                show(cluster, msg)
+                continue
+            except asyncio.TimeoutError:
+                pass
+            if ended_at is not None and asyncio.get_running_loop().time() - ended_at > DRAIN_S:
+                break
+            state = (await read_jobs(bus, [job_id]))[job_id]
+            if state.status != shown_status and status is not None:
+                shown_status = state.status
+                status.update(f"Managed job {job_id}: {state.status}" + (f" on {state.cluster}" if state.cluster else ""))
+            if state.terminal and ended_at is None:
+                ended_at = asyncio.get_running_loop().time()  # the last lines may still be on their way
+    finally:
+        for t in followers.values():
+            t.cancel()
+        await asyncio.gather(*followers.values(), return_exceptions=True)
+    _final_note(status, job_id, state)
+    return state.status
+
+
+def _final_note(status: Any, job_id: int, state: Any) -> None:
+    if status is None or not state.terminal:
+        return
+    status.stop()
+    color = "green" if state.status == "SUCCEEDED" else ("yellow" if state.status == "CANCELLED" else "red")
+    status.note(f"[{color}]Managed job {job_id}: {state.status}[/{color}]"
+                + (f" — {state.reason}" if state.status != "SUCCEEDED" and state.reason else ""))
 
 
 def logs_command(
@@ -297,6 +340,17 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
+async def _ledger_jobs(bus: Any, skip_finished: bool) -> list[dict[str, Any]] | None:
+    """The ledger's projection, up to date with the log as it is now; None when no ledger answers."""
+    from skypurza.events import ledger_queries
+
+    try:
+        return await ledger_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
+                                               timeout=3.0)
+    except Exception:
+        return None
+
+
 def queue_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Every job (default: the latest 50)."),
     skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only unfinished jobs."),
@@ -310,13 +364,11 @@ def queue_command(
     async def run() -> list[dict[str, Any]]:
         from skypurza.services.recovery.submit import read_jobs
 
-        from .cmd_cluster import _ledger
         from .control import connect_bus
 
         bus = await connect_bus(stage(), "jobs-queue")
         try:
-            rows = None if refresh else await _ledger(bus, "jobs_queue", {"skip_finished": skip_finished,
-                                                                         "timeout": 3.0})
+            rows = None if refresh else await _ledger_jobs(bus, skip_finished)
             if isinstance(rows, list):
                 return [queue_row(r) for r in rows]
             jobs = await read_jobs(bus)

@@ -114,6 +114,12 @@ def test_cancel_paths():
     assert m.decide(s, m.TerminatedF("other")) is None
     assert step(s, m.TerminatedF("train-7-1")).status == "CANCELLED"
     assert step(s, m.NothingToCancel("train-7-1")).status == "CANCELLED"
+    # CANCELLING is the cancel's, whoever's fact comes next (a foreign writer's CANCELLING included).
+    foreign = m.apply(step(step(submitted(), m.Kick()), m.JobStartedF("train-7-1")),
+                      ManagedJobStatusChanged(managed_job_id=7, status="CANCELLING", cluster="train-7-1",
+                                              reason="cancelling: x"), seq=9)
+    assert not foreign.cancel_requested and m.decide(foreign, m.LostF("train-7-1", "preempted")) is None
+    assert step(foreign, m.NothingToCancel("train-7-1")).status == "CANCELLED"
 
 
 def test_current_cluster_terminated_under_a_running_job_is_a_loss():

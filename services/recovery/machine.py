@@ -259,7 +259,7 @@ def launch_task_id(job_id: int, launch: int) -> str:
 def decide(s: JobState, fact: Fact) -> Transition | None:
     if s.terminal:
         return None
-    if s.cancel_requested or isinstance(fact, Cancel):
+    if s.cancel_requested or isinstance(fact, Cancel) or s.status == "CANCELLING":
         return _cancel(s, fact)
     if isinstance(fact, Kick):
         if s.status == "PENDING" and s.tasks:

@@ -57,6 +57,7 @@ from skypurza.events.models import (
 from skypurza.events.service import Emit
 
 from . import buckets, detect, machine
+from .history import history
 from .ec2watch import Ec2Watch, Target
 from .settings import RecoverySettings
 from .strategy import LaunchPlan, Placed, recovery_launch
@@ -194,7 +195,7 @@ class RecoveryService:
         if state is not None and state.last_seq >= last.seq:
             return state
         start = state.last_seq + 1 if state is not None else 1
-        async for s in self.bus.replay(filter_subject=subject, start_seq=start):
+        async for s in history(self.bus, subject, start):
             if s.event is not None:
                 state = machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp)
         if state is not None:
@@ -248,9 +249,11 @@ class RecoveryService:
                              ", ".join(waiting), launch.cluster)
                 else:
                     await self._ensure_launch(state, launch)
-            cancel_done = state.status == "CANCELLING" and (state.cluster is None or gone.get(state.cluster) == "absent")
+            done = machine.NothingToCancel(state.cluster)
+            cancel_done = (state.status == "CANCELLING" and (state.cluster is None or gone.get(state.cluster) == "absent")
+                           and machine.decide(state, done) is not None)
         if cancel_done:
-            await self._act(job_id, machine.NothingToCancel(state.cluster))
+            await self._act(job_id, done)
 
     async def _ensure_down(self, state: machine.JobState, cluster: str) -> str:
         """'gone' (terminated), 'going' (teardown asked), or 'absent' (never provisioned, so far)."""
@@ -339,7 +342,7 @@ class RecoveryService:
         last = await self.bus.last_event(subject)
         if last is not None and isinstance(last.event, JobQueued) and last.event.job_id == job_id:
             return last.event.managed_job_id == managed_job_id
-        async for s in self.bus.replay(filter_subject=subject):
+        async for s in history(self.bus, subject):
             if isinstance(s.event, JobQueued) and s.event.job_id == job_id:
                 return s.event.managed_job_id == managed_job_id
         return False

@@ -20,6 +20,7 @@ from skypurza.events.bus import Bus, ConcurrencyConflict
 from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
 
 from . import machine
+from .history import history
 
 
 def managed_task_id(submitted_at: datetime, dag_name: str, job_id: int, task_index: int,
@@ -85,7 +86,9 @@ async def read_jobs(bus: Bus, job_ids: list[int] | None = None) -> dict[int, mac
     for subject in subjects:
         if await bus.last_event(subject) is None:
             continue
-        async for s in bus.replay(filter_subject=subject):
+        # One job: a few gets, no consumer. Every job: one replay.
+        events = history(bus, subject) if job_ids else bus.replay(filter_subject=subject)
+        async for s in events:
             job_id = getattr(s.event, "managed_job_id", None)
             if s.event is None or job_id is None:
                 continue
