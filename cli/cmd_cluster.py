@@ -283,8 +283,11 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                                      user=cfg.user, run_setup=run_setup,
                                      secrets_key=task_id if secret_values else None,
                                      down_after=down and idle is None)
-            if idle is not None:
-                await bus.publish(AutostopSet(cluster=cluster, idle_minutes=idle, down=down))
+            # After the job is queued, so that the cluster is not idle in between. `--down` alone
+            # on a cluster that has an autostop interval becomes "down as soon as idle".
+            if idle is not None or (down and existing.idle_minutes is not None):
+                await bus.publish(AutostopSet(cluster=cluster, idle_minutes=idle if idle is not None else 0,
+                                              down=down))
             status.note(f"Cluster {cluster} is up: job {job.job_id} queued "
                         f"({'setup runs again' if run_setup else 'setup unchanged, skipped'}).")
             job_id = job.job_id
