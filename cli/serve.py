@@ -46,41 +46,63 @@ def load_service(name: str) -> Any:
 
 async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | None = None,
                 ready: asyncio.Event | None = None, explicit: bool = True) -> None:
+    """Run the named services until `stop` is set. Each is supervised on its own: one that dies
+    is logged and restarted with back-off (a fresh instance: state comes from the log), and the
+    others go on — a broken ledger file must not stop the provisioner."""
     stop = stop or asyncio.Event()
     bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/serve")
-    tasks: list[asyncio.Task] = []
-    runners: list[ServiceRunner] = []
+    started: list[str] = []
     for name in names:
         try:
-            svc = load_service(name)
+            load_service(name)  # fail fast on a missing module
         except ModuleNotFoundError as exc:
             if explicit:
                 raise
             log.warning("service %s is not available in this build (%s); skipped", name, exc)
             continue
-        if hasattr(svc, "run") and not hasattr(svc, "handle"):
-            tasks.append(asyncio.create_task(svc.run(bus, stop), name=name))
-        else:
-            runner = ServiceRunner(bus, svc)
-            runners.append(runner)
-            tasks.append(asyncio.create_task(runner.run(), name=name))
-        log.info("service %s started", name)
-    log.info("services ready: %s", ", ".join(names))
+        started.append(name)
+    tasks = [asyncio.create_task(_supervise(bus, name, stop), name=name) for name in started]
+    log.info("services ready: %s", ", ".join(started))
     if ready:
         ready.set()
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-    for t in done:
-        if t is not stopper and t.exception():
-            log.error("service %s died: %r", t.get_name(), t.exception())
-    stop.set()
-    for r in runners:
-        r.stop()
+    await stop.wait()
     if tasks:
         await asyncio.wait(tasks, timeout=10)
     for t in tasks:
         t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     await bus.close()
+
+
+async def _supervise(bus: Bus, name: str, stop: asyncio.Event) -> None:
+    delay = 1.0
+    while not stop.is_set():
+        svc = load_service(name)
+        runner: ServiceRunner | None = None
+        if hasattr(svc, "run") and not hasattr(svc, "handle"):
+            job = asyncio.create_task(svc.run(bus, stop))
+        else:
+            runner = ServiceRunner(bus, svc)
+            job = asyncio.create_task(runner.run())
+        log.info("service %s started", name)
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([job, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            if runner is not None:
+                runner.stop()
+            try:
+                await asyncio.wait_for(job, 10)
+            except BaseException:  # shutting down: whatever it raised is moot
+                job.cancel()
+            return
+        stopper.cancel()
+        exc = job.exception() if not job.cancelled() else None
+        log.error("service %s stopped unexpectedly (%r); restarting in %.0fs", name, exc, delay)
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+        delay = min(delay * 2, 30.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,7 +154,7 @@ class ServiceRunner:
                 batch = max(1, min(self.batch, self.max_in_flight - len(self._in_flight)))
             try:
                 msgs = await self._sub.fetch(batch=batch, timeout=1.0)
-            except NatsTimeout:
+            except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.Error, Exception) as exc:
                 if self.bus.nc.is_closed:
