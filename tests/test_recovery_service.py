@@ -13,7 +13,6 @@ from managed_fixtures import (
     Stand,
     events_of,
     recovery,
-    spot,
     statuses,
     until,
     wait_status,
@@ -21,14 +20,7 @@ from managed_fixtures import (
 from nats_fixtures import connect_bus
 
 from skypurza.events import naming
-from skypurza.events.models import (
-    ClusterTerminated,
-    DownRequested,
-    ManagedJobStatusChanged,
-    NodeLost,
-    SpotPreempted,
-    TaskSubmitted,
-)
+from skypurza.events.models import ClusterTerminated, ManagedJobStatusChanged, SpotPreempted, TaskSubmitted
 from skypurza.services.recovery import machine
 from skypurza.services.recovery.service import RecoveryService
 from skypurza.services.recovery.settings import RecoverySettings
