@@ -67,6 +67,7 @@ log = logging.getLogger("skypurza.recovery")
 _CLUSTER_EVENTS = (ClusterProvisioned, ClusterTerminated, JobStarted, JobSucceeded, JobFailed, JobCancelled,
                    SpotPreempted, NodeLost)
 _TASK_EVENTS = (PlacementFailed, ProvisionFailed)
+_REMEMBER = 10_000  # own transition ids kept to recognise them when they come back
 
 
 class RecoveryService:
@@ -82,7 +83,7 @@ class RecoveryService:
         self.jobs: dict[int, machine.JobState] = {}
         self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._placed: dict[str, ClusterProvisioned] = {}
-        self._published: set[str] = set()  # ids of the transitions this process published
+        self._published: dict[str, None] = {}  # ids of the transitions this process published (newest last)
         self._reported: set[tuple[str, str]] = set()  # (cluster, instance or rank) already reported lost
         self._beats: dict[tuple[str, int], float] = {}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -182,7 +183,13 @@ class RecoveryService:
             state = machine.apply(self.jobs.get(job_id), ev, s.seq, at)
             if state is not None:
                 self.jobs[job_id] = state
-        log.info("recovery: %d managed job(s) rebuilt from the log, %d unfinished", len(self.jobs),
+        now = datetime.now(timezone.utc)
+        total = len(self.jobs)
+        for job_id, state in list(self.jobs.items()):
+            if state.terminal and (state.ended_at is None
+                                   or (now - state.ended_at).total_seconds() >= self.settings.recheck_ended_s):
+                del self.jobs[job_id]  # long ended: kept in the log, not in memory
+        log.info("recovery: %d managed job(s) in the log, %d unfinished", total,
                  sum(1 for j in self.jobs.values() if not j.terminal))
 
     async def load(self, job_id: int) -> machine.JobState | None:
@@ -223,7 +230,9 @@ class RecoveryService:
                     log.info("job %s changed under us; deciding again", job_id)
                     await asyncio.sleep(0)
                     continue
-                self._published.add(env.id)
+                self._published[env.id] = None
+                while len(self._published) > _REMEMBER:
+                    del self._published[next(iter(self._published))]
                 log.info("job %s: %s -> %s (%s)", job_id, state.status, transition.status, transition.reason)
                 new = machine.apply(state, event, ack.seq, env.time)
                 if new is not None and not ack.duplicate:
@@ -252,8 +261,17 @@ class RecoveryService:
             done = machine.NothingToCancel(state.cluster)
             cancel_done = (state.status == "CANCELLING" and (state.cluster is None or gone.get(state.cluster) == "absent")
                            and machine.decide(state, done) is not None)
+            if state.terminal and all(g in ("gone", "absent") for g in gone.values()):
+                self._forget(state)
         if cancel_done:
             await self._act(job_id, done)
+
+    def _forget(self, state: machine.JobState) -> None:
+        """An ended job whose clusters are all gone leaves the cache (the log still has it: a
+        late event about it loads it again)."""
+        self.jobs.pop(state.job_id, None)
+        for cluster in state.clusters:
+            self._placed.pop(cluster, None)
 
     async def _ensure_down(self, state: machine.JobState, cluster: str) -> str:
         """'gone' (terminated), 'going' (teardown asked), or 'absent' (never provisioned, so far)."""
