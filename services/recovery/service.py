@@ -112,7 +112,8 @@ class RecoveryService:
             self._ec2 = Ec2Watch(session=self._aws_session, endpoint_url=self._endpoint_url,
                                  missing_polls=self.settings.missing_polls)
             self._tasks.append(asyncio.create_task(self._ec2_loop(), name="recovery-ec2"))
-        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="recovery-reconcile"))
+        if not any(t.get_name() == "recovery-reconcile" and not t.done() for t in self._tasks):
+            self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="recovery-reconcile"))
 
     async def close(self) -> None:
         for t in self._tasks:
