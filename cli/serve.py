@@ -94,15 +94,29 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(job, 10)
             except BaseException:  # shutting down: whatever it raised is moot
                 job.cancel()
+            await _close(svc)
             return
         stopper.cancel()
         exc = job.exception() if not job.cancelled() else None
+        await _close(svc)  # its background loops must not outlive it next to the new instance
         log.error("service %s stopped unexpectedly (%r); restarting in %.0fs", name, exc, delay)
         try:
             await asyncio.wait_for(stop.wait(), delay)
         except asyncio.TimeoutError:
             pass
         delay = min(delay * 2, 30.0)
+
+
+async def _close(svc: Any) -> None:
+    close = getattr(svc, "close", None)
+    if close is None:
+        return
+    try:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await asyncio.wait_for(result, 10)
+    except Exception as exc:
+        log.warning("closing %s failed: %r", getattr(svc, "name", svc), exc)
 
 
 def main(argv: list[str] | None = None) -> int:

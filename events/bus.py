@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -281,7 +282,10 @@ class Bus:
         end = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
         if end == 0 or (start_seq is not None and start_seq > end):
             return
-        cfg = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=60.0,
+        # Named by us so it can be deleted at once: left to `inactive_threshold`, replays in a
+        # loop pile up consumers until the server refuses new ones (err 10026).
+        cfg = api.ConsumerConfig(name=f"replay_{uuid.uuid4().hex}", ack_policy=api.AckPolicy.NONE,
+                                 inactive_threshold=60.0,
                                  max_waiting=1, mem_storage=True, num_replicas=1)
         if start_seq is not None:
             cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, max(1, start_seq)
@@ -311,6 +315,7 @@ class Bus:
                 await sub.unsubscribe()
             except Exception:
                 pass
+            await self._delete_consumer(stream, cfg.name)
 
     async def follow(self, *, filter_subject: str | None = None, start_seq: int | None = None,
                      start_time: datetime | None = None, new_only: bool = False,
@@ -321,7 +326,8 @@ class Bus:
                                      else naming.all_logs_subject(self.stage))
         next_seq = start_seq
         while True:
-            cfg = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
+            cfg = api.ConsumerConfig(name=f"follow_{uuid.uuid4().hex}", ack_policy=api.AckPolicy.NONE,
+                                     inactive_threshold=30.0,
                                      mem_storage=True, num_replicas=1)
             if next_seq is not None:
                 cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, next_seq
@@ -353,6 +359,15 @@ class Bus:
                     await sub.unsubscribe()
                 except Exception:
                     pass
+                await self._delete_consumer(stream, cfg.name)
+
+    async def _delete_consumer(self, stream: str, name: str | None) -> None:
+        if not name or self.nc.is_closed:
+            return
+        try:
+            await self.js.delete_consumer(stream, name)
+        except Exception:  # already gone (inactive threshold) or the server is away: harmless
+            pass
 
     # ------------------------------------------------------------ logs stream
 

@@ -41,6 +41,8 @@ class TaskSubmitted(_TaskEvent):
     initial_blocks: list[dict[str, Any]] = []
     # The SKYPILOT_TASK_ID the job will see (stable across recoveries of a managed job).
     skypilot_task_id: str | None = None
+    # Managed pipelines: every task's SKYPILOT_TASK_ID, in order (SKYPILOT_TASK_IDS).
+    managed_task_ids: list[str] = []
 
 
 @register

@@ -261,3 +261,16 @@ def test_stream_settings(nats_server):
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_replays_leave_no_consumer_behind(nats_server):
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish_many([submitted(i) for i in range(3)])
+        for _ in range(30):
+            assert len([s async for s in bus.replay()]) == 3
+        info = await bus.js.stream_info(naming.events_stream("test"))
+        assert info.state.consumer_count == 0
+        await bus.close()
+
+    asyncio.run(main())

@@ -68,6 +68,15 @@ def test_launch_queue_logs_and_a_pipeline(cli, nats_server, tmp_path: Path):
         assert "_etl_prep_2-0" in result.output and "_etl_train_2-1" in result.output
         names = [t.task.get("name") for t in bg.stand.submitted if t.managed_job_id == 2]
         assert names == ["prep", "train"]
+        # Each task's launch carries every task id of the pipeline, in order (SKYPILOT_TASK_IDS),
+        # and the first job on its cluster gets them.
+        from skypurza.events.models import JobQueued
+        from skypurza.services.provisioner.plan import job_fields
+
+        pipeline = [t for t in bg.stand.submitted if t.managed_job_id == 2]
+        ids = [t.skypilot_task_id for t in pipeline]
+        assert all(t.managed_task_ids == ids for t in pipeline) and len(set(ids)) == 2
+        assert JobQueued(cluster="x", job_id=1, **job_fields(pipeline[1])).managed_task_ids == ids
         # The secret's value is not in the log, only its name; it went to the secrets store.
         train = [t for t in bg.stand.submitted if t.managed_job_id == 2][1]
         assert train.task["secrets"] == {"TOKEN": None} and train.secrets_key.endswith("-1")

@@ -208,5 +208,6 @@ def job_fields(submitted: TaskSubmitted) -> dict[str, Any]:
         secrets_key=submitted.secrets_key,
         skypilot_task_id=submitted.skypilot_task_id or "",
         managed_job_id=submitted.managed_job_id,
+        managed_task_ids=list(submitted.managed_task_ids),
         down_after=submitted.down,
     )

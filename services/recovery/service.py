@@ -314,6 +314,7 @@ class RecoveryService:
             secrets_key=f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None,
             down=False, managed_job_id=state.job_id, task_index=launch.task_index,
             initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
+            managed_task_ids=list(state.skypilot_task_ids),
         )
         await self.bus.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted")))
         log.info("job %s: launch %d of task %d on %s (%s)", state.job_id, launch.number, launch.task_index,
