@@ -559,11 +559,23 @@ def status_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Only these clusters (glob patterns allowed)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Also show terminated clusters."),
     output: str = typer.Option("table", "-o", "--output", help="table or json (a list of clusters)."),
-    refresh: bool = typer.Option(False, "-r", "--refresh", help="Read the event log itself instead of the ledger's "
-                                                                "projection (which may lag by a moment)."),
+    refresh: bool = typer.Option(False, "-r", "--refresh", help="Reconcile first: list what the clouds hold with this "
+                                 "stage's tags, report orphans (instances no live cluster owns, recorded as OrphanFound "
+                                 "events) and clusters whose instances vanished; then read the event log itself "
+                                 "instead of the ledger's projection."),
+    terminate_orphans: bool = typer.Option(False, "--terminate-orphans", help="With --refresh: also terminate the "
+                                           "orphans found (only this stage's; other stages are never touched)."),
 ) -> None:
     """Show clusters: status, where they run, what they cost per hour, autostop."""
     check_output(output)
+    if terminate_orphans and not refresh:
+        raise typer.BadParameter("--terminate-orphans goes with --refresh", param_hint="--terminate-orphans")
+    report: dict[str, Any] | None = None
+    if refresh:
+        from .cmd_provision import refresh_command
+
+        report = refresh_command(terminate_orphans=terminate_orphans)
+        _print_reconcile(report, to_stderr=output == "json")
 
     async def run() -> list[dict[str, Any]]:
         from .control import connect_bus
@@ -608,6 +620,25 @@ def status_command(
         table.add_row(r["name"], since(launched, now), where, res, r["status"] or "-", auto,
                       _fmt_price(r["hourly_price_micros"]))
     console.print(table)
+
+
+def _print_reconcile(report: dict[str, Any], to_stderr: bool) -> None:
+    """What reconciliation found, in words (on stderr when stdout is JSON for a script)."""
+    from rich.console import Console
+
+    console = Console(highlight=False, stderr=to_stderr)
+    checked = ", ".join(f"{infra} ({', '.join(regions) or 'all regions'})" for infra, regions in
+                        (report.get("checked") or {}).items()) or "nothing"
+    console.print(f"Reconciled with: {checked}.")
+    for o in report.get("orphans") or []:
+        what = "terminated" if o.get("terminated") else "reported"
+        console.print(f"[yellow]Orphan[/yellow] {o.get('instance_id')} ({o.get('instance_type') or '?'}, "
+                      f"{o.get('region') or '?'}, tag cluster={o.get('cluster') or '-'}): {what}."
+                      + ("" if o.get("terminated") else " Terminate with: spz status --refresh --terminate-orphans"))
+    for cluster, ids in (report.get("vanished") or {}).items():
+        console.print(f"[yellow]Vanished[/yellow]: cluster {cluster} lost {', '.join(ids)}.")
+    for infra, message in (report.get("errors") or {}).items():
+        console.print(f"[red]Could not check {infra}[/red]: {message}")
 
 
 def queue_command(

@@ -92,6 +92,14 @@ def test_orphans_are_reported_periodically_and_terminated_on_request(
     assert table.exit_code == 0, table.output
     assert "No orphans." in table.output and train[1] in table.output
 
+    # `spz status --refresh` runs the same pass before showing the clusters.
+    from skypurza.cli.main import app as spz_app
+
+    status = CliRunner().invoke(spz_app, ["status", "--refresh"])
+    assert status.exit_code == 0, status.output
+    assert "Vanished" in status.output and train[1] in status.output and "train" in status.output
+    assert CliRunner().invoke(spz_app, ["status", "--terminate-orphans"]).exit_code != 0
+
 
 def test_enabled_regions_from_settings_or_from_ec2(fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
     from skypurza.services.provisioner.backends import Backends
