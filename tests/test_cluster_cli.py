@@ -69,6 +69,36 @@ def cli_env(tmp_path: Path):
                    timeout=60)
 
 
+def assert_not_stored(env: dict[str, str], needle: bytes) -> None:
+    """Read every message of every stream of the stage, raw, and look for `needle`: only the
+    secrets KV bucket (outside the immutable log, with a TTL) may hold it."""
+    import asyncio
+
+    import nats
+
+    url = json.loads(spz(env, "api", "status", "-o", "json").stdout)["nats_url"]
+
+    async def scan() -> int:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        seen = 0
+        for stream in await js.streams_info():
+            if stream.config.name.startswith("KV_") and "secrets" in stream.config.name:
+                continue
+            for seq in range(stream.state.first_seq, stream.state.last_seq + 1):
+                try:
+                    msg = await js.get_msg(stream.config.name, seq)
+                except Exception:
+                    continue
+                seen += 1
+                assert needle not in (msg.data or b""), f"secret value stored in {stream.config.name} seq {seq}"
+                assert needle not in repr(msg.headers or {}).encode()
+        await nc.close()
+        return seen
+
+    assert asyncio.run(scan()) > 10  # the event log and the logs stream were really read
+
+
 def spz(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
@@ -115,6 +145,9 @@ def test_launch_logs_queue_exec_cancel_down_on_local(cli_env, tmp_path: Path) ->
         assert env["MY_ENV"] == "from the command line"
         assert env["MY_SECRET_SHA256"] == hashlib.sha256(b"hunter2-hunter2").hexdigest()
         assert env["HOME"] == str(homes[rank]) and env["CWD"] == str(homes[rank] / "sky_workdir")
+
+    # ------------------------------------------------------------------ the secret is nowhere in the streams
+    assert_not_stored(cli_env, b"hunter2-hunter2")
 
     # ------------------------------------------------------------------ logs, queue, status
     r = spz(cli_env, "logs", "dist", "1", "--no-follow")
