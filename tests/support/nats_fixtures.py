@@ -16,6 +16,39 @@ def nats_server(tmp_path: Path):
     server = NatsServer(store_dir=tmp_path / "js", port=free_port(), log_file=tmp_path / "nats.log").start()
     yield server
     server.stop()
+    kill_processes_using(server.url)
+
+
+def kill_processes_using(url: str) -> list[int]:
+    """A test that failed half-way may leave node agents (own sessions) behind: find every
+    process whose command line names this server's URL and kill its process group."""
+    import os
+    import signal
+
+    killed = []
+    needle = url.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            pid = int(entry.name)
+            try:
+                group = os.getpgid(pid)
+                if group == os.getpgid(0):  # in the test runner's own group: that process alone
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed.append(pid)
+    return killed
 
 
 @pytest.fixture
