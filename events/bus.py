@@ -60,15 +60,31 @@ class Stored:
     raw: bytes = b""
 
 
+def _seq_and_time(msg: Any) -> tuple[int, datetime]:
+    """Stream sequence and store time from a JetStream reply subject, without building nats-py's
+    full metadata objects (a hot path: every consumed event goes through it). Reply forms:
+    $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending> and the 12-token form
+    with a domain and an account hash after ACK."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9:
+        sseq, ns = tokens[5], tokens[7]
+    elif len(tokens) >= 11:
+        sseq, ns = tokens[7], tokens[9]
+    else:
+        md = msg.metadata
+        return md.sequence.stream, md.timestamp
+    n = int(ns)
+    return int(sseq), datetime.fromtimestamp(n // 1_000_000_000, timezone.utc).replace(
+        microsecond=(n % 1_000_000_000) // 1000)
+
+
 def stored_from_msg(msg: Any) -> Stored:
-    md = msg.metadata
+    seq, when = _seq_and_time(msg)
     try:
         d: Decoded = decode(msg.data)
-        return Stored(md.sequence.stream, msg.subject, md.timestamp, d.envelope, d.event, d.status,
-                      d.reason, msg.data)
+        return Stored(seq, msg.subject, when, d.envelope, d.event, d.status, d.reason, msg.data)
     except PoisonEvent as exc:
-        return Stored(md.sequence.stream, msg.subject, md.timestamp, None, None, "poison", str(exc),
-                      msg.data)
+        return Stored(seq, msg.subject, when, None, None, "poison", str(exc), msg.data)
 
 
 def default_nats_url() -> str | None:
