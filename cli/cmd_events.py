@@ -15,7 +15,7 @@ events = typer.Typer(name="events", help="The event log: follow it, replay it, e
                      no_args_is_help=True)
 
 
-def parse_since(value: str | None) -> tuple[int | None, datetime | None]:
+def parse_since(value: str | None, flag: str = "--since") -> tuple[int | None, datetime | None]:
     """`--since 42` is a stream sequence; `--since 2026-11-30T10:00` (or a date) is a time (UTC if naive)."""
     if value is None or value == "":
         return None, None
@@ -24,7 +24,8 @@ def parse_since(value: str | None) -> tuple[int | None, datetime | None]:
     try:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise typer.BadParameter(f"{value!r}: give a sequence number (42) or an ISO time (2026-11-30T10:00:00Z)")
+        raise typer.BadParameter(f"{value!r}: give a sequence number (42) or an ISO time (2026-11-30T10:00:00Z)",
+                                 param_hint=flag)
     return None, t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
@@ -43,7 +44,7 @@ def _line(stored: Any) -> str:
     env = stored.envelope
     if env is None:
         return f"{stored.seq:>8}  {stored.timestamp:%Y-%m-%d %H:%M:%S}  [{stored.status}] {stored.reason}"
-    keys = ", ".join(f"{k}={v}" for k, v in list(env.data.items())[:4] if not isinstance(v, (dict, list)))
+    keys = ", ".join(f"{k}={v}" for k, v in list(env.data_dict().items())[:4] if not isinstance(v, (dict, list)))
     return f"{stored.seq:>8}  {env.time:%Y-%m-%d %H:%M:%S}  {env.event_name:<26} {env.subject:<28} {keys}"
 
 
@@ -102,7 +103,7 @@ def replay_command(
     """Print the log from a point to its current end, or rebuild projections with --into."""
     check_output(output)
     seq, t = parse_since(since)
-    useq, ut = parse_since(until)
+    useq, ut = parse_since(until, "--until")
     if into is not None:
         try:
             from .cmd_ledger import replay_into_command

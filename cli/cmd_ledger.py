@@ -274,16 +274,9 @@ def audit_command(
 
 
 def _seq_or_time(value: str | None, flag: str) -> tuple[int | None, datetime | None]:
-    if value is None or value == "":
-        return None, None
-    if value.isdigit():
-        return int(value), None
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r}: give a sequence number (42) or an ISO time (2026-11-30T10:00:00Z)",
-                                 param_hint=flag)
-    return None, t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    from .cmd_events import parse_since
+
+    return parse_since(value, flag)
 
 
 def replay_into_command(into: Path, until: Optional[str] = None, overwrite: bool = False) -> None:

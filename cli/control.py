@@ -27,27 +27,11 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.config import load_config
 from skypurza.events.natsserver import NatsServer, free_port, port_open
+from skypurza.events.processes import pid_alive
 
 
 class ControlPlaneError(Exception):
     pass
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @dataclass

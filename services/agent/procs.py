@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from skypurza.events.processes import group_alive, pid_alive  # noqa: F401  (used by the agent)
+
 # bash's own argument limit is ~128 KiB per argument; longer scripts run from their file.
 _MAX_INLINE_SCRIPT = 100_000
 MAX_LINE_BYTES = 64 * 1024
@@ -130,50 +132,6 @@ def spawn(files: PhaseFiles, script: str, workdir: Path, env: dict[str, str]) ->
     _atomic_write(files.pid, json.dumps({"pid": proc.pid, "pgid": proc.pid, "started_at": time.time()}))
     _atomic_write(files.pgid_file, str(proc.pid))
     return proc
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _group_has_live_member(pgid)
-
-
-def _group_has_live_member(pgid: int) -> bool:
-    """killpg(0) also succeeds for a group of zombies; look for one member that still runs."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -61,6 +61,7 @@ class LedgerService:
         self.overlay: dict[tuple[str, int, str], Published] = {}
         self._comp_sent: set[str] = set()
         self._comp_due = True
+        self._comp_lock = asyncio.Lock()
         self._meter_kick = asyncio.Event()
         self._lock = asyncio.Lock()  # held while a batch is applied and its write started
         self._meter_lock = asyncio.Lock()
@@ -231,16 +232,19 @@ class LedgerService:
     async def compensate(self) -> int:
         """Record a CompensationRecorded for each late usage row that has none yet."""
         assert self.bus is not None
-        if not self._comp_due:
-            return 0
-        self._comp_due = False
-        if self._pending is not None:
-            await asyncio.gather(self._pending, return_exceptions=True)
-        items = await self._read(lambda cur: settlement.pending_compensations(cur, self._comp_sent))
-        if items:
-            await self.bus.publish_many([self.bus.envelope(ev, id=eid) for eid, ev in items])
-            self._comp_sent.update(ev.usage_event_id for _, ev in items)
-        return len(items)
+        # One pass at a time (the meter loop and a caller may both ask): a caller that finds the
+        # work taken waits until those compensations are published, so "0 due" means "stored".
+        async with self._comp_lock:
+            if not self._comp_due:
+                return 0
+            self._comp_due = False
+            if self._pending is not None:
+                await asyncio.gather(self._pending, return_exceptions=True)
+            items = await self._read(lambda cur: settlement.pending_compensations(cur, self._comp_sent))
+            if items:
+                await self.bus.publish_many([self.bus.envelope(ev, id=eid) for eid, ev in items])
+                self._comp_sent.update(ev.usage_event_id for _, ev in items)
+            return len(items)
 
     # ------------------------------------------------------------ queries
 

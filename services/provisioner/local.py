@@ -37,6 +37,7 @@ from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
+from skypurza.events.processes import group_alive, pid_alive
 
 from .adapter import ClusterRef, Failure, FailureKind, FailureScope, LaunchSpec, NodeInfo, NodeState, ProvisionError
 
@@ -47,30 +48,6 @@ START_SEQ = "start_seq"
 AGENT_STATE = ".spz-agent"
 AGENT_READY = "ready"
 AGENT_LOG = "agent.log"
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 class LocalAdapter:
@@ -249,7 +226,7 @@ class LocalAdapter:
         """Spawn every node whose agent does not run, then wait until each says it is ready."""
         spawned = []
         for node in record["nodes"]:
-            if _pid_alive(node.get("pid")):
+            if pid_alive(node.get("pid")):
                 continue
             home = Path(node["home"])
             (home / AGENT_STATE).mkdir(parents=True, exist_ok=True)
@@ -299,7 +276,7 @@ class LocalAdapter:
     async def _kill_node(self, node: dict[str, Any]) -> None:
         """The node's agent, then every job process group it recorded: a stopped machine runs nothing."""
         pid = node.get("pid")
-        if _pid_alive(pid):
+        if pid_alive(pid):
             await self._terminate(pid, group=True)
         run_dir = Path(node["home"]) / AGENT_STATE / "run"
         if run_dir.is_dir():
@@ -308,7 +285,7 @@ class LocalAdapter:
                     pgid = int(f.read_text().strip())
                 except (OSError, ValueError):
                     continue
-                if _group_alive(pgid):
+                if group_alive(pgid):
                     await self._terminate(pgid, group=True)
         proc = self._children.pop(pid, None) if pid else None
         if proc is not None:
@@ -325,7 +302,7 @@ class LocalAdapter:
             proc = self._children.get(pid)
             if proc is not None:
                 proc.poll()
-            alive = (_group_alive(pid) and _any_alive_in_group(pid)) if group else _pid_alive(pid)
+            alive = group_alive(pid) if group else pid_alive(pid)
             if not alive:
                 return
             await asyncio.sleep(0.05)
@@ -341,7 +318,7 @@ class LocalAdapter:
             if record.get("state") == "stopped":
                 state = NodeState.STOPPED
             else:
-                state = NodeState.RUNNING if _pid_alive(node.get("pid")) else NodeState.STOPPED
+                state = NodeState.RUNNING if pid_alive(node.get("pid")) else NodeState.STOPPED
             out.append(NodeInfo(
                 instance_id=node["instance_id"], rank=node["rank"], state=state, region=record.get("region"),
                 zone=record.get("zone"), instance_type=record.get("instance_type"), use_spot=False,
@@ -349,22 +326,3 @@ class LocalAdapter:
                 job_id=record.get("job_id"), launch_token=record.get("launch_token"), launched_at=launched,
             ))
         return out
-
-
-def _any_alive_in_group(pgid: int) -> bool:
-    """killpg(0) succeeds for a group of zombies too; look for a member that still runs."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
