@@ -65,9 +65,10 @@ async def bench_publish(bus: Bus, js, n: int) -> dict[str, float]:
     return out
 
 
-async def bench_consume(bus: Bus, js, n: int) -> dict[str, float]:
+async def bench_consume(bus: Bus, js, n: int, round_: int = 0) -> dict[str, float]:
+    """Both read the same number of messages of the same size, each with its own new durable."""
     out: dict[str, float] = {}
-    sub = await js.pull_subscribe("bare.pipe.>", durable="bare_consumer", stream="BARE",
+    sub = await js.pull_subscribe("bare.pipe.>", durable=f"bare_consumer{round_}", stream="BARE",
                                   config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT))
     got = 0
     t = time.perf_counter()
@@ -78,10 +79,10 @@ async def bench_consume(bus: Bus, js, n: int) -> dict[str, float]:
         got += len(msgs)
     out["bare_consume"] = got / (time.perf_counter() - t)
 
-    sub2 = await bus.js.pull_subscribe(naming.all_events_subject(bus.stage), durable="ours_consumer",
+    sub2 = await bus.js.pull_subscribe(naming.all_events_subject(bus.stage), durable=f"ours_consumer{round_}",
                                        stream=bus.events_stream,
                                        config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT))
-    total = (await bus.js.stream_info(bus.events_stream)).state.messages
+    total = n
     got = 0
     t = time.perf_counter()
     while got < total:
@@ -127,7 +128,8 @@ async def main(n: int, samples: int) -> None:
             bus = await Bus.connect(server.url, "bench", source="/bench")
             nc, js = await bare_setup(server.url)
             pub = await bench_publish(bus, js, n)
-            con = await bench_consume(bus, js, n)
+            rounds = [await bench_consume(bus, js, n, r) for r in range(3)]
+            con = {k: max(r[k] for r in rounds) for k in rounds[0]}  # best of 3 for each
             lat = await bench_latency(bus, nc, js, samples)
             await bus.close()
             await nc.close()

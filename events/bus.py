@@ -22,7 +22,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
 
 import nats
 from nats.errors import NoRespondersError
@@ -46,9 +46,8 @@ class ConcurrencyConflict(Exception):
     """Another writer appended to the aggregate first: reload and decide again."""
 
 
-@dataclass(frozen=True)
-class Stored:
-    """An event as read back from the log."""
+class Stored(NamedTuple):
+    """An event as read back from the log (a NamedTuple: one is built for every consumed event)."""
 
     seq: int
     subject: str

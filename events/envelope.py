@@ -14,7 +14,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -153,8 +153,7 @@ class PoisonEvent(Exception):
     """A payload that claims a known type and version but cannot be read: park it, never retry."""
 
 
-@dataclass(frozen=True)
-class Decoded:
+class Decoded(NamedTuple):  # a NamedTuple: built for every consumed event, and cheap to build
     envelope: Envelope | None
     event: Event | None
     # "ok", "unknown" (type not known here), "newer" (known type, newer version than this code)
@@ -181,7 +180,7 @@ def make_envelope(
 
 # Fast path of `decode`: our writers serialise `type` before `data`; for a known type at the
 # current version the JSON is parsed straight into an envelope whose `data` is the typed event.
-_TYPE_IN_JSON = re.compile(rb'"type":"io\\.skypurza\\.([a-z0-9_]+)\\.v([0-9]+)"')
+_TYPE_IN_JSON = re.compile(rb'"type":"io\.skypurza\.([a-z0-9_]+)\.v([0-9]+)"')
 _TYPED_ENVELOPES: dict[type[Event], type[Envelope]] = {}
 
 

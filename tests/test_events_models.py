@@ -37,6 +37,17 @@ def test_required_event_types_exist_and_are_frozen_cloudevents():
     assert back.status == "ok" and back.event == ev
 
 
+def test_decoding_our_own_events_takes_the_single_pass_path():
+    env = make_envelope(TaskSubmitted(task_id="t1", cluster="c", task={"run": "x"}), source="/t")
+    got = decode(env.to_json())
+    assert got.status == "ok" and isinstance(got.envelope.data, TaskSubmitted)  # typed envelope
+    assert got.envelope.data_dict() == env.data and got.envelope.to_json() == env.to_json()
+    # A payload the fast path cannot take still decodes (foreign key order), or is reported.
+    reordered = json.dumps({"data": env.data, **{k: v for k, v in json.loads(env.to_json()).items() if k != "data"}})
+    slow = decode(reordered.encode())
+    assert slow.status == "ok" and slow.event == got.event and isinstance(slow.envelope.data, dict)
+
+
 def test_derived_ids_are_deterministic_and_distinct():
     a = derive_id("cause-1", "optimizer", "attempt-1")
     assert a == derive_id("cause-1", "optimizer", "attempt-1")

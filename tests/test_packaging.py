@@ -72,8 +72,14 @@ def test_commit_msg_hook(tmp_path, message, ok):
 
 
 def test_wheel_ships_only_the_skypurza_package(tmp_path):
+    import shutil
+
+    # Build from a copy: setuptools leaves a build/ folder next to the sources it builds.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".hypothesis"))
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                          str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                          str(tmp_path), str(src)], capture_output=True, text=True,
                          env={**os.environ, "PIP_NO_INDEX": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     import zipfile
