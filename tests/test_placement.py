@@ -419,3 +419,31 @@ def test_no_fit_anywhere_names_every_infra(cat: Catalog) -> None:
     plan = place([R(accelerator="H100", accelerator_count=8)], 1, cat, enabled_infras=("local",),
                  local_resources=LOCAL)
     assert "local: the task asks for H100:8" in plan.reason and "AWS is not enabled" in plan.reason
+
+
+def test_limited_ranking_is_exactly_the_head_of_the_full_ranking():
+    """place(limit=K) stops expanding types early; its first K candidates must be the full
+    ranking's first K, for every accelerator of the catalog, CPU minimums, both markets, with blocks."""
+    from skypurza.services.optimizer.catalog import load_catalog
+    from skypurza.services.optimizer.placement import block_for_error, place
+
+    cat = load_catalog()
+    requests = [[R(accelerator=a, accelerator_count=c, use_spot=s)]
+                for a in cat.accelerators() for c in sorted({t.accelerator_count for t in cat.types_with_accelerator(a)})
+                for s in (False, True)]
+    requests += [[R(cpus=c, cpus_plus=True, memory_gib=m, memory_plus=True, use_spot=s)]
+                 for c in (2, 8, 17, 48) for m in (4, 64) for s in (False, True)]
+    requests += [[R(), R(use_spot=True)], [R(accelerator="A10G", accelerator_count=1, use_spot=True),
+                                           R(accelerator="L4", accelerator_count=1)]]
+    checked = 0
+    for reqs in requests:
+        for k in (1, 5, 64):
+            full = place(reqs, 2, cat, enabled_infras=("aws",))
+            limited = place(reqs, 2, cat, enabled_infras=("aws",), limit=k)
+            assert limited.candidates[:k] == full.candidates[:k], (reqs, k)
+            if full.candidates:
+                blocks = [block_for_error(full.candidates[0], "capacity"), block_for_error(full.candidates[0], "quota")]
+                assert place(reqs, 2, cat, blocks, ("aws",), limit=k).candidates[:k] == \
+                    place(reqs, 2, cat, blocks, ("aws",)).candidates[:k]
+                checked += 1
+    assert checked > 40

@@ -25,7 +25,10 @@ from .local import LocalResources
 from .placement import Block, Candidate, PlacementPlan, block_for_error, next_placement, place
 
 MAX_ATTEMPTS = int(os.environ.get("SKYPURZA_MAX_PLACEMENT_ATTEMPTS", "64"))
-REMAINING_SHOWN = 20
+REMAINING_SHOWN = 10
+# Candidates ranked per request (exactly the best ones; see placement.place's `limit`): blocks
+# are applied before ranking, so after any number of failures the next choice is still exact.
+PLAN_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,12 @@ _PLAN_CACHE: OrderedDict[tuple[Any, ...], PlacementPlan] = OrderedDict()
 PLAN_CACHE_SIZE = 512
 
 
-def plan_for(submitted: TaskSubmitted, world: World) -> PlacementPlan:
+def plan_for(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> PlacementPlan:
+    """The ranked plan for a task, with `blocks` (default: the task's initial blocks) applied."""
+    blocks = [Block.from_dict(b) for b in submitted.initial_blocks] if blocks is None else list(blocks)
     key = (id(world.catalog), world.enabled_infras, repr(world.local),
            json.dumps(submitted.task.get("resources"), sort_keys=True, default=str),
-           submitted.num_nodes, json.dumps(submitted.initial_blocks, sort_keys=True, default=str))
+           submitted.num_nodes, json.dumps([b.to_dict() for b in blocks], sort_keys=True, default=str))
     plan = _PLAN_CACHE.get(key)
     if plan is not None:
         _PLAN_CACHE.move_to_end(key)
@@ -70,9 +75,8 @@ def plan_for(submitted: TaskSubmitted, world: World) -> PlacementPlan:
     from skypurza.events.taskspec.task import Task
 
     task = Task.from_public_dict(submitted.task)
-    blocks = [Block.from_dict(b) for b in submitted.initial_blocks]
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
-                 world.local)
+                 world.local, limit=PLAN_LIMIT)
     _PLAN_CACHE[key] = plan
     if len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
         _PLAN_CACHE.popitem(last=False)
@@ -125,7 +129,7 @@ def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityErro
     if last.attempt >= MAX_ATTEMPTS:
         return _failed(submitted, attempts, f"gave up after {last.attempt} attempts")
     blocks = [Block.from_dict(b) for b in submitted.initial_blocks] + [block_of(e) for e in errors]
-    plan = next_placement(plan_for(submitted, world), blocks, last=from_event_candidate(last.candidate))
+    plan = next_placement(plan_for(submitted, world, blocks), blocks, last=from_event_candidate(last.candidate))
     if plan.chosen is None:
         return _failed(submitted, attempts, plan.reason or "every candidate was tried")
     return _chosen(submitted, plan, attempt=last.attempt + 1)

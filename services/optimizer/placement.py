@@ -19,6 +19,7 @@ the rest in rank order.
 from __future__ import annotations
 
 import difflib
+import heapq
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -291,8 +292,15 @@ def default_enabled_infras(clouds_enabled: Iterable[str], allowed_infras: Iterab
 
 def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
           blocks: Sequence[Block] = (), enabled_infras: Iterable[str] = ("aws",),
-          local_resources: LocalResources | None = None) -> PlacementPlan:
-    """Rank every feasible candidate for `requests` (alternatives of one task) over `catalog`."""
+          local_resources: LocalResources | None = None, limit: int | None = None) -> PlacementPlan:
+    """Rank every feasible candidate for `requests` (alternatives of one task) over `catalog`.
+
+    With `limit`, only the `limit` best candidates of each request are guaranteed to be in the
+    plan (exactly the ones a full ranking puts first): instance types are visited cheapest first
+    and the expansion stops once no type left can beat the limit-th price found. The optimizer
+    service uses this (with the task's blocks applied up front) so a failover plan costs the
+    same as a first one; `--dryrun` ranks everything.
+    """
     if num_nodes < 1:
         raise ValueError("num_nodes must be at least 1")
     reqs = list(requests) or [ResourceRequest()]
@@ -300,7 +308,7 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
     cands: list[Candidate] = []
     failures: list[tuple[int, str]] = []
     for i, req in enumerate(reqs):
-        got, why = _expand(i, req, num_nodes, catalog, blocks, enabled, local_resources)
+        got, why = _expand(i, req, num_nodes, catalog, blocks, enabled, local_resources, limit)
         if got:
             cands.extend(got)
         else:
@@ -347,7 +355,8 @@ def _fmt_count(x: float) -> str:
 
 
 def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence[Block],
-            enabled: frozenset[str], local: LocalResources | None) -> tuple[list[Candidate], str]:
+            enabled: frozenset[str], local: LocalResources | None,
+            limit: int | None = None) -> tuple[list[Candidate], str]:
     cloud = normalize_infra(req.cloud)
     if cloud is not None and cloud not in SUPPORTED_INFRAS:
         known = "" if cloud in KNOWN_INFRAS else " (unknown infra)"
@@ -365,7 +374,7 @@ def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence
         if "aws" not in enabled:
             whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
         else:
-            got, why = _aws_candidates(i, req, n, cat, blocks)
+            got, why = _aws_candidates(i, req, n, cat, blocks, limit)
             out.extend(got)
             if not got:
                 whys.insert(0, why)
@@ -600,11 +609,28 @@ def _region_of_zone_name(zone: str, regions: Iterable[str]) -> str | None:
     return best
 
 
+def _floor_price(cat: Catalog, name: str, spot: bool) -> int | None:
+    """The lowest price of a type anywhere (per market), cached on the catalog: a lower bound
+    for every candidate of that type, which is what makes top-K pruning exact."""
+    cache = cat.__dict__.setdefault("_floor_prices", {})
+    key = (name, spot)
+    if key not in cache:
+        prices = [z.spot_micros for o in cat.offerings(name) for z in o.zones if z.spot_micros is not None] if spot \
+            else [o.ondemand_micros for o in cat.offerings(name) if o.ondemand_micros is not None]
+        cache[key] = min(prices) if prices else None
+    return cache[key]
+
+
 def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
-                    blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
+                    blocks: Sequence[Block], limit: int | None = None) -> tuple[list[Candidate], str]:
     types, what, why = _aws_types(req, cat)
     if not types:
         return [], why
+    if limit is not None:
+        # Cheapest types first; a type without any price in this market cannot produce a candidate.
+        floors = {t.name: _floor_price(cat, t.name, req.use_spot) for t in types}
+        types = sorted((t for t in types if floors[t.name] is not None), key=lambda t: (floors[t.name], t.name)) \
+            or types
     region = req.region
     zone_id: str | None = None
     zone_name: str | None = None  # a zone name we cannot map to an ID (no account mapping)
@@ -643,7 +669,14 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
     out: list[Candidate] = []
     append = out.append
     is_local_zone = cat.is_local_zone
+    # An offering's zones without Local Zones (which need an opt-in), computed once per catalog.
+    regular: dict[int, tuple[Any, ...]] = cat.__dict__.setdefault("_regular_zones", {})
+    best: list[int] = []  # max-heap (negated) of the `limit` lowest one-node prices found so far
     for t in types:
+        if limit is not None and len(out) >= limit:
+            floor = _floor_price(cat, t.name, spot)
+            if floor is not None and floor > -best[0]:
+                break  # this type and every later one cost more than the limit-th candidate
         accs = {t.accelerator: float(t.accelerator_count)} if t.accelerator else None
         name = t.name
         for off in cat.offerings(name):
@@ -657,7 +690,9 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
             elif zone_name is not None:
                 zs = ()
             else:
-                zs = tuple(z for z in off.zones if not is_local_zone(z.zone))
+                zs = regular.get(id(off))  # offerings are decoded once and kept: ids are stable
+                if zs is None:
+                    zs = regular[id(off)] = tuple(z for z in off.zones if not is_local_zone(z.zone))
             if not zs and zone_name is None:
                 continue
             n_loc += 1
@@ -677,6 +712,8 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
                         continue
                     append(Candidate("aws", r, z.zone, name, accs, True, p, p * n, t.vcpus, t.memory_gib,
                                      image, disk, n, (z.zone,), i, order))
+                    if limit is not None:
+                        _keep_lowest(best, p, limit)
             else:
                 p = off.ondemand_micros
                 if p is None:
@@ -694,10 +731,19 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
                         continue
                 append(Candidate("aws", r, zone_id or zone_name, name, accs, False, p, p * n, t.vcpus,
                                  t.memory_gib, image, disk, n, zones, i, order))
+                if limit is not None:
+                    _keep_lowest(best, p, limit)
     if out:
         return out, ""
     return [], _why_empty(req, cat, types, what, region, zone_id or zone_name, image_regions,
                           n_loc, n_market, n_price, cheapest_seen, max_micros)
+
+
+def _keep_lowest(heap: list[int], price: int, limit: int) -> None:
+    if len(heap) < limit:
+        heapq.heappush(heap, -price)
+    elif price < -heap[0]:
+        heapq.heapreplace(heap, -price)
 
 
 def _why_empty(req: ResourceRequest, cat: Catalog, types: Sequence[InstanceType], what: str,
