@@ -28,7 +28,7 @@ MAX_ATTEMPTS = int(os.environ.get("SKYPURZA_MAX_PLACEMENT_ATTEMPTS", "64"))
 REMAINING_SHOWN = 10
 # Candidates ranked per request (exactly the best ones; see placement.place's `limit`): blocks
 # are applied before ranking, so after any number of failures the next choice is still exact.
-PLAN_LIMIT = 64
+PLAN_LIMIT = 32
 
 
 @dataclass(frozen=True)

@@ -708,6 +708,8 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
                     if max_micros is not None and p > max_micros:
                         continue
                     n_price += 1
+                    if limit is not None and len(best) >= limit and p > -best[0]:
+                        continue  # cannot enter the top `limit`
                     if blocks and any(b.covers("aws", r, z.zone, name, True) for b in blocks):
                         continue
                     append(Candidate("aws", r, z.zone, name, accs, True, p, p * n, t.vcpus, t.memory_gib,
@@ -724,6 +726,8 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
                 if max_micros is not None and p > max_micros:
                     continue
                 n_price += 1
+                if limit is not None and len(best) >= limit and p > -best[0]:
+                    continue  # cannot enter the top `limit`
                 zones = (zone_name,) if zone_name is not None else tuple(z.zone for z in zs)
                 if blocks:
                     zones = _surviving_zones(blocks, "aws", r, zones, name, False)
