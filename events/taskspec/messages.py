@@ -130,9 +130,9 @@ def findings(errors: Sequence[Mapping[str, Any]], root: type[BaseModel]) -> list
         elif kind == "too_long":
             limit = ctx.get("max_length")
             allowed = "only one entry allowed" if limit == 1 else f"at most {limit} entries allowed"
-            out.append(Finding(loc, f"{allowed}, found {ctx.get('actual_length')}"))
+            out.append(Finding(loc, f"{allowed}, found {_length(ctx, value)}"))
         elif kind == "too_short":
-            out.append(Finding(loc, f"at least {ctx.get('min_length')} entries needed, found {ctx.get('actual_length')}"))
+            out.append(Finding(loc, f"at least {ctx.get('min_length')} entries needed, found {_length(ctx, value)}"))
         elif kind == "string_too_short":
             out.append(Finding(loc, "must not be empty" if ctx.get("min_length") == 1 else err["msg"]))
         elif kind == "string_too_long":
@@ -190,3 +190,11 @@ def _step(tp: Any, elem: str | int) -> Any:
         elif typing.get_origin(option) is list and isinstance(elem, int):
             return typing.get_args(option)[0]
     return None
+
+
+def _length(ctx: dict[str, Any], value: Any) -> Any:
+    """How many entries were found: pydantic >= 2.14 stops counting at the limit (None in ctx)."""
+    actual = ctx.get("actual_length")
+    if actual is None and hasattr(value, "__len__"):
+        actual = len(value)
+    return actual
