@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from .bounds import TAIL_LINES
 from .context import check_output, fail, print_json, stage
 
 api = typer.Typer(name="api", help="The embedded control plane (nats-server + services) on this machine.",
@@ -18,7 +19,9 @@ def api_start(
     services: str = typer.Option("all", help="Comma-separated services to run (optimizer, provisioner, ledger, recovery) or 'all'."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Start nats-server (JetStream, 127.0.0.1) and the services in the background. A no-op when running."""
+    """Start the control plane in the background: a supervisor that runs nats-server (JetStream,
+    127.0.0.1) and the services and restarts them with back-off. A no-op when running; concurrent
+    starts wait for the first (a lock in the stage's state directory) and use what it started."""
     check_output(output)
     from .control import ControlPlane, ControlPlaneError
 
@@ -39,11 +42,15 @@ def api_start(
 
 @api.command("stop")
 def api_stop(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
-    """Stop the services, then nats-server. Clusters (and their agents) are not touched."""
+    """Stop every process of the stage's control plane (supervisor, services, nats-server; recorded
+    or not) and return when they are gone. Clusters (and their agents) are not touched."""
     check_output(output)
-    from .control import ControlPlane
+    from .control import ControlPlane, ControlPlaneError
 
-    res = ControlPlane(stage()).stop()
+    try:
+        res = ControlPlane(stage()).stop()
+    except ControlPlaneError as exc:
+        raise fail(str(exc))
     if output == "json":
         print_json(res)
     elif res["stopped"]:
@@ -52,9 +59,29 @@ def api_stop(output: str = typer.Option("table", "-o", "--output", help="table o
         typer.echo("Nothing was running.")
 
 
+@api.command("restart")
+def api_restart(
+    services: str = typer.Option("all", help="Comma-separated services to run (optimizer, provisioner, ledger, recovery) or 'all'."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Stop every process of the stage's control plane, then start it again (same port, same store)."""
+    check_output(output)
+    from .control import ControlPlane, ControlPlaneError
+
+    try:
+        st = ControlPlane(stage()).restart(services=services)
+    except (ControlPlaneError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        raise fail(str(exc))
+    if output == "json":
+        print_json(st)
+    else:
+        typer.echo(f"Control plane restarted for stage {st['stage']} at {st['nats_url']}.")
+
+
 @api.command("status")
 def api_status(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
-    """Say what runs where: the NATS URL, the processes, the state directory. Exit 1 when not running."""
+    """Say what runs where: the NATS URL, the processes, the state directory, and each service's
+    health (running, restarting, or failing with its last error). Exit 1 when not running."""
     check_output(output)
     from .control import ControlPlane
 
@@ -76,21 +103,41 @@ def api_status(output: str = typer.Option("table", "-o", "--output", help="table
         for p in st["processes"]:
             t.add_row(p["name"], str(p["pid"]), "yes" if p["alive"] else "no", p.get("log") or "")
         c.print(t)
+    if st.get("services"):
+        _services_table(c, st["services"])
     if not st["running"]:
         raise typer.Exit(1)
+
+
+_STATE_STYLE = {"running": "green", "restarting": "yellow", "failing": "bold red", "down": "red"}
+
+
+def _services_table(c, services: list) -> None:
+    """Each service's health as the services process's supervisor recorded it (cli/health.py)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table("service", "state", "restarts", "since", "last error")
+    for s in services:
+        style = _STATE_STYLE.get(s["state"], "")
+        state = f"[{style}]{s['state']}[/{style}]" if style else s["state"]
+        t.add_row(s["name"], state, str(s["restarts"]), s.get("since") or "", escape(s.get("last_error") or ""))
+    c.print(t)
 
 
 @api.command("logs")
 def api_logs(
     follow: bool = typer.Option(False, "--follow/--no-follow", "-f", help="Keep printing new lines."),
-    tail: int = typer.Option(100, "--tail", help="Lines to show from the end (0: all)."),
-    process: str = typer.Option("services", "--process", help="services or nats-server."),
+    tail: int = typer.Option(100, "--tail", parser=TAIL_LINES, help="Lines to show from the end (0: all)."),
+    process: str = typer.Option("services", "--process", help="services, nats-server or supervisor."),
 ) -> None:
     """Print the control plane's logs."""
     from .control import ControlPlane
 
     cp = ControlPlane(stage())
-    path = cp.logs_dir / ("nats-server.log" if process == "nats-server" else "services.log")
+    if process not in ("services", "nats-server", "supervisor"):
+        raise fail(f"--process {process!r}: expected services, nats-server or supervisor", 2)
+    path = cp.logs_dir / f"{process}.log"
     if not path.exists():
         raise fail(f"no log at {path}: has the control plane been started (spz api start)?")
     lines = path.read_text(errors="replace").splitlines()

@@ -20,9 +20,11 @@ from typing import Any, Optional
 
 import typer
 
+from . import bounds
 from .context import check_output, fail, print_json, run_async, stage
 
 WAIT_S = 300.0  # stop/start/down/cancel wait this long for the outcome before giving up
+EXIT_CLEANUP_INCOMPLETE = 3  # down: the clusters are gone, some shared resource is not released yet
 
 _RES = "Resources (override the task YAML)"
 _TASK = "Task (override the task YAML)"
@@ -42,6 +44,7 @@ def _overrides(*, infra: str | None, gpus: str | None, cpus: str | None, memory:
         secrets = parse_var_flags(secret, os.environ, "--secret")
     except TaskSpecError as exc:
         raise fail("; ".join(f"{p.path}: {p.message}" for p in exc.problems))
+    bounds.check_var_flags(envs, secrets)
     if num_nodes is not None and num_nodes < 1:
         raise fail(f"--num-nodes must be at least 1, found {num_nodes}")
     return CliOverrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
@@ -56,7 +59,7 @@ def _prepare(entrypoint: list[str], overrides: Any) -> tuple[Any, dict[str, Any]
         task = load_task(entrypoint, overrides)
         public = localise(task, task.public_dict(), Path.cwd())
     except SubmitError as exc:
-        raise fail(str(exc))
+        raise fail(str(exc), exc.code)
     return task, public
 
 
@@ -148,14 +151,14 @@ def _config() -> Any:
 def launch_command(
     entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD",
                                                      help="A task YAML file, or a command to run (quote it)."),
-    cluster: Optional[str] = typer.Option(None, "-c", "--cluster",
+    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", callback=bounds.cluster_option,
                                           help="Cluster name: reused when it is up, else launched under this name."),
     detach_run: bool = typer.Option(False, "-d", "--detach-run",
                                     help="Return once the job is queued on the cluster; do not stream its logs."),
     async_: bool = typer.Option(False, "--async", help="Return as soon as the submission is in the event log."),
     down: bool = typer.Option(False, "--down", help="Tear the cluster down when the job ends (with -i: when idle "
                                                     "that long)."),
-    idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes-to-autostop",
+    idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes-to-autostop", parser=bounds.IDLE_MINUTES,
                                                help="Stop the cluster after this many idle minutes."),
     no_setup: bool = typer.Option(False, "--no-setup", help="On an existing cluster, do not run setup."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
@@ -168,8 +171,8 @@ def launch_command(
     memory: Optional[str] = typer.Option(None, "--memory", help="GiB per node: 16 or 16+.", rich_help_panel=_RES),
     instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", help="e.g. g5.xlarge, or none.", rich_help_panel=_RES),
     use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", help="Spot instances or not.", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Number of nodes.", rich_help_panel=_RES),
-    disk_size: Optional[int] = typer.Option(None, "--disk-size", help="OS disk size in GB.", rich_help_panel=_RES),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Number of nodes.", rich_help_panel=_RES),
+    disk_size: Optional[int] = typer.Option(None, "--disk-size", parser=bounds.DISK_GB, help="OS disk size in GB.", rich_help_panel=_RES),
     image_id: Optional[str] = typer.Option(None, "--image-id", help="Image (AMI) id, or none.", rich_help_panel=_RES),
     env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
     secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret (never stored in the log).", rich_help_panel=_TASK),
@@ -202,7 +205,7 @@ def launch_command(
         try:
             task = load_task(entrypoint or [], overrides)
         except SubmitError as exc:
-            raise fail(str(exc))
+            raise fail(str(exc), exc.code)
         try:
             from .dryrun import dryrun_command
         except ImportError:
@@ -297,14 +300,24 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                 team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
                 secrets_key=task_id if secret_values else None, down=down, idle_minutes=idle))
             summary["submitted_seq"] = ack.seq
+            from .lostplane import still_running
+
+            still_running(f"the submission is in the event log and goes on when the control plane is back; "
+                          f"follow it with spz logs {cluster}")
             if async_:
                 status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; "
                             f"see it: spz status")
                 summary["status"] = "SUBMITTED"
                 return 0, summary
             try:
-                job_id, _ = await _watched(wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
-                                                        status=status.update, note=status.note))
+                from .requestwatch import subject_prefix, unless_parked
+
+                # A service that gave up on this task's events (parked them) fails the wait at once.
+                waiting = wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
+                                       status=status.update, note=status.note)
+                job_id, _ = await _watched(unless_parked(
+                    bus, waiting, failure=SubmissionFailed, min_seq=ack.seq,
+                    prefixes=[subject_prefix(bus.stage, "task", task_id), subject_prefix(bus.stage, "cluster", cluster)]))
             except SubmissionFailed as exc:
                 status.stop()
                 status.note(f"[red]✗ {exc}[/red]")
@@ -348,7 +361,7 @@ async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:
 # -------------------------------------------------------------------------------------------- exec
 
 def exec_command(
-    cluster: str = typer.Argument(..., help="An existing cluster (spz status)."),
+    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="An existing cluster (spz status)."),
     entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD", help="A task YAML file or a command."),
     detach_run: bool = typer.Option(False, "-d", "--detach-run", help="Return once queued; do not stream logs."),
     infra: Optional[str] = typer.Option(None, "--infra", help="Must match the cluster.", rich_help_panel=_RES),
@@ -357,7 +370,7 @@ def exec_command(
     memory: Optional[str] = typer.Option(None, "--memory", rich_help_panel=_RES),
     instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", rich_help_panel=_RES),
     use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Nodes to run on (at most the cluster's).", rich_help_panel=_RES),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Nodes to run on (at most the cluster's).", rich_help_panel=_RES),
     env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
     secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret.", rich_help_panel=_TASK),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Task name.", rich_help_panel=_TASK),
@@ -431,12 +444,12 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
 # -------------------------------------------------------------------------------------------- logs
 
 def logs_command(
-    cluster: str = typer.Argument(..., help="The cluster."),
-    job_id: Optional[int] = typer.Argument(None, help="The job (default: the cluster's latest)."),
+    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="The cluster."),
+    job_id: Optional[int] = typer.Argument(None, parser=bounds.JOB_ID, help="The job (default: the cluster's latest)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow until the job ends, or print what there is."),
     status_only: bool = typer.Option(False, "--status", help="Print the job's status and exit with it: 0 succeeded, "
                                                             "100 failed, 101 not finished, 102 not found, 103 cancelled."),
-    tail: int = typer.Option(0, "--tail", help="Only the last N lines of what was already printed (0: all)."),
+    tail: int = typer.Option(0, "--tail", parser=bounds.TAIL_LINES, help="Only the last N lines of what was already printed (0: all)."),
     timestamps: bool = typer.Option(False, "--timestamps", help="Prefix each line with when it was printed."),
 ) -> None:
     """Print a job's output (every node, prefixed by rank when there are several).
@@ -714,8 +727,8 @@ def queue_command(
 # ------------------------------------------------------------------------------------------ cancel
 
 def cancel_command(
-    cluster: str = typer.Argument(..., help="The cluster."),
-    job_ids: Optional[list[int]] = typer.Argument(None, help="Jobs to cancel (default: the latest unfinished one)."),
+    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="The cluster."),
+    job_ids: Optional[list[int]] = typer.Argument(None, parser=bounds.JOB_ID, help="Jobs to cancel (default: the latest unfinished one)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Cancel every unfinished job on the cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     async_: bool = typer.Option(False, "--async", help="Do not wait for the jobs to stop."),
@@ -818,7 +831,8 @@ async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str,
     return chosen
 
 
-def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool) -> None:
+def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
+               timeout: float = WAIT_S) -> None:
     if not clusters and not all_:
         raise fail(f"name the cluster(s) to {verb}, or use -a for all")
 
@@ -832,6 +846,7 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
         from .control import connect_bus
         from .jobwatch import merged_follow
         from .progress import StatusLine
+        from .requestwatch import first_dead_letter
 
         bus = await connect_bus(stage(), verb)
         try:
@@ -847,6 +862,7 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             what = {"stop": "Stop", "start": "Start", "down": "Tear down"}[verb]
             _confirm(f"{what} cluster(s) {names}?", yes or verb == "start")
             cfg = _config()
+            request_seq: dict[int, str] = {}  # stream sequence of each request -> its cluster
             for c in targets:
                 if verb == "stop":
                     if c.use_spot:
@@ -856,7 +872,8 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
                     ev = StartRequested(cluster=c.name)
                 else:
                     ev = DownRequested(cluster=c.name, reason="user", requested_by=cfg.user)
-                await bus.publish(ev)
+                ack = await bus.publish(ev)
+                request_seq[ack.seq] = c.name
             if async_:
                 typer.echo(f"{what} requested for {names}.")
                 return 0
@@ -866,6 +883,8 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             status.update(f"{what} {names}: waiting for the provisioner")
             # `start` waits for ClusterStarted, not for the UP the cluster had before it stopped.
             seen_started: set[str] = set()
+            failed: dict[str, str] = {}  # cluster -> why its request failed
+            warnings: dict[str, list[str]] = {}  # cluster -> resources its teardown could not release
 
             async def watch(c: Any) -> None:
                 async for s in merged_follow(bus, [naming.aggregate_subjects(bus.stage, "cluster", c.name)],
@@ -875,21 +894,45 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
                     apply(c, s.event, s.envelope.time)
                     if s.event.EVENT_NAME == "cluster_started":
                         seen_started.add(c.name)
+                    if s.event.EVENT_NAME == "cleanup_failed":
+                        e = s.event
+                        warnings.setdefault(c.name, []).append(
+                            f"{e.resource_type} {e.resource} in {e.region}: {e.code}: {e.message}")
                     if c.status == goal and (verb != "start" or c.name in seen_started):
                         status.note(f"Cluster {c.name}: {goal}.")
                         pending.pop(c.name, None)
                         return
 
+            async def dead_letters(watchers: dict[str, asyncio.Task[None]]) -> None:
+                # A request the provisioner gave up on (parked with its error) ends that cluster's wait.
+                while set(request_seq.values()) & (set(pending) - set(failed)):
+                    seqs = [q for q, n in request_seq.items() if n in pending and n not in failed]
+                    letter = await first_dead_letter(bus, seqs=seqs)
+                    name = request_seq[letter.stream_seq]
+                    failed[name] = letter.reason()
+                    pending.pop(name, None)
+                    watchers[name].cancel()
+
+            watchers = {c.name: asyncio.ensure_future(watch(c)) for c in targets}
+            parked = asyncio.ensure_future(dead_letters(watchers))
             try:
-                await asyncio.wait_for(asyncio.gather(*(watch(c) for c in targets)), WAIT_S)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait(list(watchers.values()), timeout=timeout)
             finally:
                 status.stop()
+                for t in [*watchers.values(), parked]:
+                    t.cancel()
+                await asyncio.gather(*watchers.values(), parked, return_exceptions=True)
+            for n, why in failed.items():
+                typer.echo(f"Cluster {n}: {what.lower()} failed: {why}", err=True)
             for n in pending:
-                typer.echo(f"Cluster {n}: {what.lower()} requested, not confirmed within {WAIT_S:.0f}s "
-                           "(see spz status).", err=True)
-            return 0 if not pending else 1
+                typer.echo(f"Cluster {n}: {what.lower()} requested, not confirmed within {timeout:.0f}s "
+                           "(see spz status and spz events dlq).", err=True)
+            for n, lines in warnings.items():
+                for line in lines:
+                    typer.echo(f"Cluster {n}: warning: not released: {line} (retried in the background)", err=True)
+            if failed or pending:
+                return 1
+            return EXIT_CLEANUP_INCOMPLETE if warnings else 0
         finally:
             await bus.close()
 
@@ -901,9 +944,11 @@ def stop_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Stop every running cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     async_: bool = typer.Option(False, "--async", help="Do not wait until they are stopped."),
+    timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
+                                  help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
 ) -> None:
     """Stop clusters: nodes (and running jobs) stop, disks and homes are kept; spz start resumes."""
-    _lifecycle("stop", clusters or [], all_, yes, async_)
+    _lifecycle("stop", clusters or [], all_, yes, async_, timeout)
 
 
 def start_command(
@@ -911,9 +956,11 @@ def start_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Start every stopped cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     async_: bool = typer.Option(False, "--async", help="Do not wait until they are up."),
+    timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
+                                  help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
 ) -> None:
     """Start stopped clusters again, in the same place."""
-    _lifecycle("start", clusters or [], all_, yes, async_)
+    _lifecycle("start", clusters or [], all_, yes, async_, timeout)
 
 
 def down_command(
@@ -921,16 +968,21 @@ def down_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Tear down every cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     async_: bool = typer.Option(False, "--async", help="Do not wait until they are gone."),
+    timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
+                                  help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
 ) -> None:
-    """Tear clusters down: every node is terminated and its disk (or local home) deleted; billing stops."""
-    _lifecycle("down", clusters or [], all_, yes, async_)
+    """Tear clusters down: every node is terminated and its disk (or local home) deleted; billing stops.
+
+    Exit status: 0 gone; 1 a teardown failed or was not confirmed in time (the reason is printed);
+    3 gone, but a security group, key pair or placement group is not released yet (retried in the background)."""
+    _lifecycle("down", clusters or [], all_, yes, async_, timeout)
 
 
 # ---------------------------------------------------------------------------------------- autostop
 
 def autostop_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Clusters (glob patterns allowed)."),
-    idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes", help="Idle minutes before stopping."),
+    idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes", parser=bounds.IDLE_MINUTES, help="Idle minutes before stopping."),
     down: bool = typer.Option(False, "--down", help="Tear down instead of stopping."),
     cancel: bool = typer.Option(False, "--cancel", help="Turn autostop off."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every running cluster."),

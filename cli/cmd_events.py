@@ -162,7 +162,8 @@ def dlq_command(
     service: Optional[str] = typer.Option(None, "--service", help="Only what this service parked."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Dead letters: events a service could not handle, with the error."""
+    """Dead letters: events a service could not apply (parked so it goes on), with who parked
+    each, the error's type and message, and the event itself (its type here; all of it in -o json)."""
     check_output(output)
 
     async def run() -> list[dict[str, Any]]:
@@ -181,7 +182,9 @@ def dlq_command(
         print_json(rows)
         return
     for r in rows:
-        typer.echo(f"{r['stream_seq']:>8}  {r['service']:<12} {r['subject']}  {r['error']}")
+        event = r.get("event_type") or "(unreadable)"
+        typer.echo(f"{r['stream_seq']:>8}  {r['service'] or '?':<12} {event}  {r['subject'] or ''}\n"
+                   f"{'':>8}  {r['error'] or ''}")
     if not rows:
         typer.echo("No dead letters.")
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import typer
 
+from . import bounds
 from .context import check_output, fail, print_json, run_async, stage
 
 jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
@@ -73,7 +74,9 @@ def load_job(entrypoint: list[str], overrides: Any, job_recovery: str | None, na
             tasks = [task_from_command(text, overrides)]
             header_name = "sky-cmd"
     except TaskSpecError as exc:
-        raise SubmitError(str(exc)) from None
+        from .submit import _from_spec_error
+
+        raise _from_spec_error(exc) from None
     publics = []
     for t in tasks:
         public = localise(t, t.public_dict(), cwd)
@@ -114,8 +117,8 @@ def launch_command(
     memory: Optional[str] = typer.Option(None, "--memory", help="GiB per node: 16 or 16+.", rich_help_panel=_RES),
     instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", help="e.g. g5.xlarge, or none.", rich_help_panel=_RES),
     use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", help="Spot instances or not.", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", help="Number of nodes.", rich_help_panel=_RES),
-    disk_size: Optional[int] = typer.Option(None, "--disk-size", help="OS disk size in GB.", rich_help_panel=_RES),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Number of nodes.", rich_help_panel=_RES),
+    disk_size: Optional[int] = typer.Option(None, "--disk-size", parser=bounds.DISK_GB, help="OS disk size in GB.", rich_help_panel=_RES),
     image_id: Optional[str] = typer.Option(None, "--image-id", help="Image (AMI) id, or none.", rich_help_panel=_RES),
     env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
     secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret (never stored in the log).", rich_help_panel=_TASK),
@@ -142,7 +145,7 @@ def launch_command(
     try:
         job_name, tasks, publics = load_job(entrypoint or [], overrides, job_recovery, name, Path.cwd())
     except SubmitError as exc:
-        raise fail(str(exc))
+        raise fail(str(exc), exc.code)
     except Exception as exc:  # e.g. an unknown --job-recovery strategy
         raise fail(str(exc))
     cfg = _config()
@@ -207,12 +210,13 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     from skypurza.events import naming
     from skypurza.services.recovery.submit import read_jobs
 
-    from .jobwatch import DRAIN_S, format_line, parse_log
+    from .jobwatch import DRAIN_S, ChunkFilter, format_line, parse_log
 
     state = (await read_jobs(bus, [job_id])).get(job_id)
     if state is None:
         return None
     printed: dict[str, int] = {}  # cluster -> last logs-stream sequence printed
+    chunks = ChunkFilter()  # a chunk stored twice prints once
     nodes = int(state.task.get("num_nodes") or 1) if state.tasks else 1
 
     def show(cluster: str, msg: Any) -> None:
@@ -222,7 +226,8 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
         if cluster not in printed:
             out(f"── launch {state.clusters.index(cluster) + 1}: cluster {cluster} ──")
         printed[cluster] = line.seq
-        out(format_line(line, nodes))
+        if chunks.fresh(line):
+            out(format_line(line, nodes))
 
     for cluster in list(state.clusters):
         async for msg in bus.replay_raw(stream=bus.logs_stream,
@@ -231,6 +236,10 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     if not follow or state.terminal:
         _final_note(status, job_id, state)
         return state.status
+    from . import lostplane
+
+    lostplane.still_running(f"managed job {job_id} keeps running on its cluster; "
+                            f"follow it with spz jobs logs {job_id}")
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     followers: dict[str, asyncio.Task[None]] = {}
 
@@ -278,7 +287,7 @@ def _final_note(status: Any, job_id: int, state: Any) -> None:
 
 
 def logs_command(
-    job_id: Optional[int] = typer.Argument(None, help="The managed job (default: the latest)."),
+    job_id: Optional[int] = typer.Argument(None, parser=bounds.JOB_ID, help="The managed job (default: the latest)."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="The job by name (the latest of that name)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow until the job ends, or print what there is."),
 ) -> None:
@@ -409,7 +418,7 @@ def queue_command(
 # ----------------------------------------------------------------------------------------- cancel
 
 def cancel_command(
-    job_ids: Optional[list[int]] = typer.Argument(None, metavar="[ID]...", help="Managed job ids."),
+    job_ids: Optional[list[int]] = typer.Argument(None, metavar="[ID]...", parser=bounds.JOB_ID, help="Managed job ids."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Every unfinished job of this name."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every unfinished managed job."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from .bounds import DAYS
 from .context import check_output, fail, print_json, run_async, stage
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def cost_report_command(
     by: str = typer.Option("team", "--by", help="Group by user, team, project, cluster, region or day."),
     since: Optional[str] = typer.Option(None, "--since", help="From this date/time or period (2026-11-01, 2026-11, ISO time; UTC)."),
     until: Optional[str] = typer.Option(None, "--until", help="Up to (excluding) this date/time or period."),
-    days: Optional[int] = typer.Option(None, "--days", help="The last N days (instead of --since)."),
+    days: Optional[int] = typer.Option(None, "--days", parser=DAYS, help="The last N days (instead of --since)."),
     output: str = typer.Option("table", "-o", "--output", help="table, json or csv."),
 ) -> None:
     """Showback: cost in dollars and Slurm billing units, for live and finished clusters.

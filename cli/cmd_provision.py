@@ -19,12 +19,14 @@ def refresh_command(terminate_orphans: bool = False, infras: list[str] | None = 
     """One reconciliation pass for the current stage; returns the report as plain data:
     {"checked": {infra: [regions]}, "live_clusters": [...], "orphans": [{instance_id, cluster,
     region, zone, state, instance_type, launched_at, terminated}], "vanished": {cluster: [ids]},
-    "errors": {infra: message}}."""
+    "ended": [clusters whose every node was gone: ClusterTerminated published], "cleanup_failed":
+    [resources the sweep of `--terminate-orphans` could not release], "errors": {infra: message}}."""
     return run_async(_refresh(stage(), terminate_orphans, infras))
 
 
 async def _refresh(stage_name: str, terminate: bool, infras: list[str] | None) -> dict[str, Any]:
     from skypurza.services.provisioner.backends import Backends
+    from skypurza.services.provisioner.cleanup import RetryPolicy
     from skypurza.services.provisioner.reconcile import reconcile
     from skypurza.services.provisioner.settings import ProvisionerSettings
     from skypurza.services.provisioner.state import live_clusters
@@ -42,8 +44,9 @@ async def _refresh(stage_name: str, terminate: bool, infras: list[str] | None) -
             if _aws_configured(settings):
                 wanted.add("aws")
             infras = sorted(wanted)
+        policy = RetryPolicy(attempts=max(1, settings.cleanup_attempts), backoff_s=max(0.0, settings.cleanup_backoff_s))
         report = await reconcile(bus, backends, terminate=terminate, grace_s=settings.reconcile_grace_s,
-                                 infras=infras)
+                                 infras=infras, cleanup_policy=policy)
         return report.to_dict()
     finally:
         await backends.close()
@@ -100,6 +103,10 @@ def _print_table(report: dict[str, Any]) -> None:
         console.print("No orphans.")
     for cluster, ids in report["vanished"].items():
         console.print(f"[yellow]Cluster {cluster}: node(s) gone from the cloud: {', '.join(ids)}[/yellow]")
+    for cluster in report.get("ended", []):
+        console.print(f"[yellow]Cluster {cluster}: every node is gone; it is now TERMINATED (vanished).[/yellow]")
+    for what in report.get("cleanup_failed", []):
+        console.print(f"[yellow]Not released (retried in the background): {what}[/yellow]")
     for infra, error in report["errors"].items():
         console.print(f"[red]{infra}: {error}[/red]")
 

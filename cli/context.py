@@ -47,4 +47,20 @@ def fail(message: str, code: int = 1) -> "typer.Exit":
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """Run a command's async part. A control plane lost while it runs (cli/lostplane.py) ends
+    the command with one line on stderr and exit code 69, never a hang or a traceback."""
+    from .lostplane import EXIT_LOST_CONTROL_PLANE, LostControlPlane, guarded
+
+    try:
+        return asyncio.run(guarded(coro))
+    except LostControlPlane as exc:
+        raise error_line(str(exc), EXIT_LOST_CONTROL_PLANE)
+
+
+def error_line(message: str, code: int) -> "typer.Exit":
+    """`error: <message>` on stderr as one line (no markup, no wrapping), and the Exit to raise."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(message)}")
+    return typer.Exit(code)

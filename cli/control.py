@@ -1,13 +1,18 @@
 """The embedded control plane: a real nats-server and the services, started on first use.
 
-`spz api start` (or any command that needs the bus) starts, in the background and in their own
-sessions so they outlive the CLI:
+`spz api start` (or any command that needs the bus) starts one process in its own session, the
+stage's supervisor (`cli/supervisor.py`), which runs and restarts with back-off:
 - `nats-server` with JetStream on 127.0.0.1, store under `~/.skypurza/<stage>/jetstream`,
-  on a port chosen once and kept in the state file (agents of local clusters reconnect to it
+  on a port chosen once and kept in `nats.port` (agents of local clusters reconnect to it
   after a restart);
 - one `python -m skypurza.cli.serve` process running the services.
-`~/.skypurza/<stage>/api.json` records what runs where. With SKYPURZA_NATS_URL (or `nats_url`
-in the config file) nothing is started: the CLI talks to that NATS.
+
+Start, stop and restart hold an exclusive lock on `control.lock` in the stage's state directory
+(`cli/planelock.py`): a second starter waits for the first and uses what it started, and before a
+start every process of a previous control plane of the stage — recorded in `api.json` or not —
+is stopped (`cli/planeprocs.py` finds them by their command lines), so one store directory is
+never opened by two servers. With SKYPURZA_NATS_URL (or `nats_url` in the config file) nothing
+is started: the CLI talks to that NATS.
 """
 
 from __future__ import annotations
@@ -20,18 +25,25 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.config import load_config
-from skypurza.events.natsserver import NatsServer, free_port, port_open
+from skypurza.events.natsserver import free_port, port_open
 from skypurza.events.processes import pid_alive
+
+from . import health, planelock, planeprocs
 
 
 class ControlPlaneError(Exception):
     pass
+
+
+# How long a starter waits for the lock (another start may be waiting for services to be ready).
+LOCK_TIMEOUT_S = 90.0
+READY_TIMEOUT_S = 45.0
+STOP_TIMEOUT_S = 20.0
 
 
 @dataclass
@@ -44,11 +56,11 @@ class ControlPlane:
 
     @property
     def state_file(self) -> Path:
-        return self.state_dir / "api.json"
+        return naming.control_state_file(self.stage)
 
     @property
     def logs_dir(self) -> Path:
-        return self.state_dir / "logs"
+        return naming.control_logs_dir(self.stage)
 
     def read_state(self) -> dict[str, Any] | None:
         try:
@@ -56,119 +68,212 @@ class ControlPlane:
         except (OSError, ValueError):
             return None
 
+    def _supervisor_pid(self, state: dict[str, Any] | None) -> int | None:
+        """The recorded supervisor's pid while that process lives and is this stage's supervisor
+        (a recycled pid is not)."""
+        pid = ((state or {}).get("supervisor") or {}).get("pid")
+        if not pid_alive(pid):
+            return None
+        role = planeprocs.classify(planeprocs.read_argv(pid), str(self.state_dir), str(self._nats_conf()),
+                                   self.stage, None)
+        return pid if role == "supervisor" else None
+
+    def _nats_conf(self) -> Path:
+        return naming.nats_store_dir(self.stage) / "nats.conf"
+
     def status(self) -> dict[str, Any]:
         external = load_config().nats_url
         state = self.read_state() or {}
+        sup = self._supervisor_pid(state)
         procs = []
+        if state.get("supervisor"):
+            procs.append({"name": "supervisor", "pid": state["supervisor"].get("pid"), "alive": sup is not None,
+                          "log": state["supervisor"].get("log")})
         for proc_name, info in (state.get("processes") or {}).items():
-            procs.append({"name": proc_name, "pid": info.get("pid"), "alive": pid_alive(info.get("pid")),
-                          "log": info.get("log")})
-        running = bool(procs) and all(p["alive"] for p in procs)
+            procs.append({"name": proc_name, "pid": info.get("pid"),
+                          "alive": sup is not None and pid_alive(info.get("pid")),
+                          "log": info.get("log"), "restarts": info.get("restarts", 0),
+                          "last_exit": info.get("last_exit"), "ready": info.get("ready")})
         return {
             "stage": self.stage,
             "mode": "external" if external else "embedded",
             "nats_url": external or state.get("nats_url"),
-            "running": bool(external) or running,
+            # Up while its supervisor lives: a child being restarted is the supervisor's business.
+            "running": bool(external) or sup is not None,
             "state_dir": str(self.state_dir),
             "started_at": state.get("started_at"),
             "processes": procs,
+            # Each service of the services process as its supervisor sees it (cli/health.py).
+            "services": health.services_status(naming.services_health_file(self.stage)),
         }
 
     def _port(self) -> int:
-        """Keep one port per stage: clients and local agents find the server again after a restart."""
-        port_file = self.state_dir / "nats.port"
-        if port_file.exists():
+        """One port per stage, chosen once: clients and local agents find the server again after a
+        restart. A new one only when a process that is not ours holds the recorded one."""
+        port_file = naming.nats_port_file(self.stage)
+        try:
             port = int(port_file.read_text().strip())
-            if not port_open(port):
-                return port
+        except (OSError, ValueError):
+            port = 0
+        if port and not port_open(port):
+            return port
         port = int(os.environ.get("SKYPURZA_NATS_PORT") or free_port())
-        port_file.write_text(str(port))
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
         return port
 
+    def _lock(self):
+        return planelock.exclusive(naming.control_lock_file(self.stage), LOCK_TIMEOUT_S,
+                                   what=f"the control plane of stage {self.stage}")
+
     def start(self, services: str = "all", wait: bool = True) -> dict[str, Any]:
-        """Start nats-server and the services unless they already run (a second start is a no-op)."""
+        """Start the stage's supervisor (which runs nats-server and the services) unless one runs.
+
+        Serialised by the stage's lock: concurrent starters wait for the first and use what it
+        started. Nothing of a previous, dead control plane survives into the new one."""
         st = self.status()
         if st["mode"] == "external":
             return st
-        if st["running"]:
+        if st["running"] and self._ready(self.read_state()):
             return {**st, "already_running": True}
-        self.stop()  # clean up a half-dead previous start
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        port = self._port()
-        server = NatsServer(store_dir=naming.nats_store_dir(self.stage), port=port,
-                            log_file=self.logs_dir / "nats-server.log")
-        server.start(detach=True)
-        url = server.url
-        svc_log = self.logs_dir / "services.log"
-        with open(svc_log, "ab") as out:
-            svc = subprocess.Popen(
-                [sys.executable, "-m", "skypurza.cli.serve", "--nats", url, "--stage", self.stage,
-                 "--services", services],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        state = {
-            "nats_url": url,
-            "port": port,
-            "started_at": datetime.now(timezone.utc).isoformat(),
-            "processes": {
-                "nats-server": {"pid": server.process.pid if server.process else None,
-                                "log": str(self.logs_dir / "nats-server.log")},
-                "services": {"pid": svc.pid, "log": str(svc_log), "services": services},
-            },
-        }
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(self.state_file)
-        if wait:
-            self._wait_services_ready(svc, svc_log)
+        try:
+            with self._lock():
+                state = self.read_state()
+                sup = self._supervisor_pid(state)
+                if sup is not None:
+                    if wait:
+                        self._wait_ready(sup)
+                    return {**self.status(), "already_running": True}
+                self._kill_leftovers(state)
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                self.logs_dir.mkdir(parents=True, exist_ok=True)
+                self.state_file.unlink(missing_ok=True)
+                port = self._port()
+                sup_log = self.logs_dir / "supervisor.log"
+                with open(sup_log, "ab") as out:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", planeprocs.SUPERVISOR_MODULE, "--stage", self.stage,
+                         "--port", str(port), "--services", services,
+                         planeprocs.CONTROL_PLANE_FLAG, str(self.state_dir)],
+                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    )
+                self._wait_recorded(proc, sup_log)
+                if wait:
+                    self._wait_ready(proc.pid, proc)
+        except planelock.LockTimeout as exc:
+            raise ControlPlaneError(str(exc)) from None
         return {**self.status(), "already_running": False}
 
-    def _wait_services_ready(self, proc: subprocess.Popen, log_file: Path, timeout: float = 30.0) -> None:
+    @staticmethod
+    def _ready(state: dict[str, Any] | None) -> bool:
+        svc = ((state or {}).get("processes") or {}).get("services") or {}
+        return bool(svc.get("ever_ready"))
+
+    def _wait_recorded(self, proc: subprocess.Popen, log_file: Path, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
-                raise ControlPlaneError(f"the services process exited with {proc.returncode}:\n{tail}")
-            text = log_file.read_text(errors="replace") if log_file.exists() else ""
-            if "services ready" in text:
+            state = self.read_state()
+            if state and (state.get("supervisor") or {}).get("pid") == proc.pid:
                 return
-            time.sleep(0.05)
-        raise ControlPlaneError(f"the services did not report ready within {timeout:.0f}s; see {log_file}")
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"the control plane's supervisor exited with {proc.returncode}:\n"
+                                        + _tail(log_file))
+            time.sleep(0.02)
+        raise ControlPlaneError(f"the control plane's supervisor did not start within {timeout:.0f}s; see {log_file}")
 
-    def stop(self, timeout: float = 15.0) -> dict[str, Any]:
-        state = self.read_state() or {}
-        procs = state.get("processes") or {}
+    def _wait_ready(self, sup_pid: int, proc: subprocess.Popen | None = None) -> None:
+        """Until the services have said they are ready once (restarts are the supervisor's job)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            state = self.read_state()
+            if self._ready(state):
+                return
+            svc = ((state or {}).get("processes") or {}).get("services") or {}
+            if svc.get("restarts", 0) >= 2:
+                raise ControlPlaneError("the services process keeps exiting before it is ready:\n"
+                                        + _tail(self.logs_dir / "services.log"))
+            if (proc is not None and proc.poll() is not None) or not pid_alive(sup_pid):
+                raise ControlPlaneError("the control plane stopped while starting:\n"
+                                        + _tail(self.logs_dir / "services.log"))
+            time.sleep(0.03)
+        raise ControlPlaneError(f"the services did not report ready within {READY_TIMEOUT_S:.0f}s; "
+                                f"see {self.logs_dir / 'services.log'}")
+
+    def _kill_leftovers(self, state: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Every process of this stage's control plane, recorded or not: supervisor first (it stops
+        its children in order), then whatever is left; returns only when all are gone."""
+        url = (state or {}).get("nats_url")
+        found = planeprocs.find(self.state_dir, self._nats_conf(), self.stage, url)
+        order = {"supervisor": 0, "services": 1, "nats-server": 2}
         stopped = []
-        # Services first (they flush and ack), then the server.
-        for proc_name in ("services", "nats-server"):
-            pid = (procs.get(proc_name) or {}).get("pid")
-            if pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                deadline = time.monotonic() + timeout
-                while pid_alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if pid_alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-                    while pid_alive(pid):
-                        time.sleep(0.05)
-                stopped.append({"name": proc_name, "pid": pid})
-            _reap(pid)
-        if self.state_file.exists():
-            self.state_file.unlink()
+        for p in sorted(found, key=lambda p: order[p.role]):
+            _terminate(p.pid, STOP_TIMEOUT_S)
+            stopped.append({"name": p.role, "pid": p.pid})
+        # A process that raced past the scan (a child restarted at that moment) is caught here.
+        for p in planeprocs.find(self.state_dir, self._nats_conf(), self.stage, url):
+            if _terminate(p.pid, 5.0):
+                stopped.append({"name": p.role, "pid": p.pid})
+        return stopped
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> dict[str, Any]:
+        """Stop every process of the stage's control plane and return when they are gone.
+        Clusters (and their agents) are not touched."""
+        try:
+            with self._lock():
+                stopped = self._kill_leftovers(self.read_state())
+                self.state_file.unlink(missing_ok=True)
+        except planelock.LockTimeout as exc:
+            raise ControlPlaneError(str(exc)) from None
         return {"stage": self.stage, "stopped": stopped}
+
+    def restart(self, services: str = "all") -> dict[str, Any]:
+        self.stop()
+        return self.start(services=services)
 
     def ensure_url(self) -> str:
         """The NATS URL to talk to, starting the embedded control plane if needed."""
         external = load_config().nats_url
         if external:
             return external
+        state = self.read_state()
+        if state and state.get("nats_url") and self._supervisor_pid(state) is not None:
+            return state["nats_url"]
         st = self.start()
         return st["nats_url"]
+
+
+def _terminate(pid: int, timeout: float) -> bool:
+    """SIGTERM, then SIGKILL after `timeout`; True when the process was alive."""
+    if not pid_alive(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.02)
+    if pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill_deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < kill_deadline:
+            _reap(pid)
+            time.sleep(0.02)
+    _reap(pid)
+    return True
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError:
+        return ""
 
 
 def _reap(pid: int | None) -> None:
@@ -184,5 +289,10 @@ async def connect_bus(stage: str, source: str = "cli"):
     """A connected Bus for the CLI (the control plane is started on first use)."""
     from skypurza.events.bus import Bus
 
+    from .lostplane import PING_INTERVAL_S, bounded_connect, watch
+
     url = await asyncio.to_thread(ControlPlane(stage).ensure_url)
-    return await Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}")
+    # Bounded, then watched: a command never waits for ever on a control plane that is not
+    # there or is gone (cli/lostplane.py).
+    return watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",
+                                                   ping_interval=PING_INTERVAL_S), url))

@@ -3,7 +3,8 @@
 - `wait_for_job` follows a task's events (placement, capacity errors, provisioning) and its
   cluster's events until the task's job is queued, updating a status line;
 - `stream_job` prints a job's output (history, then live) until the job ends, and returns the
-  job as the log tells it. Lines are printed in the order the logs stream stored them.
+  job as the log tells it. Lines are printed in the order the logs stream stored them, each
+  chunk once (`ChunkFilter`).
 """
 
 from __future__ import annotations
@@ -29,20 +30,61 @@ class SubmissionFailed(Exception):
 
 @dataclass
 class LogLine:
-    seq: int
+    seq: int  # the logs stream's sequence
     ts: str
     rank: int
     stream: str
     line: str
+    offset: int | None = None  # where the chunk starts in its phase's output file
+    chunk_id: str | None = None  # its Nats-Msg-Id
+    where: str = ""  # cluster and job
 
 
 def parse_log(msg: Any) -> LogLine:
     try:
         body = json.loads(msg.data)
+        if not isinstance(body, dict):
+            raise ValueError("not an object")
     except ValueError:
         body = {"line": msg.data.decode(errors="replace")}
-    return LogLine(msg.metadata.sequence.stream, str(body.get("ts", "")), int(body.get("rank", 0) or 0),
-                   str(body.get("stream", "stdout")), str(body.get("line", "")))
+    offset = body.get("offset")
+    chunk_id = body.get("id")
+    try:
+        rank = int(body.get("rank", 0) or 0)
+    except (TypeError, ValueError):
+        rank = 0
+    return LogLine(msg.metadata.sequence.stream, str(body.get("ts", "")), rank,
+                   str(body.get("stream", "stdout")), str(body.get("line", "")),
+                   offset if isinstance(offset, int) and not isinstance(offset, bool) else None,
+                   chunk_id if isinstance(chunk_id, str) else None,
+                   f"{body.get('cluster', '')}/{body.get('job_id', '')}")
+
+
+class ChunkFilter:
+    """Each chunk of output once, even when the logs stream holds a copy: JetStream drops a
+    chunk sent again within the stream's duplicate window (by its Nats-Msg-Id); one sent later
+    (an agent that came back after a long outage re-sends from the offset it had recorded) is
+    dropped here. A phase's chunks are stored in the order of their offsets, so a chunk at or
+    before the last offset printed for its (cluster, job, rank, phase) is a copy; notices
+    without an offset are known by their id. Chunks from before chunks had ids always print."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int, str], int] = {}
+        self._ids: set[str] = set()
+
+    def fresh(self, line: LogLine) -> bool:
+        if line.offset is not None:
+            key = (line.where, line.rank, line.stream)
+            last = self._last.get(key)
+            if last is not None and line.offset <= last:
+                return False
+            self._last[key] = line.offset
+            return True
+        if line.chunk_id is not None:
+            if line.chunk_id in self._ids:
+                return False
+            self._ids.add(line.chunk_id)
+        return True
 
 
 def format_line(line: LogLine, num_nodes: int, timestamps: bool = False) -> str:
@@ -124,14 +166,23 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
                      follow: bool = True, tail: int = 0, timestamps: bool = False,
                      status: Callable[[str], None] | None = None) -> Job | None:
     """Print the job's output until it ends (or, without `follow`, what there is). Returns the job."""
+    if follow:
+        from . import lostplane
+
+        lostplane.still_running(f"job {job_id} keeps running on cluster {cluster_name}; "
+                                f"follow it with spz logs {cluster_name} {job_id}")
     cluster = await read_cluster(bus, cluster_name)
     job = cluster.jobs.get(job_id)
     nodes = job.num_nodes if job else 1
     subject = naming.logs_subject_filter(bus.stage, cluster_name, job_id)
+    chunks = ChunkFilter()
     history: list[LogLine] = []
+    last = 0
     async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject):
-        history.append(parse_log(msg))
-    last = history[-1].seq if history else 0
+        line = parse_log(msg)
+        last = line.seq
+        if chunks.fresh(line):
+            history.append(line)
     for line in (history[-tail:] if tail > 0 else history):
         print_line(format_line(line, nodes, timestamps))
     if not follow or job is None or job.terminal:
@@ -168,7 +219,8 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
             if line.seq <= last:
                 continue
             last = line.seq
-            print_line(format_line(line, nodes, timestamps))
+            if chunks.fresh(line):
+                print_line(format_line(line, nodes, timestamps))
 
     if status is not None and job is not None:
         status(_job_status_text(job))
@@ -185,7 +237,8 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
         line = parse_log(msg)
         if line.seq > last:
             last = line.seq
-            print_line(format_line(line, nodes, timestamps))
+            if chunks.fresh(line):
+                print_line(format_line(line, nodes, timestamps))
     return cluster.jobs.get(job_id)
 
 

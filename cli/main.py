@@ -14,7 +14,28 @@ import typer
 
 from .context import settings
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """The app, with a last line of defence: an exception no command handled is one line on
+    stderr and an exit code (cli/lostplane.py `top_level_error`), never a traceback.
+    SKYPURZA_DEBUG=1 shows the traceback."""
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            import os
+
+            if os.environ.get("SKYPURZA_DEBUG"):
+                raise
+            from .context import error_line
+            from .lostplane import top_level_error
+
+            code, message = top_level_error(exc)
+            raise SystemExit(error_line(message, code).exit_code) from None
+
+
+app = _App(
     name="spz",
     help="SkyPurza: run SkyPilot task YAMLs on the cheapest place with capacity; an event-sourced control plane.",
     no_args_is_help=True,

@@ -13,10 +13,14 @@ import importlib
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
+from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.service import ServiceRunner
+
+from .health import HealthRecorder
 
 SERVICES: dict[str, str] = {
     "optimizer": "skypurza.services.optimizer.service:OptimizerService",
@@ -26,6 +30,8 @@ SERVICES: dict[str, str] = {
 }
 
 log = logging.getLogger("skypurza.serve")
+
+HEALTHY_RUN_S = 60.0  # a service that ran this long before it died restarts after the first back-off step
 
 
 def parse_services(text: str) -> list[str]:
@@ -45,11 +51,14 @@ def load_service(name: str) -> Any:
 
 
 async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | None = None,
-                ready: asyncio.Event | None = None, explicit: bool = True) -> None:
+                ready: asyncio.Event | None = None, explicit: bool = True,
+                health_file: Path | None = None) -> None:
     """Run the named services until `stop` is set. Each is supervised on its own: one that dies
     is logged and restarted with back-off (a fresh instance: state comes from the log), and the
-    others go on — a broken ledger file must not stop the provisioner."""
+    others go on — a broken ledger file must not stop the provisioner. With `health_file`, each
+    service's health (running, restarting, restarts, last error) is kept there (cli/health.py)."""
     stop = stop or asyncio.Event()
+    health = HealthRecorder(health_file)
     bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/serve")
     started: list[str] = []
     for name in names:
@@ -61,7 +70,7 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
             log.warning("service %s is not available in this build (%s); skipped", name, exc)
             continue
         started.append(name)
-    tasks = [asyncio.create_task(_supervise(bus, name, stop), name=name) for name in started]
+    tasks = [asyncio.create_task(_supervise(bus, name, stop, health), name=name) for name in started]
     log.info("services ready: %s", ", ".join(started))
     if ready:
         ready.set()
@@ -74,17 +83,26 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     await bus.close()
 
 
-async def _supervise(bus: Bus, name: str, stop: asyncio.Event) -> None:
+async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRecorder | None = None) -> None:
+    health = health or HealthRecorder(None)
     delay = 1.0
     while not stop.is_set():
-        svc = load_service(name)
         runner: ServiceRunner | None = None
-        if hasattr(svc, "run") and not hasattr(svc, "handle"):
-            job = asyncio.create_task(svc.run(bus, stop))
+        try:
+            svc = load_service(name)
+        except Exception as exc:  # its settings cannot be read: a failure like any other
+            svc = None
+            job: asyncio.Future = asyncio.get_running_loop().create_future()
+            job.set_exception(exc)
         else:
-            runner = ServiceRunner(bus, svc)
-            job = asyncio.create_task(runner.run())
+            if hasattr(svc, "run") and not hasattr(svc, "handle"):
+                job = asyncio.create_task(svc.run(bus, stop))
+            else:
+                runner = ServiceRunner(bus, svc)
+                job = asyncio.create_task(runner.run())
         log.info("service %s started", name)
+        health.started(name)
+        began = asyncio.get_running_loop().time()
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([job, stopper], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
@@ -95,10 +113,14 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event) -> None:
             except BaseException:  # shutting down: whatever it raised is moot
                 job.cancel()
             await _close(svc)
+            health.stopped(name)
             return
         stopper.cancel()
         exc = job.exception() if not job.cancelled() else None
         await _close(svc)  # its background loops must not outlive it next to the new instance
+        if asyncio.get_running_loop().time() - began >= HEALTHY_RUN_S:
+            delay = 1.0  # it ran well for a while: this is a new failure, not the same crash loop
+        health.died(name, exc)
         log.error("service %s stopped unexpectedly (%r); restarting in %.0fs", name, exc, delay)
         try:
             await asyncio.wait_for(stop.wait(), delay)
@@ -124,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nats", required=True)
     p.add_argument("--stage", default="dev")
     p.add_argument("--services", default="all")
+    # Only a marker: it lets `spz api stop` recognise this process as its stage's (cli/planeprocs.py).
+    p.add_argument("--control-plane", default=None, help="the stage's state directory (set by the supervisor)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -137,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.nats, args.stage, names, stop, explicit=args.services != "all")
+        await serve(args.nats, args.stage, names, stop, explicit=args.services != "all",
+                    health_file=naming.services_health_file(args.stage))
 
     asyncio.run(run())
     return 0

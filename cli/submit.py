@@ -20,7 +20,18 @@ NAME_RE = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 
 
 class SubmitError(Exception):
-    """Bad input from the user: printed as is, exit 1."""
+    """Bad input from the user: printed as is, exit 1 (2: only command-line flags are at fault)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _from_spec_error(exc: Any) -> SubmitError:
+    from skypurza.events.taskspec.overrides import COMMAND_LINE
+
+    usage = all(p.file == COMMAND_LINE for p in exc.problems)
+    return SubmitError(str(exc), code=2 if usage else 1)
 
 
 def load_task(entrypoint: list[str], overrides: Any) -> Any:
@@ -42,7 +53,7 @@ def load_task(entrypoint: list[str], overrides: Any) -> Any:
             return apply_overrides(loaded.tasks[0], overrides)
         return task_from_command(text, overrides)
     except TaskSpecError as exc:
-        raise SubmitError(str(exc)) from None
+        raise _from_spec_error(exc) from None
 
 
 def _local_source(value: Any) -> bool:

@@ -20,6 +20,10 @@ class AgentSpec:
     num_nodes: int
     # Internal IPs of every node, in rank order (rank 0 = head): SKYPILOT_NODE_IPS.
     node_ips: tuple[str, ...] = ()
+    # ... or a file holding them, one a line: a gang of N local nodes shares one file instead of
+    # carrying N IPs in each of N command lines (memory and cluster.json quadratic in N).
+    # `from_argv` reads it, so the agent sees `node_ips` either way.
+    node_ips_file: str = ""
     instance_id: str = ""
     infra: str = "local"  # "local" or "aws"
     region: str | None = None
@@ -31,8 +35,12 @@ class AgentSpec:
 
     def to_argv(self) -> list[str]:
         argv = ["--nats", self.nats_url, "--stage", self.stage, "--cluster", self.cluster,
-                "--rank", str(self.rank), "--num-nodes", str(self.num_nodes),
-                "--node-ips", ",".join(self.node_ips), "--infra", self.infra]
+                "--rank", str(self.rank), "--num-nodes", str(self.num_nodes)]
+        if self.node_ips_file:
+            argv += ["--node-ips-file", self.node_ips_file]
+        else:
+            argv += ["--node-ips", ",".join(self.node_ips)]
+        argv += ["--infra", self.infra]
         if self.instance_id:
             argv += ["--instance-id", self.instance_id]
         if self.region:
@@ -58,6 +66,7 @@ class AgentSpec:
         p.add_argument("--rank", required=True, type=int)
         p.add_argument("--num-nodes", required=True, type=int)
         p.add_argument("--node-ips", default="")
+        p.add_argument("--node-ips-file", default="")
         p.add_argument("--infra", default="local")
         p.add_argument("--instance-id", default="")
         p.add_argument("--region", default=None)
@@ -69,7 +78,11 @@ class AgentSpec:
     @classmethod
     def from_argv(cls, argv: list[str]) -> "AgentSpec":
         a = cls.parser().parse_args(argv)
+        ips = a.node_ips.split(",")
+        if a.node_ips_file:
+            with open(a.node_ips_file, encoding="utf-8") as f:
+                ips = f.read().split()
         return cls(nats_url=a.nats_url, stage=a.stage, cluster=a.cluster, rank=a.rank, num_nodes=a.num_nodes,
-                   node_ips=tuple(x for x in a.node_ips.split(",") if x), instance_id=a.instance_id,
+                   node_ips=tuple(x for x in ips if x), node_ips_file=a.node_ips_file, instance_id=a.instance_id,
                    infra=a.infra, region=a.region, zone=a.zone, home=a.home,
                    extra=dict(kv.split("=", 1) for kv in a.extra))

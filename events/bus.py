@@ -9,18 +9,23 @@ What it adds to nats-py (see ../shared/reference/jetstream-facts.md for why each
 - ordered replay from a sequence or a time up to the current end (`replay`), and live follow;
 - the last event on a subject filter (for optimistic concurrency and id allocation);
 - the secrets KV bucket (secrets never enter the immutable log);
-- request-reply queries (the ledger answers `spz status` this way).
+- request-reply queries (the ledger answers `spz status` this way);
+- job output as numbered chunks with a de-duplication id (`publish_log`, `log_chunk_id`);
+- how long the connection has been down (`unreachable_for`), so a CLI command can give up on a
+  lost control plane instead of waiting for ever.
 Durable consumers with retries and dead letters live in `events.service`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
 
@@ -36,10 +41,28 @@ from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, 
 log = logging.getLogger("skypurza.bus")
 
 DUPLICATE_WINDOW_S = 300.0
+# The logs stream's de-duplication window: longer than everything one agent process does to get
+# one chunk stored (its retries, and nats-py's resend of what it buffered while disconnected),
+# see services/agent/agent.py `log_retry_horizon_s`. A copy sent later than that (an agent that
+# came back after a long outage) is dropped by the readers (cli/jobwatch.py `ChunkFilter`).
+LOGS_DUPLICATE_WINDOW_S = 300.0
 LOGS_MAX_AGE_S = 30 * 24 * 3600.0
 LOGS_MAX_BYTES = 2 * 1024**3
 SECRETS_TTL_S = 30 * 24 * 3600.0
 WRONG_LAST_SEQUENCE = 10071
+
+
+def log_chunk_id(cluster: str, job_id: int | str, rank: int, stream: str, seq: int | None,
+                 offset: int | None, line: str = "") -> str:
+    """The Nats-Msg-Id of one chunk of job output. From where the chunk is (job, rank, phase,
+    its number and byte offset in the phase's output file), never from when it was sent: an
+    agent that sends it again, the same process or a restarted one, derives the same id. Job ids
+    are never reused on a cluster name (events/jobqueue.py), so neither are these. Notices
+    without an offset (the agent's own lines) are identified by their text."""
+    where = f"{cluster}.{job_id}.{rank}.{stream}"
+    if offset is None:
+        return f"log.{where}.h{hashlib.sha256(line.encode()).hexdigest()[:32]}"
+    return f"log.{where}.{seq if seq is not None else '-'}.{offset}"
 
 
 class ConcurrencyConflict(Exception):
@@ -100,17 +123,25 @@ class Bus:
         self.logs_stream = naming.logs_stream(stage)
         self.dlq_stream = naming.dead_letter_stream(stage)
         self._reconnected: list[Callable[[], Awaitable[None]]] = []
+        self.disconnected_at: float | None = None  # time.monotonic() when the connection was lost
 
     # ------------------------------------------------------------ connection
 
     @classmethod
     async def connect(cls, url: str, stage: str, *, source: str, ensure: bool = True,
-                      connect_timeout: float = 5.0, max_reconnect_attempts: int = -1) -> "Bus":
+                      connect_timeout: float = 5.0, max_reconnect_attempts: int = -1,
+                      ping_interval: float = 120.0) -> "Bus":
         holder: dict[str, Bus] = {}
+
+        async def on_disconnect() -> None:
+            bus = holder.get("bus")
+            if bus and bus.disconnected_at is None:
+                bus.disconnected_at = time.monotonic()
 
         async def on_reconnect() -> None:
             bus = holder.get("bus")
             if bus:
+                bus.disconnected_at = None
                 for cb in list(bus._reconnected):
                     try:
                         await cb()
@@ -127,7 +158,9 @@ class Bus:
             reconnect_time_wait=0.5,
             max_reconnect_attempts=max_reconnect_attempts,
             reconnected_cb=on_reconnect,
+            disconnected_cb=on_disconnect,
             error_cb=on_error,
+            ping_interval=ping_interval,
             pending_size=64 * 1024 * 1024,
         )
         bus = cls(nc, stage, source)
@@ -144,14 +177,27 @@ class Bus:
         if cb in self._reconnected:
             self._reconnected.remove(cb)
 
+    def unreachable_for(self) -> float:
+        """Seconds since the connection to the server was lost (0.0 while connected; infinite
+        once the client gave up and closed)."""
+        if self.nc.is_closed:
+            return float("inf")
+        if self.disconnected_at is None:
+            return 0.0
+        return time.monotonic() - self.disconnected_at
+
     async def close(self) -> None:
         # Not drain(): draining idle pull subscriptions waits out its 30 s timeout. Everything we
         # publish is awaited (acked) already, so a flush and close lose nothing.
+        if self.nc.is_connected:  # a flush while reconnecting would wait out its timeout
+            try:
+                await self.nc.flush(timeout=2)
+            except Exception:
+                pass
         try:
-            await self.nc.flush(timeout=2)
-        except Exception:
+            await self.nc.close()
+        except (ConnectionError, OSError, nats.errors.Error):  # the server went away first
             pass
-        await self.nc.close()
 
     # ------------------------------------------------------------ streams
 
@@ -175,8 +221,9 @@ class Bus:
             storage=api.StorageType.FILE,
             max_age=LOGS_MAX_AGE_S,
             max_bytes=LOGS_MAX_BYTES,
+            duplicate_window=LOGS_DUPLICATE_WINDOW_S,
             allow_direct=True,
-        ))
+        ), widen_duplicate_window=True)
         await self._ensure(api.StreamConfig(
             name=self.dlq_stream,
             subjects=[f"{naming.subject_prefix(self.stage)}.dlq.>"],
@@ -185,9 +232,16 @@ class Bus:
             deny_delete=True,
         ))
 
-    async def _ensure(self, cfg: api.StreamConfig) -> None:
+    async def _ensure(self, cfg: api.StreamConfig, *, widen_duplicate_window: bool = False) -> None:
         try:
-            await self.js.stream_info(cfg.name)
+            info = await self.js.stream_info(cfg.name)
+            if widen_duplicate_window and cfg.duplicate_window and \
+                    (info.config.duplicate_window or 0) < cfg.duplicate_window:
+                # A stream an older version made with a shorter window (the server's 2 minutes).
+                try:
+                    await self.js.update_stream(replace(info.config, duplicate_window=cfg.duplicate_window))
+                except APIError as exc:
+                    log.warning("cannot widen the duplicate window of %s: %s", cfg.name, exc)
         except NotFoundError:
             try:
                 await self.js.add_stream(cfg)
@@ -377,7 +431,7 @@ class Bus:
                 await self._delete_consumer(stream, cfg.name)
 
     async def _delete_consumer(self, stream: str, name: str | None) -> None:
-        if not name or self.nc.is_closed:
+        if not name or not self.nc.is_connected:  # closed, or reconnecting: it expires by itself
             return
         try:
             await self.js.delete_consumer(stream, name)
@@ -387,10 +441,25 @@ class Bus:
     # ------------------------------------------------------------ logs stream
 
     async def publish_log(self, cluster: str, job_id: int | str, rank: int, line: str, *,
-                          stream_name: str = "stdout", ts: datetime | None = None) -> None:
-        body = json.dumps({"ts": (ts or datetime.now(timezone.utc)).isoformat(), "cluster": cluster,
-                           "job_id": job_id, "rank": rank, "stream": stream_name, "line": line})
-        await self.js.publish(naming.log_subject(self.stage, cluster, job_id, rank), body.encode())
+                          stream_name: str = "stdout", ts: datetime | None = None, seq: int | None = None,
+                          offset: int | None = None, msg_id: str | None = None,
+                          timeout: float | None = None) -> api.PubAck:
+        """One chunk of a job's output: `seq` is its number in the (job, rank, phase) output and
+        `offset` its byte offset in the phase's output file. With either (or `msg_id`) it carries
+        a Nats-Msg-Id (`log_chunk_id`), so a chunk sent again is stored once."""
+        chunk: dict[str, Any] = {"ts": (ts or datetime.now(timezone.utc)).isoformat(), "cluster": cluster,
+                                 "job_id": job_id, "rank": rank, "stream": stream_name, "line": line}
+        if seq is not None:
+            chunk["seq"] = seq
+        if offset is not None:
+            chunk["offset"] = offset
+        if msg_id is None and (seq is not None or offset is not None):
+            msg_id = log_chunk_id(cluster, job_id, rank, stream_name, seq, offset, line)
+        if msg_id:
+            chunk["id"] = msg_id  # readers drop a copy stored after the window (cli/jobwatch.py)
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        return await self.js.publish(naming.log_subject(self.stage, cluster, job_id, rank),
+                                     json.dumps(chunk).encode(), timeout=timeout, headers=headers)
 
     # ------------------------------------------------------------ secrets (outside the log)
 

@@ -1,7 +1,7 @@
 """Events of the `cluster` aggregate (keyed by cluster name): lifecycle, health, usage.
 
 Emitted by: the provisioner (ClusterProvisioned, ClusterStopped, ClusterStarted,
-ClusterTerminated, OrphanFound), the CLI (DownRequested, StopRequested, StartRequested,
+ClusterTerminated, OrphanFound, CleanupFailed), the CLI (DownRequested, StopRequested, StartRequested,
 AutostopSet), the agent (NodeReady, ClusterIdle), the recovery service (SpotPreempted, NodeLost),
 the ledger's meter (UsageRecorded).
 """
@@ -135,6 +135,27 @@ class OrphanFound(_ClusterEvent):
     region: str
     action: Literal["reported", "terminated"] = "reported"
     detail: str = ""
+
+
+@register
+class CleanupFailed(_ClusterEvent):
+    """A warning: a secondary resource (security group, key pair, placement group) could not be
+    released after the nodes were gone. Never keeps a cluster alive: a teardown's warnings come
+    just before its ClusterTerminated, which follows whatever happens. Retried in the background
+    with back-off while `will_retry`. `cluster` is the cluster whose teardown found it, or '?' for
+    the background sweep."""
+
+    EVENT_NAME = "cleanup_failed"
+    infra: str = "aws"
+    region: str
+    resource_type: str  # security-group | key-pair | placement-group | instances (the listing)
+    resource: str  # its name; "*" when listing that kind of resource failed
+    resource_id: str = ""
+    code: str
+    message: str = ""
+    attempt: int = 1
+    will_retry: bool = True  # False: given up (not implemented there, or the attempts are used up)
+    failed_at: datetime
 
 
 @register

@@ -35,6 +35,8 @@ ROLES: dict[str, tuple[str, str]] = {
     "spot_preempted": ("recovery", "recovery (recovers managed jobs); ledger"),
     "node_lost": ("recovery", "recovery; ledger"),
     "orphan_found": ("provisioner (reconciliation)", "ledger (audit); operators"),
+    "cleanup_failed": ("provisioner (teardown, background cleanup sweep)",
+                       "provisioner (bounded retries with back-off); CLI (`spz down` warns, exit 3); operators"),
     "usage_recorded": ("ledger (meter)", "ledger (usage, showback, settlement)"),
     "job_queued": ("provisioner (first job), CLI (`spz exec`, relaunch)", "agents; ledger (jobs)"),
     "job_started": ("head agent", "ledger; CLI"),
@@ -82,6 +84,11 @@ def render() -> str:
         "(one aggregate's history is one wildcard) with `Nats-Msg-Id` = the event id. An event published",
         "in reaction to another has an id derived from the cause's id and the handler's name.",
         "`spz events schema` prints the JSON Schema of each.",
+        "",
+        "Models are lenient (old events stay readable), so a consumer checks the values it acts on. An event",
+        "a service cannot apply (unreadable, or its handler, reducer or view raises on it) is parked on",
+        "`skypurza.<stage>.dlq.<service>` in the dead-letter stream with the error's type and message, and",
+        "the service goes on; `spz events dlq` lists them (see DESIGN.md, Consumers).",
         "",
     ]
     by_agg: dict[str, list[Any]] = {}

@@ -161,6 +161,30 @@ def nats_store_dir(stage: str) -> Path:
     return state_dir(stage) / "jetstream"
 
 
+def control_state_file(stage: str) -> Path:
+    """What the embedded control plane runs where (written by its supervisor)."""
+    return state_dir(stage) / "api.json"
+
+
+def control_lock_file(stage: str) -> Path:
+    """Held exclusively while the stage's control plane is started, stopped or restarted."""
+    return state_dir(stage) / "control.lock"
+
+
+def nats_port_file(stage: str) -> Path:
+    """The stage's NATS port, chosen once (local agents reconnect to it after a restart)."""
+    return state_dir(stage) / "nats.port"
+
+
+def control_logs_dir(stage: str) -> Path:
+    return state_dir(stage) / "logs"
+
+
+def services_health_file(stage: str) -> Path:
+    """Per-service health of the stage's services process (written by its supervisor, cli/serve.py)."""
+    return state_dir(stage) / "services.health.json"
+
+
 def ssh_key_file(stage: str, region: str) -> Path:
     """Private key of the stage's EC2 key pair in one region (key pairs are regional)."""
     return state_dir(stage) / "keys" / f"{key_pair(stage)}.{_cloud_part(region)}.pem"

@@ -8,7 +8,10 @@ that takes one stored event and returns the events to publish in reaction. The r
 - on a handler error, naks with back-off; on the last allowed delivery, parks the message on the
   dead-letter stream with the error and terminates it: the consumer goes on;
 - skips (acks) unknown event types with a warning, holds newer versions (nak with a long delay),
-  parks poison payloads at once;
+  parks poison payloads (and messages it cannot read at all) at once;
+- never lets one message stop the consumer: whatever else fails while settling a message (an
+  ack, a park while the bus is away) is logged and the message comes back after `ack_wait`.
+  Dead letters are written by `events.deadletters.park`, the one place every consumer uses;
 - recreates its pull subscription after a reconnect (nats-py loses them on a server restart).
 
 Concurrency (opt-in): a service whose handler can be slow (a launch takes minutes) sets
@@ -27,13 +30,14 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol, Sequence
 
 import nats
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
-from . import naming
+from . import deadletters, naming
 from .bus import Bus, Stored, stored_from_msg
 from .envelope import Event
 
@@ -163,7 +167,12 @@ class ServiceRunner:
                 await asyncio.sleep(0.5)
                 await self._safe_resubscribe()
                 continue
-            await self.process(msgs)
+            try:
+                await self.process(msgs)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # unacked messages come back after ack_wait; the consumer goes on
+                log.exception("%s: processing a batch failed", self.service.name)
 
     async def _safe_resubscribe(self) -> None:
         try:
@@ -184,7 +193,7 @@ class ServiceRunner:
 
     def _dispatch(self, msg: Any) -> None:
         """Concurrent mode: start handling `msg` after the previous message with its key."""
-        stored = stored_from_msg(msg)
+        stored = read_stored(msg)
         key = ""
         if stored.status == "ok":
             try:
@@ -214,7 +223,19 @@ class ServiceRunner:
             keepalive.cancel()
 
     async def _process_one(self, msg: Any, stored: Stored | None = None) -> None:
-        stored = stored or stored_from_msg(msg)
+        """Handle one message; nothing it raises leaves here (one bad message never stops the
+        consumer): handler errors are retried and parked, anything else is logged and the
+        message left unacked, to come back after `ack_wait`."""
+        try:
+            await self._process_one_unguarded(msg, stored)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+            log.exception("%s: could not settle a message (left for redelivery)", self.service.name)
+
+    async def _process_one_unguarded(self, msg: Any, stored: Stored | None = None) -> None:
+        stored = stored or read_stored(msg)
         self.stats.last_seq = max(self.stats.last_seq, stored.seq)
         if stored.status == "unknown":
             log.warning("%s: skipping %s at seq %d", self.service.name, stored.reason, stored.seq)
@@ -237,7 +258,7 @@ class ServiceRunner:
             self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
             delivered = msg.metadata.num_delivered
             if delivered >= self.max_deliver:
-                await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
+                await self.park(msg, stored, exc)
             else:
                 log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name,
                             stored.seq, delivered, exc)
@@ -263,27 +284,27 @@ class ServiceRunner:
         reactions are stored, so a crash in between only means a redelivery (same derived ids)."""
         pending: list[tuple[Any, Stored, list[tuple[Any, Any]]]] = []
         for msg in msgs:
-            stored = stored_from_msg(msg)
+            stored = read_stored(msg)
             if stored.status != "ok":
                 await self._process_one(msg, stored)
                 continue
             self.stats.last_seq = max(self.stats.last_seq, stored.seq)
+            futures: list[tuple[Any, Any]] = []
             try:
                 out = await self.service.handle(stored)
+                for item in out:
+                    emit = item if isinstance(item, Emit) else Emit(item)
+                    env = self.bus.envelope(emit.event, cause=stored.envelope, handler=self.service.name,
+                                            key=emit.key or emit.event.EVENT_NAME)
+                    if emit.expected_last_seq is not None:
+                        await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
+                        continue
+                    fut = await self.bus.js.publish_async(self.bus.subject_of(env), env.to_json(),
+                                                          headers={"Nats-Msg-Id": env.id})
+                    futures.append((env, fut))
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
-            futures: list[tuple[Any, Any]] = []
-            for item in out:
-                emit = item if isinstance(item, Emit) else Emit(item)
-                env = self.bus.envelope(emit.event, cause=stored.envelope, handler=self.service.name,
-                                        key=emit.key or emit.event.EVENT_NAME)
-                if emit.expected_last_seq is not None:
-                    await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
-                    continue
-                fut = await self.bus.js.publish_async(self.bus.subject_of(env), env.to_json(),
-                                                      headers={"Nats-Msg-Id": env.id})
-                futures.append((env, fut))
             pending.append((msg, stored, futures))
         for msg, stored, futures in pending:
             try:
@@ -296,15 +317,25 @@ class ServiceRunner:
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
-            await msg.ack()
+            try:
+                await msg.ack()
+            except Exception as exc:  # redelivered later: its reactions are de-duplicated
+                log.warning("%s: ack of seq %d failed: %s", self.service.name, stored.seq, exc)
+                continue
             self.stats.handled += 1
 
     async def _handler_failed(self, msg: Any, stored: Stored, exc: Exception) -> None:
+        try:
+            await self._handler_failed_unguarded(msg, stored, exc)
+        except Exception as inner:  # parking or nak'ing failed (the bus is away): it comes back
+            log.warning("%s: could not park or nak seq %d: %s", self.service.name, stored.seq, inner)
+
+    async def _handler_failed_unguarded(self, msg: Any, stored: Stored, exc: Exception) -> None:
         self.stats.failed += 1
         self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
         delivered = msg.metadata.num_delivered
         if delivered >= self.max_deliver:
-            await self.park(msg, stored, f"{type(exc).__name__}: {exc}")
+            await self.park(msg, stored, exc)
         else:
             log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name, stored.seq,
                         delivered, exc)
@@ -319,32 +350,32 @@ class ServiceRunner:
             await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
             self.stats.published += 1
 
-    async def park(self, msg: Any, stored: Stored, error: str) -> None:
+    async def park(self, msg: Any, stored: Stored, error: BaseException | str) -> None:
         """Dead letter: the original bytes plus why, on the DLQ stream; then terminate it."""
         self.stats.parked += 1
-        headers = {
-            "Skypurza-Error": error[:1000],
-            "Skypurza-Service": self.service.name,
-            "Skypurza-Stream-Seq": str(stored.seq),
-            "Skypurza-Subject": stored.subject,
-            "Nats-Msg-Id": f"dlq-{self.service.name}-{stored.seq}",
-        }
-        log.error("%s: parked seq %d: %s", self.service.name, stored.seq, error)
-        await self.bus.js.publish(naming.dead_letter_subject(self.bus.stage, self.service.name), stored.raw,
-                                  headers=headers)
+        await deadletters.park(self.bus, self.service.name, seq=stored.seq, subject=stored.subject,
+                               raw=stored.raw, error=error,
+                               error_type="PoisonEvent" if stored.status == "poison" else None)
         await msg.term()
 
 
+def read_stored(msg: Any) -> Stored:
+    """`stored_from_msg`, except that a message it cannot read at all (an upcaster that raises,
+    a reply subject it cannot parse) is a poison message to park, not an exception."""
+    try:
+        return stored_from_msg(msg)
+    except Exception as exc:
+        try:
+            seq = int(msg.metadata.sequence.stream)
+        except Exception:
+            seq = 0
+        return Stored(seq, getattr(msg, "subject", "") or "", datetime.now(timezone.utc), None, None, "poison",
+                      f"unreadable: {type(exc).__name__}: {exc}", getattr(msg, "data", b"") or b"")
+
+
 async def dead_letters(bus: Bus, service: str | None = None) -> list[dict[str, Any]]:
-    """What has been parked (for tests, `spz events dlq` and operators)."""
-    subject = naming.dead_letter_subject(bus.stage, service) if service else f"{naming.subject_prefix(bus.stage)}.dlq.>"
-    out = []
-    async for msg in bus.replay_raw(filter_subject=subject, stream=bus.dlq_stream):
-        h = msg.headers or {}
-        out.append({"service": h.get("Skypurza-Service"), "error": h.get("Skypurza-Error"),
-                    "stream_seq": int(h.get("Skypurza-Stream-Seq", "0")), "subject": h.get("Skypurza-Subject"),
-                    "payload": msg.data.decode(errors="replace")})
-    return out
+    """What has been parked (kept here for callers of the old place; see events.deadletters)."""
+    return await deadletters.dead_letters(bus, service)
 
 
 async def run_services(bus: Bus, services: list[Service], stop: asyncio.Event | None = None) -> None:

@@ -89,6 +89,8 @@ CASES = [
     ("InvalidPlacementGroup.Unknown", 400, K.INVALID, S.REQUEST),
     ("InvalidAMIID.Malformed", 400, K.INVALID, S.REQUEST),
     ("VPCIdNotSpecified", 400, K.INVALID, S.REGION),
+    ("NotImplemented", 501, K.UNSUPPORTED, S.REQUEST),
+    ("InvalidAction", 400, K.UNSUPPORTED, S.REQUEST),
 ]
 
 
@@ -196,3 +198,27 @@ def test_provision_error_class_follows_the_kind() -> None:
         assert isinstance(err(kind), TransientProvisionError)
     e = provision_error(Failure(K.AUTH, S.CLOUD, "UnauthorizedOperation", "no", "grant it"), region="eu-west-1")
     assert str(e) == "UnauthorizedOperation: no (grant it)" and e.region == "eu-west-1" and e.code == "UnauthorizedOperation"
+
+
+# What a bare `moto_server` (5.x) sends for an EC2 action it does not implement, as botocore's
+# ResponseParserError quotes it (the live answer is checked in tests/test_teardown_bare_moto.py).
+MOTO_NOT_IMPLEMENTED = (
+    "Unable to parse response (syntax error: line 1, column 0), invalid XML received. Further retries may succeed:\n"
+    "b'<!doctype html>\\n<html lang=en>\\n<title>500 Internal Server Error</title>\\n<h1>Internal Server Error</h1>"
+    "\\n<p>The server encountered an internal error and was unable to complete your request.</p>\\n'"
+)
+
+
+def test_not_implemented_is_classified_and_never_retried() -> None:
+    failure = aws_errors.classify_unparsed(MOTO_NOT_IMPLEMENTED, emulator=True)
+    assert failure is not None and failure.code == aws_errors.NOT_IMPLEMENTED
+    assert (failure.kind, failure.scope) == (K.UNSUPPORTED, S.REQUEST) and aws_errors.not_implemented(failure)
+    assert "emulator" in failure.hint
+    # From AWS itself an HTML page is not a verdict on the operation: stays transient (None).
+    assert aws_errors.classify_unparsed(MOTO_NOT_IMPLEMENTED, emulator=False) is None
+    assert aws_errors.classify_unparsed("Unable to parse response: truncated <Response>", emulator=True) is None
+    # HTTP 501 means "not implemented" wherever it comes from.
+    assert aws_errors.classify_unparsed("", http_status=501) is not None
+    assert aws_errors.should_retry(None, 501) is False and aws_errors.should_retry("NotImplemented", 501) is False
+    assert aws_errors.not_implemented(aws_errors.classify("InvalidAction")) is True
+    assert aws_errors.not_implemented(aws_errors.classify("InternalError")) is False

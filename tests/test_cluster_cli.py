@@ -213,7 +213,7 @@ def test_bad_input_is_explained(cli_env, tmp_path: Path) -> None:
     r = spz(cli_env, "launch", "-y", "--workdir", str(tmp_path / "missing"), "echo hi")
     assert r.returncode == 1 and "does not exist" in r.stderr
     r = spz(cli_env, "launch", "-y", "-c", "-bad", "echo hi")
-    assert r.returncode == 1 and "invalid cluster name" in r.stderr
+    assert r.returncode == 2 and "invalid cluster name" in r.stderr  # a usage error, before anything runs
     r = spz(cli_env, "exec", "nosuch", "echo hi")
     assert r.returncode == 1 and "cluster nosuch does not exist" in r.stderr
     r = spz(cli_env, "autostop", "nosuch")

@@ -3,10 +3,11 @@ costs of the intervals add up to the cost of the whole lifetime."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from skypurza.services.ledger.metering import (
@@ -203,6 +204,7 @@ def test_instance_tres() -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@example(start_us=0, tick_s=1, life_ticks=1.0, price=0, wake_fracs=[1.0], limit=None)
 @given(
     start_us=st.integers(0, 3 * 86_400_000_000),
     tick_s=st.sampled_from([1, 7, 60, 90, 300, 3600, 5 * 3600]),
@@ -244,8 +246,34 @@ def test_intervals_tile_the_lifetime_and_costs_sum_exactly(
     assert sum(i.cost_micros for i in log) == cumulative_cost_micros(price, life)
     units = [interval_billing_seconds(13, start, i.start, i.end) for i in log]
     assert sum(units) == 13 * (life // timedelta(microseconds=1)) // 1_000_000
-    # Restarts change nothing: an uninterrupted meter records the very same intervals.
-    assert log == run_meter(n, [], stop, tick, None)
+    # Restarts change nothing: an uninterrupted meter records the very same intervals, except
+    # that a meter which woke exactly at the stop (a tick boundary) before it learnt of the stop
+    # closes with a zero-length final interval (metering.next_intervals documents it) where the
+    # uninterrupted one marks its last interval final.
+    assert _closed(log) == _closed(run_meter(n, [], stop, tick, None))
+
+
+def _closed(log: list[MeterInterval]) -> list[MeterInterval]:
+    """The log with a zero-length closing marker folded into the interval before it."""
+    if len(log) > 1 and log[-1].final and log[-1].start == log[-1].end:
+        return log[:-2] + [replace(log[-2], final=True)]
+    return log
+
+
+def test_a_wake_up_exactly_at_the_stop_closes_with_a_zero_length_final_interval() -> None:
+    """Hypothesis's counterexample (start_us=0, tick_s=1, life_ticks=1.0, price=0, wake_fracs=[1.0]),
+    kept as an explicit case: the meter recorded [start, stop) as an ordinary tick before it
+    learnt of the stop, so the stop adds only the zero-length final marker."""
+    start = datetime(2026, 11, 29, tzinfo=UTC)
+    tick = timedelta(seconds=1)
+    stop = start + tick
+    n = node(start=start, price=0)
+    woke = run_meter(n, [stop], stop, tick, None)
+    assert [(i.start, i.end, i.final) for i in woke] == [(start, stop, False), (stop, stop, True)]
+    assert sum(i.cost_micros for i in woke) == 0
+    straight = run_meter(n, [], stop, tick, None)
+    assert [(i.start, i.end, i.final) for i in straight] == [(start, stop, True)]
+    assert _closed(woke) == straight
 
 
 @settings(max_examples=100, deadline=None)

@@ -25,7 +25,8 @@ from skypurza.events.taskspec import Task, TaskSpecError, load_tasks
 CORPUS = Path(__file__).parent / "taskspec_corpus"
 VALID = sorted((CORPUS / "valid").glob("*.yaml"))
 INVALID = sorted((CORPUS / "invalid").glob("*.yaml"))
-SCHEMAS_FILE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "skypilot-0.14.1-schemas.json"
+# SkyPilot 0.14.1's own JSON Schemas, kept as a fixture (the suite runs from a plain clone).
+SCHEMAS_FILE = Path(__file__).resolve().parent / "fixtures" / "skypilot-0.14.1-schemas.json"
 
 
 def _name(p: Path) -> str:

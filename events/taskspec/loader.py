@@ -5,12 +5,15 @@ report every problem at once with its file, line, column and key path.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+
+from skypurza.events.limits import MAX_TIMEOUT_S, MAX_YAML_FILE_BYTES
 
 from .errors import Problem, TaskSpecError
 from .messages import describe, findings
@@ -54,14 +57,47 @@ def _read(path_or_text: str | os.PathLike[str], filename: str | None) -> tuple[s
         path = Path(path_or_text)
         shown = filename or str(path)
         try:
-            return path.read_text(encoding="utf-8"), shown
+            return _read_file(path), shown
+        except _NotReadable as exc:
+            raise TaskSpecError([Problem(shown, None, None, "", str(exc))]) from None
         except FileNotFoundError:
             raise TaskSpecError([Problem(shown, None, None, "", "file not found")]) from None
         except UnicodeDecodeError as exc:
             raise TaskSpecError([Problem(shown, None, None, "", f"not UTF-8 text: {exc.reason}")]) from None
         except OSError as exc:
             raise TaskSpecError([Problem(shown, None, None, "", f"cannot read: {exc.strerror or exc}")]) from None
+    if len(path_or_text) > MAX_YAML_FILE_BYTES:
+        raise TaskSpecError([Problem(filename, None, None, "",
+                                     f"the task is {len(path_or_text):,} characters; at most {MAX_YAML_FILE_BYTES:,}")])
     return str(path_or_text), filename
+
+
+class _NotReadable(Exception):
+    pass
+
+
+def _read_file(path: Path) -> str:
+    """A regular file's text, at most MAX_YAML_FILE_BYTES. Opened without blocking, so that a named
+    pipe (or a device) is refused at once instead of waiting for a writer that never comes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+            raise _NotReadable(f"not a regular file ({kind}): give a task YAML file")
+        if st.st_size > MAX_YAML_FILE_BYTES:
+            raise _NotReadable(f"the file is {st.st_size:,} bytes; a task file may have at most "
+                               f"{MAX_YAML_FILE_BYTES:,} ({MAX_YAML_FILE_BYTES // 2**20} MiB)")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            data = f.read(MAX_YAML_FILE_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > MAX_YAML_FILE_BYTES:  # it grew while we read it
+        raise _NotReadable(f"the file has more than {MAX_YAML_FILE_BYTES:,} bytes; a task file may have at most that")
+    return data.decode("utf-8")
 
 
 def load_tasks(
@@ -160,6 +196,9 @@ def _check_header(header: dict[str, Any], doc: Document, file: str | None, multi
         delay = header.get("termination_delay")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, str, dict))):
             add(["termination_delay"], f"expected seconds, a duration or a mapping, found {describe(delay)}")
+        elif isinstance(delay, int) and not isinstance(delay, bool) and not 0 <= delay <= MAX_TIMEOUT_S:
+            add(["termination_delay"], f"termination_delay must be 0 to {MAX_TIMEOUT_S:,} seconds (a day), "
+                                       f"found {describe(delay)}")
     return ("parallel" if execution == "parallel" else ("serial" if "execution" in header else None)), problems
 
 

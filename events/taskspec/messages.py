@@ -31,6 +31,8 @@ def describe(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length():,} bits"  # repr() refuses past 4,300 digits
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):

@@ -12,6 +12,18 @@ from pydantic import Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ._base import NotNull, Open, Strict, check_enum, choose, is_bool, is_dict, is_int, is_list, is_number, is_str, spz_error, tag
+from skypurza.events.limits import (
+    MAX_ACCELERATOR_COUNT,
+    MAX_HOURLY_COST,
+    MAX_IDLE_MINUTES,
+    MAX_LABELS,
+    MAX_MOUNTS,
+    MAX_PORT_ENTRIES,
+    MAX_RESOURCE_ALTERNATIVES,
+    MAX_RESTARTS,
+    MAX_TIMEOUT_S,
+)
+
 from .values import (
     AUTOSTOP_RE,
     AUTOSTOP_WAIT_FOR,
@@ -28,6 +40,7 @@ from .values import (
     parse_infra,
     parse_local_disk,
     parse_memory,
+    autostop_minutes,
 )
 
 Num = int | float
@@ -82,7 +95,7 @@ class JobRecovery(Open):
     """Managed-job recovery: strategy and restarts on user-code failures. Extra keys are carried."""
 
     strategy: str | None = None
-    max_restarts_on_errors: Annotated[Annotated[int, Field(ge=0)] | None, NotNull] = None
+    max_restarts_on_errors: Annotated[Annotated[int, Field(ge=0, le=MAX_RESTARTS)] | None, NotNull] = None
     recover_on_exit_codes: Annotated[ExitCodes | None, NotNull] = None
 
     @field_validator("strategy")
@@ -117,11 +130,11 @@ Recovery = Annotated[
 
 
 class AutostopConfig(Strict):
-    idle_minutes: Annotated[Annotated[int, Field(ge=0)] | None, NotNull] = None
+    idle_minutes: Annotated[Annotated[int, Field(ge=0, le=MAX_IDLE_MINUTES)] | None, NotNull] = None
     down: Annotated[bool | None, NotNull] = None
     wait_for: Annotated[str | None, NotNull] = None
     hook: Annotated[str | None, NotNull, Field(description="Deprecated: use config.hooks.")] = None
-    hook_timeout: Annotated[Annotated[int, Field(ge=1)] | None, NotNull] = None
+    hook_timeout: Annotated[Annotated[int, Field(ge=1, le=MAX_TIMEOUT_S)] | None, NotNull] = None
 
     @field_validator("wait_for")
     @classmethod
@@ -164,6 +177,10 @@ class DiskVolume(Open):
     def _disk_size(cls, v: Any) -> Any:
         if isinstance(v, str) and not DISK_SIZE_RE.match(v):
             raise spz_error(f"expected a size like 256, 256GB or 1TB, found {v!r}")
+        try:
+            parse_disk_size(v)
+        except ValueError as exc:
+            raise spz_error(str(exc)) from None
         return v
 
 
@@ -193,15 +210,15 @@ class _ResourceKeys(Strict):
     instance_type: Annotated[str | None, NotNull] = None
     use_spot: Annotated[bool | None, NotNull] = None
     job_recovery: Annotated[Recovery | None, NotNull] = None
-    volumes: Annotated[list[DiskVolume] | None, NotNull] = None
+    volumes: Annotated[Annotated[list[DiskVolume], Field(max_length=MAX_MOUNTS)] | None, NotNull] = None
     disk_size: Annotated[DiskSize | None, NotNull, Field(description="OS disk size in GB: 256, 256GB, 1TB.")] = None
     ephemeral_storage: Annotated[DiskSize | None, NotNull, Field(description="Deprecated alias of disk_size.")] = None
     disk_tier: Annotated[str | None, NotNull, Field(description="low, medium, high, ultra or best.")] = None
     network_tier: Annotated[str | None, NotNull, Field(description="standard or best.")] = None
     local_disk: Annotated[str | None, NotNull, Field(description="Instance storage: [nvme|ssd:]SIZE[+], or nvme / ssd.")] = None
-    max_hourly_cost: Annotated[Annotated[Num, Field(gt=0)] | None, NotNull] = None
+    max_hourly_cost: Annotated[Annotated[Num, Field(gt=0, le=MAX_HOURLY_COST)] | None, NotNull] = None
     ports: Ports | None = None
-    labels: Annotated[dict[str, str] | None, NotNull] = None
+    labels: Annotated[Annotated[dict[str, str], Field(max_length=MAX_LABELS)] | None, NotNull] = None
     accelerator_args: Annotated[AcceleratorArgs | None, NotNull] = None
     no_missing_accel_warnings: Annotated[bool | None, NotNull, Field(alias="_no_missing_accel_warnings")] = None
     image_id: ImageId | None = None
@@ -283,11 +300,26 @@ class _ResourceKeys(Strict):
     @classmethod
     def _ports(cls, v: Any) -> Any:
         items = v if isinstance(v, list) else [v]
+        if len(items) > MAX_PORT_ENTRIES:
+            raise spz_error(f"at most {MAX_PORT_ENTRIES} ports or ranges allowed, found {len(items)}")
         for i, item in enumerate(items):
             try:
                 normalize_ports(item)
             except ValueError as exc:
                 raise spz_error(str(exc), *([i] if isinstance(v, list) else [])) from None
+        return v
+
+    @field_validator("autostop")
+    @classmethod
+    def _autostop(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_IDLE_MINUTES:
+            raise spz_error(f"autostop must be at most {MAX_IDLE_MINUTES:,} idle minutes (a year; leave autostop "
+                            f"off for never), found {v}")
+        if isinstance(v, str):
+            try:
+                autostop_minutes(v)
+            except ValueError as exc:
+                raise spz_error(str(exc)) from None
         return v
 
     @field_validator("job_recovery")
@@ -316,6 +348,8 @@ def check_location_keys(keys: set[str]) -> None:
 
 def check_accelerators(v: Any) -> None:
     """Each accelerator spelled NAME[:COUNT] with a positive count; sub-path points at the bad item."""
+    if isinstance(v, (list, dict)) and len(v) > MAX_RESOURCE_ALTERNATIVES:
+        raise spz_error(f"at most {MAX_RESOURCE_ALTERNATIVES} accelerator choices allowed, found {len(v)}")
     if isinstance(v, str):
         _parse_or_fail(v)
     elif isinstance(v, list):
@@ -331,6 +365,9 @@ def check_accelerators(v: Any) -> None:
                                     "write {NAME: COUNT}", key)
                 if count <= 0:
                     raise spz_error(f"accelerator count must be positive, found {count!r}", key)
+                if count > MAX_ACCELERATOR_COUNT:
+                    raise spz_error(f"accelerator count must be at most {MAX_ACCELERATOR_COUNT} per node, "
+                                    f"found {count!r}", key)
                 _parse_or_fail(key, key)
 
 
@@ -365,9 +402,9 @@ class Resources(_ResourceKeys):
     accelerators: Annotated[AccelForms | None, NotNull, Field(description=(
         "A100:8, {A100: 8}, a set {A100:8, H100:8} (cheapest) or a list [A100:8, H100:8] (in order)."))] = None
     gpus: Annotated[AccelForms | None, NotNull, Field(description="Alias of accelerators.")] = None
-    any_of: Annotated[list[ResourceAlternative] | None, NotNull, Field(description=(
+    any_of: Annotated[Annotated[list[ResourceAlternative], Field(max_length=MAX_RESOURCE_ALTERNATIVES)] | None, NotNull, Field(description=(
         "Alternatives merged over the other keys; the cheapest feasible one is chosen."))] = None
-    ordered: Annotated[list[ResourceAlternative] | None, NotNull, Field(description=(
+    ordered: Annotated[Annotated[list[ResourceAlternative], Field(max_length=MAX_RESOURCE_ALTERNATIVES)] | None, NotNull, Field(description=(
         "Alternatives merged over the other keys, tried strictly in order."))] = None
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import core_schema
 
 from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
@@ -21,6 +21,17 @@ from .resources import AutostopConfig, Resources
 from .service import Service
 from .storage import Storage, VolumeMount
 from .values import ENV_NAME_RE, TASK_NAME_RE, parse_autostop
+
+from skypurza.events.limits import (
+    MAX_ENV_NAME_CHARS,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_ENV_VALUE_BYTES,
+    MAX_ENV_VARS,
+    MAX_MOUNTS,
+    MAX_NODES,
+    MAX_SCRIPT_BYTES,
+    MAX_TASK_NAME_CHARS,
+)
 
 if TYPE_CHECKING:
     from .request import ResourceRequest
@@ -58,12 +69,22 @@ class _EnvValue:
             if value is None:
                 raise spz_error("environment variable {key} has no value (null in the YAML): give it on the "
                                 "command line with --env {key}=VALUE (use '' for an empty value)")
+            check_env_value(value)
             return value
 
         return core_schema.no_info_after_validator_function(check, handler(source))
 
 
+def check_env_value(value: Any) -> None:
+    """At most MAX_ENV_VALUE_BYTES (UTF-8): every value is exported into every job's environment."""
+    if isinstance(value, str) and len(value) * 4 > MAX_ENV_VALUE_BYTES and len(value.encode()) > MAX_ENV_VALUE_BYTES:
+        raise spz_error(f"the value of {{key}} is {len(value.encode()):,} bytes; at most {MAX_ENV_VALUE_BYTES:,} "
+                        "(put large data in a file mount)")
+
+
 def _check_env_name(name: str) -> str:
+    if len(name) > MAX_ENV_NAME_CHARS:
+        raise spz_error(f"environment variable name of {len(name):,} characters: at most {MAX_ENV_NAME_CHARS}")
     if not ENV_NAME_RE.match(name):
         raise spz_error(f"invalid environment variable name {name!r}: use letters, digits and _, not starting with a digit")
     return name
@@ -81,10 +102,27 @@ class _EnvName:
 
 EnvName = Annotated[str, _EnvName()]
 EnvValue = Annotated[str | None, _EnvValue()]
+def _check_secret_name(name: str) -> str:
+    if len(name) > MAX_ENV_NAME_CHARS:
+        raise spz_error(f"secret name of {len(name):,} characters: at most {MAX_ENV_NAME_CHARS}")
+    return name
+
+
+def _check_secret_value(value: Any) -> Any:
+    check_env_value(value)
+    return value
+
+
+SecretName = Annotated[str, AfterValidator(_check_secret_name)]
+SecretValue = Annotated[str | None, AfterValidator(_check_secret_value)]
 Secrets = Annotated[
-    Union[Annotated[dict[str, str | None], Tag(tag("dict"))], Annotated[list[str], Tag(tag("list"))]],
+    Union[Annotated[dict[SecretName, SecretValue], Tag(tag("dict"))],
+          Annotated[list[SecretName], Tag(tag("list"))]],
     choose("a mapping {NAME: value or null} or a list of secret names", ("dict", is_dict), ("list", is_list)),
 ]
+
+
+Mounts = Field(max_length=MAX_MOUNTS)
 
 
 class MountPath(Strict):
@@ -104,25 +142,25 @@ class Task(Strict):
     workdir: Annotated[Workdir | None, NotNull, Field(description=(
         "Local directory synced to ~/sky_workdir, or a git repository {url, ref}."))] = None
     event_callback: Annotated[str | None, NotNull] = None
-    num_nodes: Annotated[int | None, NotNull, Field(description="Number of nodes (default 1).")] = None
+    num_nodes: Annotated[int | None, NotNull, Field(description=f"Number of nodes (default 1, at most {MAX_NODES}).")] = None
     resources: Annotated[Resources | None, NotNull] = None
-    file_mounts: Annotated[dict[str, FileMount] | None, NotNull, Field(description=(
+    file_mounts: Annotated[Annotated[dict[str, FileMount], Mounts] | None, NotNull, Field(description=(
         "REMOTE_PATH: local path, bucket URL, or storage mapping."))] = None
     service: Annotated[Service | None, NotNull] = None
     pool: Annotated[Service | None, NotNull, Field(description="`sky jobs pool` spec, e.g. {workers: 2}.")] = None
     setup: Annotated[str | None, NotNull, Field(description="Shell script run once per cluster on every node.")] = None
     run: Annotated[str | None, NotNull, Field(description="Shell script run on every node.")] = None
-    envs: Annotated[dict[EnvName, EnvValue] | None, NotNull, Field(description=(
+    envs: Annotated[Annotated[dict[EnvName, EnvValue], Field(max_length=MAX_ENV_VARS)] | None, NotNull, Field(description=(
         "Environment variables; null means required (give it with --env NAME=VALUE)."))] = None
     secrets: Annotated[Secrets | None, NotNull, Field(description=(
         "Secret environment variables; values never enter the event log."))] = None
-    managed_secrets: Annotated[list[ManagedSecret] | None, NotNull] = None
+    managed_secrets: Annotated[Annotated[list[ManagedSecret], Mounts] | None, NotNull] = None
     inputs: Annotated[Annotated[dict[str, Num], Field(max_length=1)] | None, NotNull] = None
     outputs: Annotated[Annotated[dict[str, Num], Field(max_length=1)] | None, NotNull] = None
     file_mounts_mapping: Annotated[dict[str, Any] | None, NotNull] = None
     config: Annotated[TaskConfig | None, NotNull] = None
-    volumes: Annotated[dict[str, TaskVolume] | None, NotNull, Field(description="MOUNT_PATH: volume name.")] = None
-    volume_mounts: Annotated[list[VolumeMount] | None, NotNull] = None
+    volumes: Annotated[Annotated[dict[str, TaskVolume], Mounts] | None, NotNull, Field(description="MOUNT_PATH: volume name.")] = None
+    volume_mounts: Annotated[Annotated[list[VolumeMount], Mounts] | None, NotNull] = None
     api_server_access: Annotated[bool | None, NotNull] = None
     metadata: Annotated[dict[str, Any] | None, NotNull, Field(alias="_metadata")] = None
 
@@ -156,6 +194,8 @@ class Task(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if len(v) > MAX_TASK_NAME_CHARS:
+            raise spz_error(f"task name of {len(v):,} characters: at most {MAX_TASK_NAME_CHARS}")
         if not TASK_NAME_RE.match(v):
             raise spz_error(f"invalid task name {v!r}: use letters and digits, joined by at most two of . _ - "
                             "(starting and ending with a letter or digit)")
@@ -166,7 +206,34 @@ class Task(Strict):
     def _num_nodes(cls, v: int) -> int:
         if v < 1:
             raise spz_error(f"num_nodes must be a positive integer, found {v}")
+        if v > MAX_NODES:
+            raise spz_error(f"num_nodes must be at most {MAX_NODES}, found {v}")
         return v
+
+    @field_validator("setup", "run")
+    @classmethod
+    def _script_size(cls, v: str) -> str:
+        if len(v) * 4 > MAX_SCRIPT_BYTES and len(v.encode()) > MAX_SCRIPT_BYTES:
+            raise spz_error(f"the script is {len(v.encode()):,} bytes; at most {MAX_SCRIPT_BYTES:,} "
+                            "(put a long script in the workdir and run it from there)")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_count(cls, v: Any) -> Any:
+        if len(v) > MAX_ENV_VARS:
+            raise spz_error(f"at most {MAX_ENV_VARS} secrets allowed, found {len(v):,}")
+        return v
+
+    @model_validator(mode="after")
+    def _environment_size(self) -> Task:
+        total = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env_values().items())
+        total += sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.secret_values().items())
+        if total > MAX_ENV_TOTAL_BYTES:
+            raise spz_error(f"envs and secrets together are {total:,} bytes; at most {MAX_ENV_TOTAL_BYTES:,} "
+                            "(they are exported into every job's environment)",
+                            "envs" if self.envs else "secrets")
+        return self
 
     @field_validator("file_mounts")
     @classmethod

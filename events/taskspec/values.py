@@ -39,6 +39,16 @@ JOB_GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 DISK_SIZE_RE = re.compile(r"^[0-9]+(kb|ki|mb|mi|gb|gi|tb|ti|pb|pi|KB|KI|MB|MI|GB|GI|TB|TI|PB|PI|Kb|Ki|Mb|Mi|Gb|Gi|Tb|Ti|Pb|Pi)?$")
 AUTOSTOP_RE = re.compile(r"^[0-9]+(m|h|d|w|M|H|D|W)?$")
 
+from skypurza.events.limits import (
+    MAX_ACCELERATOR_COUNT,
+    MAX_CPUS,
+    MAX_DISK_GB,
+    MAX_IDLE_MINUTES,
+    MAX_MEMORY_GIB,
+    MAX_MEMORY_RATIO,
+    MAX_PORT_ENTRIES,
+)
+
 _UNIT_BYTES = {
     "kb": 2**10, "ki": 2**10, "mb": 2**20, "mi": 2**20, "gb": 2**30, "gi": 2**30,
     "tb": 2**40, "ti": 2**40, "pb": 2**50, "pi": 2**50,
@@ -135,6 +145,8 @@ def parse_cpus(raw: Any) -> Amount:
         raise ValueError(f"expected a number of vCPUs like 4 or 4+ (at least 4), found {raw!r}")
     if value <= 0:
         raise ValueError(f"cpus must be positive, found {raw!r}")
+    if value > MAX_CPUS:
+        raise ValueError(f"cpus must be at most {MAX_CPUS} (the largest instances have 896), found {raw!r}")
     return Amount(value, plus)
 
 
@@ -148,6 +160,8 @@ def parse_memory(raw: Any) -> Amount:
         ratio = _num(body[:-1])
         if ratio is None or ratio <= 0:
             raise ValueError(f"expected memory like {accepted}, found {raw!r}")
+        if ratio > MAX_MEMORY_RATIO:
+            raise ValueError(f"memory per vCPU must be at most {MAX_MEMORY_RATIO}x, found {raw!r}")
         return Amount(None, plus, ratio)
     value = _num(body)
     if value is None:
@@ -162,6 +176,8 @@ def parse_memory(raw: Any) -> Amount:
         raise ValueError(f"expected memory like {accepted}, found {raw!r}")
     if value <= 0:
         raise ValueError(f"memory must be positive, found {raw!r}")
+    if value > MAX_MEMORY_GIB:
+        raise ValueError(f"memory must be at most {MAX_MEMORY_GIB:,} GiB, found {raw!r}")
     return Amount(value, plus)
 
 
@@ -170,12 +186,16 @@ def parse_disk_size(raw: Any) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
         if raw <= 0:
             raise ValueError(f"disk size must be positive, found {raw}")
+        if raw > MAX_DISK_GB:
+            raise ValueError(f"disk size must be at most {MAX_DISK_GB:,} GB (64 TiB), found {raw}")
         return raw
     text = str(raw)
     if not DISK_SIZE_RE.match(text):
         raise ValueError(f"expected a size in GB like 256, 256GB, 1TB or 512Gi, found {raw!r}")
     digits = re.match(r"^[0-9]+", text)
     assert digits is not None
+    if len(digits.group(0).lstrip("0")) > 24:  # past any bound in any unit; int() of it is costly
+        raise ValueError(f"disk size must be at most {MAX_DISK_GB:,} GB (64 TiB), found {text[:30]!r}...")
     number = int(digits.group(0))
     unit = text[digits.end():].lower() or "gb"
     size_bytes = number * _UNIT_BYTES[unit]
@@ -184,6 +204,8 @@ def parse_disk_size(raw: Any) -> int:
     gb = size_bytes // _GIB
     if gb <= 0:
         raise ValueError(f"disk size must be positive, found {raw!r}")
+    if gb > MAX_DISK_GB:
+        raise ValueError(f"disk size must be at most {MAX_DISK_GB:,} GB (64 TiB), found {raw!r}")
     return gb
 
 
@@ -210,6 +232,8 @@ def parse_accelerator(text: str) -> tuple[str, int | float]:
         raise ValueError(f"expected NAME or NAME:COUNT with a number COUNT (e.g. A100:8, A100:0.5), found {text!r}")
     if count <= 0:
         raise ValueError(f"accelerator count must be positive, found {text!r}")
+    if count > MAX_ACCELERATOR_COUNT:
+        raise ValueError(f"accelerator count must be at most {MAX_ACCELERATOR_COUNT} per node, found {text!r}")
     return name, as_number(count)
 
 
@@ -230,8 +254,17 @@ def autostop_minutes(text: str) -> int:
     if not AUTOSTOP_RE.match(text):
         raise ValueError(f"expected minutes like 10, or a duration like 10m, 2h, 1d, 1w, found {text!r}")
     unit = text[-1].lower() if text[-1].isalpha() else "m"
-    number = int(text[:-1] if text[-1].isalpha() else text)
-    return number * _AUTOSTOP_UNIT_MINUTES[unit]
+    digits = (text[:-1] if text[-1].isalpha() else text).lstrip("0") or "0"
+    minutes = int(digits) * _AUTOSTOP_UNIT_MINUTES[unit] if len(digits) <= 12 else MAX_IDLE_MINUTES + 1
+    check_idle_minutes(minutes, text)
+    return minutes
+
+
+def check_idle_minutes(minutes: int, shown: Any = None) -> None:
+    """Idle minutes of autostop: at most MAX_IDLE_MINUTES (a year; more means "never")."""
+    if minutes > MAX_IDLE_MINUTES:
+        raise ValueError(f"autostop must be at most {MAX_IDLE_MINUTES:,} idle minutes (a year; leave autostop off "
+                         f"for never), found {shown if shown is not None else minutes!r}")
 
 
 def parse_autostop(raw: Any) -> Autostop:
@@ -251,9 +284,14 @@ def parse_autostop(raw: Any) -> Autostop:
 
 # ----------------------------------------------------------------------------------------- ports
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_port(text: str, original: Any) -> None:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise ValueError(f"expected a port 1-65535 or a range like 8000-8010, found {original!r}")
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not 1 <= int(text) <= 65535:
+        raise ValueError(f"expected a port 1-65535 or a range like 8000-8010, found {_shown(original)}")
 
 
 def normalize_port(item: Any) -> str:
@@ -266,10 +304,10 @@ def normalize_port(item: Any) -> str:
         _check_port(low.strip(), item)
         _check_port(high.strip(), item)
         if int(low) > int(high):
-            raise ValueError(f"port range {item!r} runs backwards")
+            raise ValueError(f"port range {_shown(item)} runs backwards")
         return f"{int(low)}-{int(high)}"
     if "," in text:
-        raise ValueError(f"expected one port or range per item, found {item!r}; write a list: [8080, 9090]")
+        raise ValueError(f"expected one port or range per item, found {_shown(item)}; write a list: [8080, 9090]")
     _check_port(text, item)
     return text
 
@@ -278,6 +316,8 @@ def normalize_ports(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     items = raw if isinstance(raw, list) else [raw]
+    if len(items) > MAX_PORT_ENTRIES:
+        raise ValueError(f"at most {MAX_PORT_ENTRIES} ports or ranges allowed, found {len(items)}")
     return tuple(normalize_port(i) for i in items)
 
 
@@ -291,6 +331,9 @@ def parse_local_disk(text: str) -> tuple[str, int, bool]:
     m = _LOCAL_DISK_RE.match(text.strip())
     if not m:
         raise ValueError(f"expected [nvme|ssd:]SIZE[+] or nvme/ssd (e.g. nvme:1000+, ssd:500, 1000+), found {text!r}")
+    size = m.group(2) or m.group(4)
+    if size is not None and (len(size.lstrip("0")) > 6 or int(size) > MAX_DISK_GB):
+        raise ValueError(f"local disk size must be at most {MAX_DISK_GB:,} GB, found {text[:30]!r}")
     if m.group(1):
         mode = m.group(1).lower()
         if m.group(2) is None:

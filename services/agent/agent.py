@@ -24,10 +24,12 @@ from typing import Any, Callable
 
 from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
-from skypurza.events.bus import Bus, Stored, stored_from_msg
+from skypurza.events import deadletters
+from skypurza.events.bus import Bus, Stored, log_chunk_id
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
 from skypurza.events.envelope import Event, new_id, utcnow
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
+from skypurza.events.service import read_stored
 
 from . import mounts, storage
 from .decide import (
@@ -47,7 +49,7 @@ from .decide import (
 )
 from .envcontract import JobContext, cluster_task_id, gpus_per_node, job_environment
 from .gpus import detect_gpus
-from .procs import LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
+from .procs import Chunk, LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
 from .view import ClusterView, JobView
 
 log = logging.getLogger("skypurza.agent")
@@ -58,6 +60,17 @@ HANDLER = "agent"
 # Secret values shorter than this are not masked in job output (they would mask ordinary words).
 MIN_REDACT_LENGTH = 8
 REDACTED = "<redacted>"
+# One chunk of output is retried this often (each try waits up to LOG_PUBLISH_TIMEOUT_S for its
+# ack), then dropped so that a bus that stays away cannot keep the job's outcome unreported.
+LOG_ATTEMPTS = 8
+LOG_PUBLISH_TIMEOUT_S = 5.0
+LOG_RETRY_DELAYS_S = (0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0)
+
+
+def log_retry_horizon_s() -> float:
+    """The longest one agent process keeps re-sending one chunk: the logs stream's duplicate
+    window (events/bus.py LOGS_DUPLICATE_WINDOW_S) must be longer, so every copy is dropped."""
+    return LOG_ATTEMPTS * LOG_PUBLISH_TIMEOUT_S + sum(LOG_RETRY_DELAYS_S[:LOG_ATTEMPTS - 1])
 
 
 @dataclass
@@ -111,6 +124,8 @@ class Agent:
         self._pgids: dict[tuple[int, str], int] = {}
         self._watchers: set[asyncio.Task] = set()
         self._prepared: dict[int, _Prepared] = {}
+        self._parked: set[int] = set()  # seqs this agent has parked (each is parked once)
+        self._decide_error = ""
         self.checkpoints = storage.Checkpoints(spec.infra, spec.stage)  # checkpoint buckets (storage.py)
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
 
@@ -181,7 +196,7 @@ class Agent:
             try:
                 async for msg in self.bus.follow(filter_subject=self._subject, start_seq=self.view.last_seq + 1
                                                  if self.view.last_seq else start_seq):
-                    stored = stored_from_msg(msg)
+                    stored = read_stored(msg)
                     if stored.seq <= self.view.last_seq:
                         continue
                     self._fold(stored)
@@ -197,10 +212,33 @@ class Agent:
             await asyncio.sleep(0.5)
 
     def _fold(self, stored: Stored) -> None:
+        """One of the cluster's events into the view. An event the view cannot take (a value it
+        cannot act on, or anything it raises) is parked with its error and the agent goes on:
+        one bad event must not keep the node from running and reporting its jobs."""
         if stored.event is None or stored.envelope is None:
             self.view.last_seq = max(self.view.last_seq, stored.seq)
+            if stored.status == "poison":
+                self._park(stored, stored.reason, "PoisonEvent")
             return
-        self.view.apply(stored.event, stored.envelope.id, stored.envelope.time, stored.seq)
+        try:
+            self.view.apply_all_or_nothing(stored.event, stored.envelope.id, stored.envelope.time, stored.seq)
+        except Exception as exc:
+            self.view.last_seq = max(self.view.last_seq, stored.seq)
+            self._park(stored, exc)
+
+    @property
+    def dead_letter_service(self) -> str:
+        return f"{HANDLER}:{self.spec.cluster}:{self.rank}"
+
+    def _park(self, stored: Stored, error: BaseException | str, error_type: str | None = None) -> None:
+        log.error("seq %d (%s) cannot be applied, parked: %s", stored.seq, stored.subject, error)
+        if stored.seq in self._parked:
+            return
+        self._parked.add(stored.seq)
+        assert self.bus is not None
+        self._background(deadletters.park(self.bus, self.dead_letter_service, seq=stored.seq,
+                                          subject=stored.subject, raw=stored.raw, error=error,
+                                          error_type=error_type))
 
     async def _wait(self) -> None:
         try:
@@ -225,7 +263,14 @@ class Agent:
                        and self.view.jobs[j].terminal]:
             del self._prepared[job_id]  # task and secrets of ended jobs are not kept in memory
         for _ in range(50):
-            actions = decide(self.view, self.rank, self.local, self.clock())
+            try:
+                actions = decide(self.view, self.rank, self.local, self.clock())
+            except Exception as exc:  # a bug, not an event (those are refused when folded): go on
+                text = f"{type(exc).__name__}: {exc}"
+                if text != self._decide_error:
+                    self._decide_error = text
+                    log.exception("deciding the next step failed; trying again at the next tick")
+                return
             if not actions:
                 return
             for action in actions:
@@ -381,15 +426,15 @@ class Agent:
                            proc: subprocess.Popen | None) -> None:
         """Publish the phase's output as it comes, then its exit status."""
         assert self.bus is not None
-        tail = LogTail(files.log, files.read_offset())
+        tail = LogTail(files.log, *files.read_position())
         redact = self._redactor(job.job_id)
         while True:
             exited = (proc.poll() is not None) if proc is not None else not pid_alive(pid)
-            lines = tail.read_lines(final=exited)
-            for line in lines:
-                await self._log_line(job.job_id, redact(line), phase)
-            if lines:
-                files.write_offset(tail.committed)
+            chunks = tail.read_chunks(final=exited)
+            for chunk in chunks:
+                await self._log_line(job.job_id, redact(chunk.line), phase, chunk)
+            if chunks:
+                files.write_offset(tail.committed, tail.seq)
             if exited:
                 break
             await asyncio.sleep(0.1)
@@ -471,10 +516,11 @@ class Agent:
                     self._watch(job, phase, files, pid, None)
                 else:
                     code = files.read_exit()
-                    tail = LogTail(files.log, files.read_offset())
+                    tail = LogTail(files.log, *files.read_position())
                     redact = self._redactor(job_id)
-                    for line in tail.read_lines(final=True):
-                        await self._log_line(job_id, redact(line), phase)
+                    for chunk in tail.read_chunks(final=True):
+                        await self._log_line(job_id, redact(chunk.line), phase, chunk)
+                    files.write_offset(tail.committed, tail.seq)
                     if code is None:
                         code = LOST_EXIT
                         await self._agent_line(job_id, f"the {phase} process (pid {pid}) ended while the agent was "
@@ -502,21 +548,24 @@ class Agent:
         env = self.bus.envelope(event, cause=cause, handler=HANDLER, key=key) if cause else self.bus.envelope(event)
         await self.bus.publish(env)
 
-    async def _log_line(self, job_id: int, line: str, stream: str) -> None:
+    async def _log_line(self, job_id: int, line: str, stream: str, chunk: Chunk | None = None) -> None:
         """One output line to the logs stream; retried for a while when the bus is away, then
-        dropped (a lost line must not keep the job's outcome from being reported)."""
+        dropped (a lost line must not keep the job's outcome from being reported). Every try
+        carries the chunk's id (its place in the output file, or the notice's text), so the
+        copies a retry makes — and those nats-py re-sends after a reconnect — are stored once."""
         assert self.bus is not None
-        delay = 0.2
-        for attempt in range(8):
+        seq, offset = (chunk.seq, chunk.offset) if chunk is not None else (None, None)
+        msg_id = log_chunk_id(self.spec.cluster, job_id, self.rank, stream, seq, offset, line)
+        for attempt in range(LOG_ATTEMPTS):
             try:
-                await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream)
+                await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream,
+                                           seq=seq, offset=offset, msg_id=msg_id, timeout=LOG_PUBLISH_TIMEOUT_S)
                 return
             except Exception as exc:
-                if attempt == 7:
+                if attempt == LOG_ATTEMPTS - 1:
                     log.warning("dropped an output line of job %s: %s", job_id, exc)
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(LOG_RETRY_DELAYS_S[attempt])
 
     async def _agent_line(self, job_id: int, text: str) -> None:
         log.warning("%s", text)

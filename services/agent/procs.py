@@ -9,7 +9,8 @@ file, reads the exit file if the job ended meanwhile, adopts it if it still runs
 the log file on from where it had published.
 
 Files of one phase, under `<state>/jobs/<job_id>/`: `<phase>.pid` (JSON), `<phase>.log`,
-`<phase>.exit`, `<phase>.offset` (bytes of the log already published), `<phase>.reported`
+`<phase>.exit`, `<phase>.offset` (bytes of the log already published, then the number of
+chunks they made: "OFFSET SEQ"), `<phase>.reported`
 (its JobNodeFinished was published). `<state>/run/<job_id>-<phase>.pgid` holds the process
 group id while it runs: whoever tears the node down kills every group listed there.
 """
@@ -24,6 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from skypurza.events.processes import group_alive, pid_alive  # noqa: F401  (used by the agent)
 
@@ -92,13 +94,22 @@ class PhaseFiles:
             return None
 
     def read_offset(self) -> int:
-        try:
-            return int(self.offset.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
+        return self.read_position()[0]
 
-    def write_offset(self, offset: int) -> None:
-        _atomic_write(self.offset, str(offset))
+    def read_position(self) -> tuple[int, int]:
+        """(bytes of the log published, chunks they made). A file written before chunks were
+        numbered holds the offset alone: the chunks are counted in the log (once)."""
+        try:
+            parts = self.offset.read_text().split()
+            offset = max(0, int(parts[0])) if parts else 0
+            if len(parts) > 1:
+                return offset, max(0, int(parts[1]))
+        except (OSError, ValueError):
+            return 0, 0
+        return offset, _count_lines(self.log, offset)
+
+    def write_offset(self, offset: int, seq: int | None = None) -> None:
+        _atomic_write(self.offset, str(offset) if seq is None else f"{offset} {seq}")
 
     def mark_reported(self, exit_code: int) -> None:
         _atomic_write(self.reported, str(exit_code))
@@ -106,6 +117,21 @@ class PhaseFiles:
 
     def is_reported(self) -> bool:
         return self.reported.exists()
+
+
+def _count_lines(path: Path, upto: int) -> int:
+    n = 0
+    try:
+        with open(path, "rb") as f:
+            while upto > 0:
+                block = f.read(min(upto, 1 << 20))
+                if not block:
+                    break
+                n += block.count(b"\n")
+                upto -= len(block)
+    except OSError:
+        return 0
+    return n
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -158,15 +184,30 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class LogTail:
-    """Complete lines appended to a file since `offset` (bytes)."""
+class Chunk(NamedTuple):
+    """One line of a phase's output as the agent publishes it: its number in the phase's output
+    (from 0) and the byte offset where it starts in the log file. Both are positions, not times:
+    the same line read again (by a restarted agent) is the same chunk."""
 
-    def __init__(self, path: Path, offset: int = 0):
+    seq: int
+    offset: int
+    line: str
+
+
+class LogTail:
+    """Complete lines appended to a file since `offset` (bytes); `seq` numbers them on from
+    where a previous reader stopped."""
+
+    def __init__(self, path: Path, offset: int = 0, seq: int = 0):
         self.path = path
         self.offset = offset
+        self.seq = seq
         self._partial = b""
 
     def read_lines(self, final: bool = False) -> list[str]:
+        return [c.line for c in self.read_chunks(final)]
+
+    def read_chunks(self, final: bool = False) -> list[Chunk]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -175,6 +216,7 @@ class LogTail:
             data = b""
         if not data and not (final and self._partial):
             return []
+        start = self.offset - len(self._partial)  # where the buffer begins in the file
         buf = self._partial + data
         parts = buf.split(b"\n")
         self._partial = parts.pop()
@@ -182,13 +224,15 @@ class LogTail:
             parts.append(self._partial)
             self._partial = b""
         self.offset += len(data)
-        lines: list[str] = []
+        chunks: list[Chunk] = []
         for raw in parts:
             line = raw.rstrip(b"\r")
             if len(line) > MAX_LINE_BYTES:
                 line = line[:MAX_LINE_BYTES] + b" [line cut]"
-            lines.append(line.decode("utf-8", errors="replace"))
-        return lines
+            chunks.append(Chunk(self.seq, start, line.decode("utf-8", errors="replace")))
+            self.seq += 1
+            start += len(raw) + 1
+        return chunks
 
     @property
     def committed(self) -> int:

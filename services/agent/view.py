@@ -3,12 +3,18 @@
 `ClusterView.apply(event, envelope_id, at)` is pure bookkeeping (no I/O, no clock): the agent
 replays its cluster's history through it at start, then applies each live event. Every node
 folds the same events, so every node reaches the same view.
+
+Event models are lenient (the log keeps old events readable), so the view checks the values it
+will act on before it changes anything: an autostop interval no clock can count
+(`idle_minutes` past `MAX_IDLE_MINUTES`) is refused with `RefusedEvent`, and the agent parks
+that event instead of dying on it later. `apply_all_or_nothing` makes any other failure leave
+the view as it was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from skypurza.events.cluster_events import (
@@ -33,6 +39,17 @@ from skypurza.events.job_events import (
 )
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+# The longest autostop interval a clock can count (datetime arithmetic overflows past it).
+MAX_IDLE_MINUTES = timedelta.max // timedelta(minutes=1)
+
+
+class RefusedEvent(ValueError):
+    """An event whose values the agent cannot act on: it is parked, the view left unchanged."""
+
+
+def _check_idle_minutes(value: int | None) -> None:
+    if value is not None and not -MAX_IDLE_MINUTES <= value <= MAX_IDLE_MINUTES:
+        raise RefusedEvent(f"idle_minutes {value} is out of range (at most {MAX_IDLE_MINUTES})")
 
 
 @dataclass
@@ -101,7 +118,27 @@ class ClusterView:
 
     # ------------------------------------------------------------------ folding
 
+    def apply_all_or_nothing(self, event: Event, envelope_id: str, at: datetime, seq: int = 0) -> None:
+        """`apply`, except that an event that raises leaves the view as it was (then re-raises)."""
+        saved = dict(self.__dict__)
+        job_id = getattr(event, "job_id", None)
+        job = self.jobs.get(job_id) if isinstance(job_id, int) else None
+        saved_job = (dict(job.__dict__), list(job.reports)) if job is not None else None
+        new_job = isinstance(job_id, int) and job is None
+        try:
+            self.apply(event, envelope_id, at, seq)
+        except Exception:
+            self.__dict__.update(saved)
+            if job is not None and saved_job is not None:
+                job.__dict__.update(saved_job[0])
+                job.reports[:] = saved_job[1]
+            if new_job:
+                self.jobs.pop(job_id, None)  # type: ignore[arg-type]
+            raise
+
     def apply(self, event: Event, envelope_id: str, at: datetime, seq: int = 0) -> None:
+        if isinstance(event, (ClusterProvisioned, AutostopSet)):
+            _check_idle_minutes(event.idle_minutes)
         if seq:
             self.last_seq = max(self.last_seq, seq)
         if isinstance(event, ClusterProvisioned):

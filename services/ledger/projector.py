@@ -12,6 +12,12 @@ metering position (its id is derived from the run, rank and interval start: see 
 usage from other writers is checked against the set of their ids. No index is needed on the
 usage table, which keeps bulk inserts fast. State transitions also refuse to go back from a
 final state (a job that ended stays ended).
+
+Every event's rows are checked against their columns as it is applied (`_check_touched`): event
+models are lenient, so an event can carry an integer no column holds (an autostop of 10**20
+minutes). It raises OverflowError *at that event*, whatever the batching — a later event of the
+same batch cannot hide it by overwriting the row — so the pipeline skips exactly that event, in
+a live batch as in a replay (pipeline.py).
 """
 
 from __future__ import annotations
@@ -43,6 +49,35 @@ MUTABLE = (sc.CLUSTERS, sc.NODES, sc.JOBS, sc.MANAGED_JOBS, sc.PLACEMENTS, sc.AT
 
 class NewerEventError(Exception):
     """An event of a known type in a version newer than this code: stop, do not skip it."""
+
+
+_INT_RANGES = {"INTEGER": (-(2**31), 2**31 - 1), "BIGINT": (-(2**63), 2**63 - 1)}
+_INT_COLUMNS: dict[str, tuple[tuple[str, str, int, int], ...]] = {
+    t.name: tuple((c, ty, *_INT_RANGES[ty]) for c, ty in t.columns if ty in _INT_RANGES) for t in MUTABLE}
+_USAGE_INTS = tuple((i, c, ty, *_INT_RANGES[ty]) for i, (c, ty) in enumerate(sc.USAGE.columns) if ty in _INT_RANGES)
+
+
+def _out_of_range(where: str, column: str, kind: str, value: Any) -> OverflowError:
+    return OverflowError(f"{where}.{column} = {value} does not fit its {kind} column")
+
+
+def _check_touched(state: "State") -> None:
+    """The integers of the rows the current event wrote fit their columns (else OverflowError)."""
+    for table, key in state.touched:
+        row = state.rows[table].get(key)
+        if row is None:
+            continue
+        for col, kind, lo, hi in _INT_COLUMNS[table]:
+            v = row[col]
+            if v is not None and not lo <= v <= hi:
+                raise _out_of_range(table, col, kind, v)
+
+
+def _check_usage_row(row: tuple[Any, ...]) -> None:
+    for i, col, kind, lo, hi in _USAGE_INTS:
+        v = row[i]
+        if v is not None and not lo <= v <= hi:
+            raise _out_of_range("usage", col, kind, v)
 
 
 def utc(t: datetime | None) -> datetime | None:
@@ -112,6 +147,7 @@ class State:
     ops: list[UsageColumns | Rebook] = field(default_factory=list)
     new_applied: list[tuple[str, int, str]] = field(default_factory=list)
     new_skipped: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+    touched: list[tuple[str, Any]] = field(default_factory=list)  # rows the current event wrote
     late_usage: bool = False  # the batch booked usage late or settled a period
     meter_changed: bool = False  # the batch stopped or started node runs
 
@@ -123,6 +159,7 @@ class State:
     def put(self, table: str, key: Any, row: dict[str, Any]) -> dict[str, Any]:
         self.rows[table][key] = row
         self.dirty[table].add(key)
+        self.touched.append((table, key))
         if table == "nodes":
             self.cluster_ranks.setdefault(key[0], set()).add(key[1])
         elif table == "meters":
@@ -140,6 +177,7 @@ class State:
 
     def touch(self, table: str, key: Any) -> None:
         self.dirty[table].add(key)
+        self.touched.append((table, key))
         if table == "meters":
             row = self.rows[table][key]
             if row["finalized"]:
@@ -219,16 +257,19 @@ def apply(state: State, rec: Record) -> None:
     if rec.status != "ok" or rec.event is None:
         state.new_skipped.append((rec.seq, rec.id, rec.type, rec.status, rec.reason[:500]))
         return
+    state.touched.clear()
     if rec.name == "usage_recorded":
         _usage(state, rec, rec.event)  # type: ignore[arg-type]
-        return
-    if rec.id in state.applied:
-        return
-    state.applied.add(rec.id)
-    state.new_applied.append((rec.id, rec.seq, rec.name))
-    handler = HANDLERS.get(rec.name)
-    if handler is not None:
-        handler(state, rec, rec.event)
+    else:
+        if rec.id in state.applied:
+            return
+        state.applied.add(rec.id)
+        state.new_applied.append((rec.id, rec.seq, rec.name))
+        handler = HANDLERS.get(rec.name)
+        if handler is not None:
+            handler(state, rec, rec.event)
+    if state.touched:
+        _check_touched(state)
 
 
 # ---------------------------------------------------------------- tasks and placements
@@ -566,11 +607,13 @@ def _usage(state: State, rec: Record, ev: UsageRecorded) -> None:
     if period in state.settled:
         booked = open_period_after(period, state.settled)
         state.late_usage = True
-    state.usage_buffer().append((
+    row = (
         rec.id, rec.seq, ev.cluster, ev.rank, ev.lifetime_id or None, ev.instance_id, start, end,
         ev.instance_type, ev.infra, ev.region, ev.zone, ev.market, ev.hourly_price_micros, ev.cost_micros,
         ev.billing_seconds, tres_json(ev.tres), ev.user, ev.team, ev.project, period, booked, ev.final,
-        ev.correction))
+        ev.correction)
+    _check_usage_row(row)
+    state.usage_buffer().append(row)
     if m is None:
         return
     if ev.correction:

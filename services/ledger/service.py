@@ -23,14 +23,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from skypurza.events import naming
+from skypurza.events import deadletters, naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
+from skypurza.events.envelope import split_type
 
 from . import queries, settlement
 from .ledgerconfig import LedgerConfig, load_ledger_config
 from .logreader import LogReader
 from .meter import Published, due_usage, forget_applied
-from .pipeline import Projector
+from .pipeline import Failed, Pipeline, Projector
 from .projector import NewerEventError
 from .replay import catch_up_into, compare
 
@@ -66,7 +67,8 @@ class LedgerService:
         self._lock = asyncio.Lock()  # held while a batch is applied and its write started
         self._meter_lock = asyncio.Lock()
         self._settle_lock = asyncio.Lock()
-        self._pending: asyncio.Task | None = None
+        self.pipeline: Pipeline | None = None
+        self.parked = 0  # events this instance could not apply (parked on the dead-letter stream)
         self._written = asyncio.Condition()
         self._readers: asyncio.Queue | None = None
         self._ready = asyncio.Event()
@@ -104,6 +106,8 @@ class LedgerService:
         if self.meter_every_s is None:
             self.meter_every_s = min(tick_s, 10.0) if self.tick else 10.0
         self.projector = await asyncio.to_thread(Projector, self.path)
+        self.pipeline = Pipeline(self.projector, on_written=self._notify_written, on_failed=self._park,
+                                 guard=self._meter_lock)
         self._readers = asyncio.Queue()
         for _ in range(self.n_readers):
             self._readers.put_nowait(self.projector.con.cursor())
@@ -128,8 +132,8 @@ class LedgerService:
                     await s.unsubscribe()
                 except Exception:
                     pass
-            if self._pending is not None:
-                await asyncio.gather(self._pending, return_exceptions=True)
+            if self.pipeline.pending is not None:
+                await asyncio.gather(self.pipeline.pending, return_exceptions=True)
             while not self._readers.empty():
                 self._readers.get_nowait().close()
             self.projector.close()
@@ -158,25 +162,41 @@ class LedgerService:
                 await reader.close()
 
     async def _apply(self, raw: list) -> None:
-        assert self.projector is not None
+        assert self.projector is not None and self.pipeline is not None
         async with self._lock:
-            ch, err = self.projector.apply_raw(raw)
-            st = self.projector.state
-            if st.late_usage:
-                self._comp_due = True
-            if self._pending is not None:
-                await self._pending
-            self._pending = asyncio.create_task(self._write(ch))
-            if err is not None:
-                await self._pending
-                raise err
+            isolated = self.pipeline.isolated
+            try:
+                await self.pipeline.feed(raw)
+            finally:
+                if self.projector.state.late_usage or self.pipeline.isolated != isolated:
+                    # An isolated batch was committed in parts: ask the meter to look again.
+                    self._comp_due = True
+                    self._meter_kick.set()
             self.halted = None
 
-    async def _write(self, ch: Any) -> None:
-        assert self.projector is not None
-        await asyncio.to_thread(self.projector.write, ch)
+    async def _notify_written(self) -> None:
         async with self._written:
             self._written.notify_all()
+
+    async def _park(self, failure: Failed) -> None:
+        """An event the projection cannot apply: on the dead-letter stream with why, before the
+        checkpoint moves past it (a crash in between parks it again: the copy is de-duplicated)."""
+        assert self.bus is not None
+        self.parked += 1
+        subject = _subject_of(self.bus.stage, failure.payload)
+        delay = 0.5
+        for attempt in range(6):
+            try:
+                await deadletters.park(self.bus, self.name, seq=failure.seq, subject=subject, raw=failure.payload,
+                                       error=failure.error, error_type=failure.error_type)
+                return
+            except Exception as exc:  # the bus is away: the skipped table still records it
+                if attempt == 5:
+                    log.error("could not park seq %d on the dead-letter stream (%s); it is recorded in the "
+                              "skipped table", failure.seq, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def wait_written(self, seq: int, timeout: float = 10.0) -> bool:
         """Wait until the projection has committed everything up to `seq`."""
@@ -238,8 +258,8 @@ class LedgerService:
             if not self._comp_due:
                 return 0
             self._comp_due = False
-            if self._pending is not None:
-                await asyncio.gather(self._pending, return_exceptions=True)
+            if self.pipeline is not None and self.pipeline.pending is not None:
+                await asyncio.gather(self.pipeline.pending, return_exceptions=True)
             items = await self._read(lambda cur: settlement.pending_compensations(cur, self._comp_sent))
             if items:
                 await self.bus.publish_many([self.bus.envelope(ev, id=eid) for eid, ev in items])
@@ -333,8 +353,8 @@ class LedgerService:
         try:
             await catch_up_into(self.bus, replay, self.projector.written_seq)
             async with self._lock:
-                if self._pending is not None:
-                    await self._pending
+                assert self.pipeline is not None
+                await self.pipeline.flush()
                 through = self.projector.written_seq
                 await catch_up_into(self.bus, replay, through)
                 await asyncio.to_thread(replay.close)
@@ -351,6 +371,18 @@ class LedgerService:
         if keep:
             result["replay_file"] = str(path)
         return result
+
+
+def _subject_of(stage: str, payload: bytes) -> str:
+    """The log subject of a raw event, where its envelope can be read (for its dead letter)."""
+    import json
+
+    try:
+        raw = json.loads(payload)
+        aggregate, _, key = str(raw["subject"]).partition("/")
+        return naming.event_subject(stage, aggregate, key, split_type(str(raw["type"]))[0])
+    except Exception:
+        return ""
 
 
 def _compare_attached(cur: Any, replay_path: Path) -> dict[str, Any]:

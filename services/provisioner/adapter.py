@@ -208,6 +208,41 @@ class ClusterRef:
     infra: str = "aws"
 
 
+@dataclass(frozen=True)
+class CleanupFailure:
+    """A secondary resource (security group, key pair, placement group) that could not be
+    released after the nodes were gone. It costs little or nothing, so it never keeps a cluster
+    alive: it is reported (CleanupFailed) and retried in the background."""
+
+    region: str | None
+    resource_type: str  # security-group | key-pair | placement-group | instances (the listing)
+    resource: str  # its name; "*" when listing that kind of resource failed
+    resource_id: str  # the cloud's id (one creation of that name), "" when unknown
+    failure: Failure
+
+    @property
+    def retryable(self) -> bool:
+        """An operation the cloud does not offer, or a configuration it does not support, stays so."""
+        return self.failure.kind is not FailureKind.UNSUPPORTED
+
+
+@dataclass
+class ReleaseReport:
+    """What releasing unused per-stage resources did: deleted names, and each failure."""
+
+    deleted: list[str] = field(default_factory=list)
+    failures: list[CleanupFailure] = field(default_factory=list)
+
+
+class CleanupIncomplete(ProvisionError):
+    """The nodes are terminated, but some secondary resources could not be released."""
+
+    def __init__(self, terminated: Sequence[str], failures: Sequence[CleanupFailure], **context: object) -> None:
+        super().__init__(failures[0].failure, **context)  # type: ignore[arg-type]
+        self.terminated = list(terminated)
+        self.failures = list(failures)
+
+
 @runtime_checkable
 class ComputeBackend(Protocol):
     """What the provisioner needs from a backend. Every method is idempotent."""
@@ -230,9 +265,18 @@ class ComputeBackend(Protocol):
     async def start(self, ref: ClusterRef) -> list[NodeInfo]:
         ...
 
-    async def terminate(self, ref: ClusterRef) -> list[str]:
-        """Terminate every node of the cluster, wait until they are gone, release the per-cluster
-        resources nobody uses any more. Returns the node ids terminated."""
+    async def terminate(self, ref: ClusterRef, *, release: bool = True) -> list[str]:
+        """Terminate every node of the cluster and wait until they are gone. Returns the node ids
+        terminated. With `release`, then release the per-stage resources nobody uses any more
+        (raising CleanupIncomplete, after the nodes are gone, when some could not be)."""
+        ...
+
+    async def release_unused(self, stage: str, regions: Iterable[str], *,
+                             skip: Collection[str] = ()) -> ReleaseReport:
+        """Release this stage's secondary resources in `regions` that no node uses any more.
+        Never raises for one resource: each failure is in the report and the others are still
+        tried. `skip`: resource ids (or names) not to try (given up). Backends with no such
+        resources return an empty report."""
         ...
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +32,14 @@ from typing import Any
 
 import aioboto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.parsers import ResponseParserError
 
 from skypurza.events import naming
 
 from . import aws_errors
 from .adapter import (
+    CleanupFailure,
+    CleanupIncomplete,
     ClusterRef,
     Failure,
     FailureKind,
@@ -45,6 +48,7 @@ from .adapter import (
     LaunchSpec,
     NodeInfo,
     ProvisionError,
+    ReleaseReport,
     TransientProvisionError,
     provision_error,
 )
@@ -290,7 +294,7 @@ class AwsAdapter:
         await self._wait_states(where, [i["InstanceId"] for i in found], {"running"}, self._launch_timeout)
         return await self.describe(ref)
 
-    async def terminate(self, ref: ClusterRef) -> list[str]:
+    async def terminate(self, ref: ClusterRef, *, release: bool = True) -> list[str]:
         region = self._region_of(ref)
         where = _Where(region)
         found = await self._cluster_instances(ref, states=_NOT_TERMINATED)
@@ -298,10 +302,15 @@ class AwsAdapter:
         if ids:
             await self._terminate_ids(where, ids)
             await self._wait_states(where, ids, {"terminated"}, self._terminate_timeout)
-        await self.release_unused(ref.stage, [region])
+        if release:
+            report = await self.release_unused(ref.stage, [region])
+            if report.failures:
+                raise CleanupIncomplete(ids, report.failures, **self._context(where))
         return ids
 
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
+        """Terminate orphans. Releasing what they used is the caller's sweep (reconcile.py), which
+        reports each resource it could not release."""
         by_region: dict[str, list[str]] = defaultdict(list)
         for node in nodes:
             if node.region is None:
@@ -317,7 +326,6 @@ class AwsAdapter:
                 await self._terminate_ids(where, mine)
                 await self._wait_states(where, mine, {"terminated"}, self._terminate_timeout)
                 done += mine
-            await self.release_unused(stage, [region])
         return sorted(done)
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
@@ -329,36 +337,79 @@ class AwsAdapter:
         nodes = [node_info(i, r) for r, found in zip(chosen, per_region) for i in found]
         return sorted(nodes, key=lambda n: (n.region or "", n.cluster or "", n.rank or 0, n.instance_id))
 
-    async def release_unused(self, stage: str, regions: Iterable[str]) -> list[str]:
+    async def release_unused(self, stage: str, regions: Iterable[str], *,
+                             skip: Collection[str] = ()) -> ReleaseReport:
         """Delete this stage's security groups, key pair and placement groups in `regions` that no
-        instance uses any more (the last cluster using them is gone). Returns what was deleted."""
-        deleted: list[str] = []
+        instance uses any more (the last cluster using them is gone). Only resources tagged with
+        this stage (the key pair: its stage's name) are touched.
+
+        Never raises for one resource: each failure goes into the report with AWS's error and the
+        others are still tried. A listing the endpoint does not implement (a bare moto_server has
+        no placement groups) means no such resource can exist there: nothing to release."""
+        report = ReleaseReport()
+        skipped = set(skip)
         for region in regions:
             where = _Where(region)
             async with self._locks[(stage, region)]:
-                users = await self._find(region, where, naming.base_tags(stage), states=_NOT_TERMINATED)
+                if "instances:*" in skipped:
+                    continue  # listing the nodes keeps failing and was given up on (reported)
+                try:
+                    users = await self._find(region, where, naming.base_tags(stage), states=_NOT_TERMINATED)
+                except Exception as exc:  # without the users nothing can be called unused
+                    report.failures.append(CleanupFailure(region, "instances", "*", "", _failure_of(exc)))
+                    continue
                 used_groups = {g["GroupId"] for i in users for g in i.get("SecurityGroups", [])}
                 used_keys = {i.get("KeyName") for i in users}
                 clusters = {tag_value(i, naming.TAG_CLUSTER) for i in users}
                 used_pgs = {i.get("Placement", {}).get("GroupName") for i in users}
                 used_pgs |= {naming.placement_group(stage, c) for c in clusters if c}
                 stage_filter = tag_filters(naming.base_tags(stage))
-                groups = (await self._call(where, "describe_security_groups", Filters=stage_filter))["SecurityGroups"]
-                for group in groups:
+                for group in await self._listing(where, report, skipped, "security-group", "describe_security_groups",
+                                                 "SecurityGroups", Filters=stage_filter):
                     if group["GroupId"] not in used_groups:
-                        if await self._delete(where, "delete_security_group", GroupId=group["GroupId"]):
-                            deleted.append(group["GroupName"])
+                        await self._release(where, report, skipped, "security-group", group["GroupName"],
+                                            group["GroupId"], "delete_security_group", GroupId=group["GroupId"])
                 key = naming.key_pair(stage)
-                keys = (await self._call(where, "describe_key_pairs", Filters=stage_filter)).get("KeyPairs", [])
-                if key not in used_keys and any(k["KeyName"] == key for k in keys):
-                    if await self._delete(where, "delete_key_pair", KeyName=key):
-                        deleted.append(key)
-                        naming.ssh_key_file(stage, region).unlink(missing_ok=True)
-                pgs = (await self._call(where, "describe_placement_groups", Filters=stage_filter)).get("PlacementGroups", [])
-                for pg in pgs:
+                for found in await self._listing(where, report, skipped, "key-pair", "describe_key_pairs", "KeyPairs",
+                                                 Filters=stage_filter):
+                    if found.get("KeyName") == key and key not in used_keys:
+                        if await self._release(where, report, skipped, "key-pair", key, str(found.get("KeyPairId", "")),
+                                               "delete_key_pair", KeyName=key):
+                            naming.ssh_key_file(stage, region).unlink(missing_ok=True)
+                for pg in await self._listing(where, report, skipped, "placement-group", "describe_placement_groups",
+                                              "PlacementGroups", Filters=stage_filter):
                     if pg["GroupName"] not in used_pgs:
-                        if await self._delete(where, "delete_placement_group", GroupName=pg["GroupName"]):
-                            deleted.append(pg["GroupName"])
+                        await self._release(where, report, skipped, "placement-group", pg["GroupName"],
+                                            str(pg.get("GroupId", "")), "delete_placement_group",
+                                            GroupName=pg["GroupName"])
+        return report
+
+    async def _listing(self, where: _Where, report: ReleaseReport, skip: set[str], kind: str, method: str,
+                       key: str, **params: Any) -> list[dict[str, Any]]:
+        if f"{kind}:*" in skip:
+            return []  # this listing keeps failing and was given up on (reported)
+        try:
+            return list((await self._call(where, method, **params)).get(key, []))
+        except Exception as exc:
+            failure = _failure_of(exc)
+            if aws_errors.not_implemented(failure):
+                log.info("%s in %s: not implemented by this endpoint, so there is nothing to release",
+                         method, where.region)
+            else:
+                report.failures.append(CleanupFailure(where.region, kind, "*", "", failure))
+            return []
+
+    async def _release(self, where: _Where, report: ReleaseReport, skip: set[str], kind: str, name: str,
+                       resource_id: str, method: str, **params: Any) -> bool:
+        if (resource_id and resource_id in skip) or name in skip:
+            return False  # given up on: reported already
+        try:
+            deleted = await self._delete(where, method, **params)
+        except Exception as exc:
+            report.failures.append(CleanupFailure(where.region, kind, name, resource_id, _failure_of(exc)))
+            return False
+        if deleted:
+            report.deleted.append(name)
         return deleted
 
     # ================================================================== resources
@@ -554,6 +605,16 @@ class AwsAdapter:
                     FailureKind.AUTH, FailureScope.CLOUD, "NoCredentials",
                     f"{exc}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or run `aws configure`",
                 ), **self._context(where)) from exc
+            except ResponseParserError as exc:
+                # An answer that is not AWS's XML: from an emulator, its "not implemented" page.
+                unparsed = aws_errors.classify_unparsed(str(exc), emulator=_is_emulator(client))
+                if unparsed is not None:
+                    unparsed = Failure(unparsed.kind, unparsed.scope, unparsed.code,
+                                       f"{_action(method)}: {unparsed.message}", unparsed.hint)
+                    raise provision_error(unparsed, **self._context(where)) from exc
+                raise TransientProvisionError(Failure(
+                    FailureKind.TRANSIENT, FailureScope.REQUEST, type(exc).__name__, str(exc)[:500],
+                ), **self._context(where)) from exc
             except BotoCoreError as exc:  # connection failures, still failing after the retries
                 raise TransientProvisionError(Failure(
                     FailureKind.TRANSIENT, FailureScope.REQUEST, type(exc).__name__, str(exc),
@@ -646,6 +707,25 @@ class AwsAdapter:
     def _context(self, where: _Where) -> dict[str, Any]:
         return {"infra": self.infra, "region": where.region, "zone": where.zone,
                 "instance_type": where.instance_type, "use_spot": where.use_spot}
+
+
+def _failure_of(exc: BaseException) -> Failure:
+    """The classified failure of an exception raised while releasing (a bug included)."""
+    if isinstance(exc, ProvisionError):
+        return exc.failure
+    return Failure(FailureKind.UNKNOWN, FailureScope.REQUEST, type(exc).__name__, str(exc)[:500])
+
+
+def _is_emulator(client: Any) -> bool:
+    """Whether the client talks to something other than AWS (AWS_ENDPOINT_URL, moto_server ...)."""
+    url = str(getattr(getattr(client, "meta", None), "endpoint_url", "") or "")
+    return not (url.endswith(".amazonaws.com") or url.endswith(".amazonaws.com.cn") or ".amazonaws.com/" in url
+                or ".amazonaws.com.cn/" in url)
+
+
+def _action(method: str) -> str:
+    """EC2's action name for a client method (describe_placement_groups -> DescribePlacementGroups)."""
+    return "".join(part.capitalize() for part in method.split("_"))
 
 
 _RACED_CODES = frozenset({"InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown"})

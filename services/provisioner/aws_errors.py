@@ -13,6 +13,10 @@ blocks the zones it tried and moves on). We keep AWS's own code and message and 
 - transient: throttling and AWS-side faults; retried in place with back-off (see aws_retry).
 - invalid (fatal): our request is wrong (bad parameter, idempotency token reused with other
   parameters); retrying or failing over cannot help.
+- not implemented: the endpoint does not offer the operation at all (a local AWS emulator such
+  as a bare `moto_server` answers an action it lacks with an HTML "500 Internal Server Error"
+  page; AWS itself says InvalidAction or NotImplemented). Classified unsupported for the
+  request, never retried: asking again cannot make the operation exist.
 
 Pure functions only; aws_retry and the adapter call them.
 """
@@ -22,6 +26,10 @@ from __future__ import annotations
 from .adapter import Failure, FailureKind, FailureScope
 
 K, S = FailureKind, FailureScope
+
+NOT_IMPLEMENTED = "NotImplemented"  # our code for an operation the endpoint does not offer
+_NOT_IMPLEMENTED_HINT = "the EC2 endpoint does not implement this operation (a local AWS emulator?)"
+_NOT_IMPLEMENTED_CODES = frozenset({NOT_IMPLEMENTED, "InvalidAction"})
 
 # code -> (kind, scope, hint). A kind of CAPACITY becomes SPOT_CAPACITY for spot requests.
 _TABLE: dict[str, tuple[FailureKind, FailureScope, str]] = {
@@ -119,6 +127,9 @@ _TABLE: dict[str, tuple[FailureKind, FailureScope, str]] = {
     "VPCIdNotSpecified": (
         K.INVALID, S.REGION, "the region has no default VPC: create one (`aws ec2 create-default-vpc`)",
     ),
+    # The endpoint does not offer the operation (AWS's own codes; emulators: see classify_unparsed).
+    "NotImplemented": (K.UNSUPPORTED, S.REQUEST, _NOT_IMPLEMENTED_HINT),
+    "InvalidAction": (K.UNSUPPORTED, S.REQUEST, _NOT_IMPLEMENTED_HINT),
 }
 
 # Instance state-reason codes (DescribeInstances StateReason.Code) of a node that died on its
@@ -175,6 +186,30 @@ def classify_state_reason(code: str | None, message: str = "", *, use_spot: bool
     return Failure(kind=kind, scope=scope, code=code, message=message or code, hint=hint)
 
 
+def not_implemented(failure: Failure) -> bool:
+    """Whether the failure says the endpoint does not offer the operation at all."""
+    return failure.code in _NOT_IMPLEMENTED_CODES
+
+
+def classify_unparsed(text: str, *, http_status: int | None = None, emulator: bool = False) -> Failure | None:
+    """An answer botocore could not parse (`text` is its error text, which quotes the body).
+
+    A bare `moto_server` answers an action it does not implement with its web framework's HTML
+    "500 Internal Server Error" page. No AWS endpoint sends HTML for an EC2 call, so from an
+    endpoint that is not AWS's (`emulator`) that page means "not implemented": returned as such,
+    so nobody retries it. Anything else is None (the caller keeps treating it as transient).
+    """
+    lowered = text.lower()
+    html = "<html" in lowered or "<!doctype html" in lowered
+    server_error = "500 internal server error" in lowered or http_status == 500
+    if http_status == 501 or (emulator and html and server_error):
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return Failure(K.UNSUPPORTED, S.REQUEST, NOT_IMPLEMENTED,
+                       f"the endpoint answered with an HTML server error page ({first[:200]})",
+                       _NOT_IMPLEMENTED_HINT)
+    return None
+
+
 def should_retry(code: str | None, http_status: int | None) -> bool:
     """Whether botocore should resend this request as it is.
 
@@ -183,8 +218,9 @@ def should_retry(code: str | None, http_status: int | None) -> bool:
     move on within milliseconds.
     """
     if not code:
-        # No parsable error: a bare 5xx from a load balancer or a truncated body.
-        return http_status is not None and http_status >= 500
+        # No parsable error: a bare 5xx from a load balancer or a truncated body (501: the
+        # operation does not exist there, which no retry changes).
+        return http_status is not None and http_status >= 500 and http_status != 501
     return classify(code, http_status=http_status).kind is K.TRANSIENT
 
 

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,10 +39,24 @@ from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
 from skypurza.events.processes import group_alive, pid_alive
 
-from .adapter import ClusterRef, Failure, FailureKind, FailureScope, LaunchSpec, NodeInfo, NodeState, ProvisionError
+from .adapter import (
+    ClusterRef,
+    Failure,
+    FailureKind,
+    FailureScope,
+    LaunchSpec,
+    NodeInfo,
+    NodeState,
+    ProvisionError,
+    ReleaseReport,
+)
 
 LOCAL_IP = "127.0.0.1"
 RECORD = "cluster.json"
+# Every node's IP, one a line, written once per gang: the agents read it (AgentSpec.node_ips_file)
+# so that what the provisioner builds and records for N nodes stays O(N), not N command lines of
+# N IPs each.
+NODE_IPS = "node_ips"
 START_SEQ = "start_seq"
 # The agent's own directory in its home, and what it writes there (see docs/agent.md).
 AGENT_STATE = ".spz-agent"
@@ -137,7 +151,8 @@ class LocalAdapter:
             await self._ensure_running(record)
             return self._nodes(record)
 
-    async def terminate(self, ref: ClusterRef) -> list[str]:
+    async def terminate(self, ref: ClusterRef, *, release: bool = True) -> list[str]:
+        # Nothing is shared between local clusters: `release` has nothing to do here.
         async with self._lock:
             record = self._read(ref.cluster)
             if record is None:
@@ -146,6 +161,10 @@ class LocalAdapter:
             await self._kill_all(record)
             shutil.rmtree(self.cluster_dir(ref.cluster), ignore_errors=True)
             return [n["instance_id"] for n in record["nodes"]]
+
+    async def release_unused(self, stage: str, regions: Iterable[str], *,
+                             skip: Collection[str] = ()) -> ReleaseReport:
+        return ReleaseReport()  # a local cluster's home goes with it: no resources beside the nodes
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
         if stage != self.stage:
@@ -195,6 +214,9 @@ class LocalAdapter:
 
     def _new_record(self, spec: LaunchSpec) -> dict[str, Any]:
         now = datetime.now(timezone.utc).isoformat()
+        ips_file = self.cluster_dir(spec.cluster) / NODE_IPS
+        ips_file.parent.mkdir(parents=True, exist_ok=True)
+        ips_file.write_text("".join(f"{LOCAL_IP}\n" for _ in range(spec.num_nodes)))
         nodes = []
         for rank in range(spec.num_nodes):
             home = self.node_home(spec.cluster, rank)
@@ -209,16 +231,18 @@ class LocalAdapter:
     def agent_spec(self, spec: LaunchSpec, rank: int, home: Path) -> AgentSpec:
         """What node `rank` runs: the user-data's agent command when there is one, else one built here."""
         instance_id = naming.instance_name(spec.stage, spec.cluster, rank)
-        ips = tuple(LOCAL_IP for _ in range(spec.num_nodes))
+        ips_file = str(self.cluster_dir(spec.cluster) / NODE_IPS)  # written by _new_record
         if spec.user_data:
             from .userdata import agent_spec as from_user_data
 
             agent = from_user_data(spec.user_data, rank=rank, instance_id=instance_id, zone=spec.zone,
                                    home=str(home))
-            return replace(agent, node_ips=agent.node_ips or ips, infra="local")
+            if agent.node_ips or agent.node_ips_file:
+                return replace(agent, infra="local")
+            return replace(agent, node_ips_file=ips_file, infra="local")
         extra = {START_SEQ: str(spec.labels[START_SEQ])} if spec.labels.get(START_SEQ) else {}
         return AgentSpec(nats_url=self.nats_url, stage=spec.stage, cluster=spec.cluster, rank=rank,
-                         num_nodes=spec.num_nodes, node_ips=ips, instance_id=instance_id, infra="local",
+                         num_nodes=spec.num_nodes, node_ips_file=ips_file, instance_id=instance_id, infra="local",
                          region=spec.region if spec.region != "local" else None, zone=spec.zone,
                          home=str(home), extra=extra)
 

@@ -9,7 +9,13 @@
 - Nodes younger than `grace_s` are never orphans: their launch may still be on its way to the log.
   Clusters this process is launching right now are accepted whatever their nodes.
 - A vanished cluster (the log knows node ids the cloud no longer holds alive) is reported; the
-  recovery service owns what to do about it.
+  recovery service owns what to do about a node lost from a cluster that still runs. When every
+  node of a cluster is gone, nothing bills any more and the cluster is over: ClusterTerminated
+  (reason "vanished") is published, so status and cost follow the cloud. Its id is derived from
+  the cluster's placement, so any number of passes (or two reconcilers) publish it once; clusters
+  younger than `grace_s`, or being launched or torn down by this process, are left alone.
+- With `terminate=True` the pass also sweeps unused per-stage resources (security groups, key
+  pair, placement groups) from every region the stage touched (cleanup.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.envelope import derive_id
-from skypurza.events.models import ClusterProvisioned, OrphanFound
+from skypurza.events.models import ClusterProvisioned, ClusterTerminated, OrphanFound
+
+from . import cleanup
 
 from .adapter import NodeInfo, find_orphans
 from .backends import Backends, UnsupportedInfra
@@ -41,6 +49,8 @@ class ReconcileReport:
     orphans: list[NodeInfo] = field(default_factory=list)
     terminated: list[str] = field(default_factory=list)
     vanished: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ended: list[str] = field(default_factory=list)  # vanished entirely: ClusterTerminated published
+    cleanup_failed: list[str] = field(default_factory=list)  # resources the sweep could not release
     errors: dict[str, str] = field(default_factory=dict)  # infra -> why it could not be checked
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,6 +65,8 @@ class ReconcileReport:
                 for n in self.orphans
             ],
             "vanished": {c: list(ids) for c, ids in self.vanished.items()},
+            "ended": self.ended,
+            "cleanup_failed": self.cleanup_failed,
             "errors": self.errors,
         }
 
@@ -63,6 +75,21 @@ def old_enough(nodes: Sequence[NodeInfo], now: datetime, grace_s: float) -> list
     """Pure: the nodes launched at least `grace_s` ago (a node without a launch time counts)."""
     limit = now - timedelta(seconds=grace_s)
     return [n for n in nodes if n.launched_at is None or _aware(n.launched_at) <= limit]
+
+
+def ended_clusters(vanished: dict[str, tuple[str, ...]], live: dict[str, ClusterProvisioned],
+                   now: datetime, grace_s: float, busy: Collection[str] = ()) -> list[str]:
+    """Pure: the vanished clusters that are over: every node the log knows is gone, the cluster
+    is older than `grace_s`, and this process is not launching or tearing it down."""
+    limit = now - timedelta(seconds=grace_s)
+    out = []
+    for cluster, gone in vanished.items():
+        ev = live.get(cluster)
+        if ev is None or cluster in busy or not ev.nodes:
+            continue
+        if set(gone) >= {n.instance_id for n in ev.nodes} and _aware(ev.launched_at) <= limit:
+            out.append(cluster)
+    return sorted(out)
 
 
 def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
@@ -82,6 +109,8 @@ async def reconcile(
     grace_s: float = 600.0,
     infras: Sequence[str] | None = None,
     launching: Collection[str] = (),
+    terminating: Collection[str] = (),
+    cleanup_policy: cleanup.RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> ReconcileReport:
     now = now or datetime.now(timezone.utc)
@@ -111,6 +140,9 @@ async def reconcile(
         report.vanished.update(vanished)
         for cluster, ids in vanished.items():
             log.warning("reconcile: cluster %s lost node(s) %s", cluster, ", ".join(ids))
+        for cluster in ended_clusters(vanished, live, now, grace_s, set(launching) | set(terminating)):
+            await end_vanished(bus, live[cluster], vanished[cluster], now)
+            report.ended.append(cluster)
         for node in orphans:
             await record_orphan(bus, node, infra, "reported")
         report.orphans += orphans
@@ -125,7 +157,32 @@ async def reconcile(
             for node in orphans:
                 if node.instance_id in done:
                     await record_orphan(bus, node, infra, "terminated")
+    if terminate:
+        await _sweep(bus, backends, report, cleanup_policy or cleanup.RetryPolicy())
     return report
+
+
+async def _sweep(bus: Bus, backends: Backends, report: ReconcileReport, policy: cleanup.RetryPolicy) -> None:
+    """Release unused resources in every region the stage touched and every region listed (where
+    any orphan just terminated was)."""
+    regions = await cleanup.TouchedRegions().update(bus)
+    for infra, checked in report.checked.items():
+        regions.setdefault(infra, set()).update(checked)
+    try:
+        swept = await cleanup.sweep(bus, backends, regions, policy)
+    except Exception as exc:
+        log.warning("reconcile: cleanup sweep failed: %s", exc)
+        report.errors["cleanup"] = f"{type(exc).__name__}: {exc}"
+        return
+    report.cleanup_failed += [f"{f.resource_type} {f.resource} in {f.region}: {f.code}" for f in swept.failed]
+
+
+async def end_vanished(bus: Bus, provisioned: ClusterProvisioned, gone: Sequence[str], now: datetime) -> None:
+    """ClusterTerminated for a cluster whose nodes are all gone (once per launch of the cluster)."""
+    event = ClusterTerminated(cluster=provisioned.cluster, terminated_at=now, reason="vanished",
+                              instance_ids=sorted(gone))
+    await bus.publish(bus.envelope(event, id=derive_id(provisioned.placement_id, "reconcile", "vanished")))
+    log.warning("reconcile: every node of cluster %s is gone: ClusterTerminated (vanished)", provisioned.cluster)
 
 
 async def record_orphan(bus: Bus, node: NodeInfo, infra: str, action: str) -> bool:

@@ -4,7 +4,7 @@ Consumes (durable consumer, see events/service.py):
     PlacementChosen  -> launch the gang -> ClusterProvisioned, then job 1 (JobQueued)
                         | CapacityError (capacity, spot_capacity, quota, unsupported, transient)
                         | ProvisionFailed (auth, invalid, unknown)
-    DownRequested    -> terminate -> ClusterTerminated
+    DownRequested    -> terminate -> [CleanupFailed ...] ClusterTerminated
     StopRequested    -> stop -> ClusterStopped         StartRequested -> start -> ClusterStarted
     ClusterIdle      -> stop, or terminate when down (or spot, which cannot stop)
 
@@ -23,6 +23,12 @@ hold up another task's failover, and a DownRequested still waits for the launch 
 cluster. Each event is acked only after its reactions are in the log; messages waiting their
 turn are kept alive. `ack_wait` bounds how long a dead provisioner's events stay invisible.
 
+Teardown: what ends billing ends the cluster. The nodes are terminated, the cluster's region is
+released of unused per-stage resources (bounded by `cleanup_wait_s`; each failure is a
+CleanupFailed warning), then ClusterTerminated says when the nodes went. A secondary resource
+never holds it up; the background sweep (cleanup.py, every `cleanup_interval_s`, and right after
+a teardown) retries what failed and cleans every region the stage touched.
+
 Reconciliation runs every `reconcile_interval_s` (reconcile.py).
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -52,7 +59,7 @@ from skypurza.events.models import (
 )
 from skypurza.events.service import Emit
 
-from . import plan, userdata
+from . import cleanup, plan, userdata
 from .adapter import (
     CapacityError,
     ClusterRef,
@@ -86,7 +93,13 @@ class ProvisionerService:
         self._bus: Bus | None = None
         self._backends: Backends | None = None
         self._launching: set[str] = set()  # clusters this process is launching right now
+        self._terminating: set[str] = set()  # clusters this process is tearing down right now
+        self._tearing_down_in: Counter[str] = Counter()  # their regions: a teardown releases those itself
         self._reconciler: asyncio.Task[None] | None = None
+        self._cleaner: asyncio.Task[None] | None = None
+        self._sweep_soon = asyncio.Event()
+        self._sweep_lock = asyncio.Lock()  # one sweep at a time: each reads the attempts from the log
+        self._touched = cleanup.TouchedRegions()
 
     # ------------------------------------------------------------------ Service protocol
 
@@ -103,6 +116,8 @@ class ProvisionerService:
         self._backends = Backends(self.settings, stage=bus.stage, nats_url=_url_of(bus), overrides=self._overrides)
         if self.settings.reconcile_interval_s > 0 and self._reconciler is None:
             self._reconciler = asyncio.create_task(self._reconcile_loop(), name="provisioner-reconcile")
+        if self.settings.cleanup_interval_s > 0 and self._cleaner is None:
+            self._cleaner = asyncio.create_task(self._cleanup_loop(), name="provisioner-cleanup")
 
     async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
         event = stored.event
@@ -119,10 +134,11 @@ class ProvisionerService:
         return []
 
     async def close(self) -> None:
-        if self._reconciler is not None:
-            self._reconciler.cancel()
-            await asyncio.gather(self._reconciler, return_exceptions=True)
-            self._reconciler = None
+        for task in (self._reconciler, self._cleaner):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._reconciler = self._cleaner = None
         if self._backends is not None:
             await self._backends.close()
 
@@ -270,13 +286,49 @@ class ProvisionerService:
         state, backend = await self._state(ev.cluster)
         if backend is None or stored.seq < state.terminated_seq:
             return []  # not up, or this request was served by an earlier termination
-        return [await self._terminate(state, backend, ev.reason)]
+        await self._terminate(stored, state, backend, ev.reason)
+        return []
 
-    async def _terminate(self, state: ClusterState, backend: ComputeBackend, reason: str) -> ClusterTerminated:
-        ids = await backend.terminate(state.ref(self.bus.stage))
-        known = [n.instance_id for n in state.nodes]
-        return ClusterTerminated(cluster=state.cluster, terminated_at=datetime.now(timezone.utc), reason=reason,
-                                 instance_ids=sorted(set(known) | set(ids)))
+    async def _terminate(self, stored: Stored, state: ClusterState, backend: ComputeBackend, reason: str) -> None:
+        """Terminate the nodes, release the cluster's region (bounded), publish ClusterTerminated.
+
+        `terminated_at` is when the nodes were gone, which is when metering stops. A failure to
+        release a security group, key pair or placement group is a CleanupFailed warning
+        published before ClusterTerminated (so a waiting `spz down` sees it), never a blocker."""
+        assert stored.envelope is not None and state.provisioned is not None
+        region = state.provisioned.candidate.region
+        self._terminating.add(state.cluster)
+        self._tearing_down_in[region or ""] += 1
+        try:
+            ids = await backend.terminate(state.ref(self.bus.stage), release=False)
+            ended = datetime.now(timezone.utc)
+            if region:
+                await self._release_after_teardown(stored, state.cluster, state.provisioned.candidate.infra, region)
+            known = [n.instance_id for n in state.nodes]
+            event = ClusterTerminated(cluster=state.cluster, terminated_at=ended, reason=reason,
+                                      instance_ids=sorted(set(known) | set(ids)))
+            await self.bus.publish(self.bus.envelope(event, cause=stored.envelope, handler=self.name,
+                                                     key=ClusterTerminated.EVENT_NAME))
+        finally:
+            self._terminating.discard(state.cluster)
+            self._tearing_down_in[region or ""] -= 1
+        self._sweep_soon.set()  # the other regions the stage touched (one where every launch failed)
+
+    async def _release_after_teardown(self, stored: Stored, cluster: str, infra: str, region: str) -> None:
+        try:
+            await asyncio.wait_for(self._sweep({infra: [region]}, cluster=cluster), max(0.1, self.settings.cleanup_wait_s))
+        except asyncio.TimeoutError:
+            log.warning("cluster %s: releasing resources in %s took over %.0f s; the background sweep goes on",
+                        cluster, region, self.settings.cleanup_wait_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never a blocker of ClusterTerminated; the sweep retries
+            log.exception("cluster %s: releasing resources in %s failed; the background sweep retries", cluster,
+                          region)
+
+    def _cleanup_policy(self) -> cleanup.RetryPolicy:
+        return cleanup.RetryPolicy(attempts=max(1, self.settings.cleanup_attempts),
+                                   backoff_s=max(0.0, self.settings.cleanup_backoff_s))
 
     async def _on_stop(self, stored: Stored, ev: StopRequested) -> list[Event | Emit]:
         state, backend = await self._state(ev.cluster)
@@ -310,12 +362,14 @@ class ProvisionerService:
             return []  # a job arrived after the agent declared the cluster idle
         assert state.provisioned is not None
         if ev.down or state.provisioned.candidate.use_spot:
-            return [await self._terminate(state, backend, "autostop")]
+            await self._terminate(stored, state, backend, "autostop")
+            return []
         try:
             await backend.stop(state.ref(self.bus.stage))
         except FatalProvisionError as err:
             log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
-            return [await self._terminate(state, backend, "autostop")]
+            await self._terminate(stored, state, backend, "autostop")
+            return []
         return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
 
     # ------------------------------------------------------------------ reconciliation
@@ -325,7 +379,35 @@ class ProvisionerService:
             self.bus, self.backends,
             terminate=self.settings.reconcile_terminate if terminate is None else terminate,
             grace_s=self.settings.reconcile_grace_s, infras=infras, launching=set(self._launching),
+            terminating=set(self._terminating), cleanup_policy=self._cleanup_policy(),
         )
+
+    async def sweep(self) -> cleanup.SweepReport:
+        """Release unused per-stage resources in every region the stage touched (background)."""
+        touched = await self._touched.update(self.bus)
+        # A region with a teardown under way is released by that teardown (its warnings then
+        # name its cluster); the next sweep covers it.
+        busy = {r for r, n in self._tearing_down_in.items() if n > 0}
+        return await self._sweep({infra: set(regions) - busy for infra, regions in touched.items()})
+
+    async def _sweep(self, regions: Mapping[str, Sequence[str] | set[str]],
+                     cluster: str = cleanup.SWEEP_CLUSTER) -> cleanup.SweepReport:
+        async with self._sweep_lock:
+            return await cleanup.sweep(self.bus, self.backends, regions, self._cleanup_policy(), cluster=cluster)
+
+    async def _cleanup_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._sweep_soon.wait(), self.settings.cleanup_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._sweep_soon.clear()
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background cleanup sweep failed")
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -333,8 +415,8 @@ class ProvisionerService:
             try:
                 report = await self.reconcile()
                 if report.orphans or report.vanished:
-                    log.warning("reconcile: %d orphan(s), %d vanished cluster(s)", len(report.orphans),
-                                len(report.vanished))
+                    log.warning("reconcile: %d orphan(s), %d vanished cluster(s) (%d ended)", len(report.orphans),
+                                len(report.vanished), len(report.ended))
             except asyncio.CancelledError:
                 raise
             except Exception:

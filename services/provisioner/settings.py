@@ -13,6 +13,10 @@
     SKYPURZA_RECONCILE_GRACE_S=600              # younger nodes are never orphans (launching)
     SKYPURZA_RECONCILE_TERMINATE=0              # 1: the periodic pass also terminates orphans
     SKYPURZA_RECONCILE_INFRAS=aws               # reconciled even with no live cluster there
+    SKYPURZA_CLEANUP_INTERVAL_S=60              # background sweep of unused resources; 0: off
+    SKYPURZA_CLEANUP_ATTEMPTS=5                 # tries per resource that cannot be released
+    SKYPURZA_CLEANUP_BACKOFF_S=60               # try n waits backoff * 2**(n-1) after the last
+    SKYPURZA_CLEANUP_WAIT_S=20                  # a teardown's own release, before ClusterTerminated
     SKYPURZA_AGENT_NATS_URL=nats://host:4222    # the NATS address EC2 nodes can reach
     SKYPURZA_NODE_INSTALL='skypurza==0.1.0'     # pip requirement installed on EC2 nodes
 
@@ -48,6 +52,10 @@ class ProvisionerSettings:
     agent_nats_url: str | None = None
     node_install: str = f"skypurza=={__version__}"
     local_root: str | None = None
+    cleanup_interval_s: float = 60.0
+    cleanup_attempts: int = 5
+    cleanup_backoff_s: float = 60.0
+    cleanup_wait_s: float = 20.0
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> ProvisionerSettings:
@@ -103,4 +111,9 @@ class ProvisionerSettings:
             agent_nats_url=pick("SKYPURZA_AGENT_NATS_URL", (prov, "agent_nats_url")),
             node_install=str(pick("SKYPURZA_NODE_INSTALL", (prov, "node_install")) or base.node_install),
             local_root=pick("SKYPURZA_LOCAL_ROOT", (prov, "local_root")),
+            cleanup_interval_s=num("SKYPURZA_CLEANUP_INTERVAL_S", base.cleanup_interval_s,
+                                   (prov, "cleanup_interval_s")),
+            cleanup_attempts=int(num("SKYPURZA_CLEANUP_ATTEMPTS", base.cleanup_attempts, (prov, "cleanup_attempts"))),
+            cleanup_backoff_s=num("SKYPURZA_CLEANUP_BACKOFF_S", base.cleanup_backoff_s, (prov, "cleanup_backoff_s")),
+            cleanup_wait_s=num("SKYPURZA_CLEANUP_WAIT_S", base.cleanup_wait_s, (prov, "cleanup_wait_s")),
         )

@@ -30,10 +30,11 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from skypurza.events import naming
+from skypurza.events import deadletters, naming
 from skypurza.events.bus import Bus, ConcurrencyConflict, Stored
 from skypurza.events.envelope import Event, derive_id
 from skypurza.events.models import (
@@ -89,6 +90,7 @@ class RecoveryService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._hb_sub: Any = None
         self._ec2: Ec2Watch | None = None
+        self._parked: set[int] = set()  # seqs of events the state machine could not take
 
     # ------------------------------------------------------------------ Service protocol
 
@@ -180,8 +182,7 @@ class RecoveryService:
             job_id = getattr(ev, "managed_job_id", None)
             if ev is None or job_id is None:
                 continue
-            at = s.envelope.time if s.envelope else s.timestamp
-            state = machine.apply(self.jobs.get(job_id), ev, s.seq, at)
+            state = await self._fold(self.jobs.get(job_id), s)
             if state is not None:
                 self.jobs[job_id] = state
         now = datetime.now(timezone.utc)
@@ -205,10 +206,27 @@ class RecoveryService:
         start = state.last_seq + 1 if state is not None else 1
         async for s in history(self.bus, subject, start):
             if s.event is not None:
-                state = machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp)
+                state = await self._fold(state, s)
         if state is not None:
             self.jobs[job_id] = state
         return state
+
+    async def _fold(self, state: machine.JobState | None, s: Stored) -> machine.JobState | None:
+        """One event into a job's state. An event the state machine raises on is parked with its
+        error and skipped (the state is left as it was: `machine.apply` builds a new one), so one
+        bad event can neither stop the rebuild at start nor every later fact of its job."""
+        try:
+            return machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp)
+        except Exception as exc:
+            if s.seq not in self._parked:
+                self._parked.add(s.seq)
+                try:
+                    await deadletters.park(self.bus, self.name, seq=s.seq, subject=s.subject, raw=s.raw, error=exc)
+                except Exception as park_exc:
+                    log.error("seq %d could not be parked (%s): %s", s.seq, exc, park_exc)
+            if state is not None:
+                return replace(state, last_seq=max(state.last_seq, s.seq))
+            return None
 
     async def _act(self, job_id: int, fact: machine.Fact, cause: str = "") -> None:
         """Decide on one fact and publish the transition (with optimistic concurrency), then see

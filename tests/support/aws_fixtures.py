@@ -6,6 +6,11 @@
   `FakeAws` with `endpoint_url`, `account_id`, `env`, `session()`, `client()` and the fault
   helpers `add_fault`, `add_launch_failure`, `clear_faults`, `preempt`, `requests`,
   `request_count`, `count_instances`.
+- `bare_moto` (function): a plain `moto_server -p PORT` process, as a user with a local AWS
+  emulator runs it: no middleware, no validation switches, moto's own gaps (no placement groups:
+  it answers those actions with an HTML 500 page). Yields a `BareMoto` with the same `env`,
+  `session()`, `client()` and `count_instances` as FakeAws (no faults). Killed at the end, on
+  failure too.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import itertools
 import json
 import os
 import random
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -211,3 +218,72 @@ def fake_aws(fakeaws_server: FakeAwsServer) -> Iterator[FakeAws]:
     yield aws
     aws.clear_faults()
     aws.clear_requests()
+
+
+# ---------------------------------------------------------------------------- bare moto_server
+
+
+class BareMoto(FakeAws):
+    """A plain moto_server: FakeAws's clients and counts, without the fault middleware."""
+
+    def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
+        self.endpoint_url = url
+        self.process = process
+        self.account_id = "123456789012"  # moto's default account (the access key is not read)
+        self.region = DEFAULT_REGION
+
+    def _no_faults(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a bare moto_server has no fault injection: use fake_aws")
+
+    add_fault = add_launch_failure = rules = clear_faults = preempt = _no_faults  # type: ignore[assignment]
+    requests = request_count = clear_requests = _no_faults  # type: ignore[assignment]
+
+
+def moto_server_command() -> list[str]:
+    """`moto_server` next to this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("moto_server")
+    found = str(beside) if beside.exists() else shutil.which("moto_server")
+    if found is None:
+        raise RuntimeError("moto_server not found (pip install 'moto[server]')")
+    return [found]
+
+
+def start_bare_moto(log_path: Path | None = None, timeout: float = 30.0) -> BareMoto:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOTO_") and k != "AWS_ENDPOINT_URL"}
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen([*moto_server_command(), "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                            env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=2) as resp:
+                resp.read()
+            return BareMoto(url, proc)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"moto_server did not start on port {port}")
+            time.sleep(0.05)
+
+
+def stop_bare_moto(server: BareMoto) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture
+def bare_moto(tmp_path: Path) -> Iterator[BareMoto]:
+    server = start_bare_moto(tmp_path / "moto_server.log")
+    try:
+        yield server
+    finally:
+        stop_bare_moto(server)

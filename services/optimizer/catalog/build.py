@@ -1,7 +1,6 @@
 """Build the shipped catalog file from public AWS facts (SkyPilot-style `vms.csv` columns).
 
-    python -m skypurza.services.optimizer.catalog.build \
-        --vms ../shared/catalog/aws_vms.csv --accelerators ../shared/catalog/accelerators.csv
+    python -m skypurza.services.optimizer.catalog.build   # facts from facts/ beside this module
 
 writes `aws.json` next to this module. Only what the facts say goes in: an empty Price or
 SpotPrice stays unknown (null), zone IDs stay zone IDs, and no default image is invented.
@@ -21,6 +20,9 @@ from . import codec
 from .model import Catalog, InstanceType, Offering, ZoneOffer, dollars_to_micros, is_local_zone_id
 
 SHIPPED_FILE = Path(__file__).with_name("aws.json")
+# The public facts the shipped file is built from, kept in the repository (facts/README.md says
+# what they are): the build and its test need nothing outside the checkout.
+FACTS_DIR = Path(__file__).with_name("facts")
 
 
 def _gpu_memory_mib(gpu_info: str) -> int | None:
@@ -101,7 +103,7 @@ def build(vms: Path, accelerators: Path, out: Path = SHIPPED_FILE, built_at: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    default_facts = Path(__file__).resolve().parents[4] / "shared" / "catalog"
+    default_facts = FACTS_DIR
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vms", type=Path, default=default_facts / "aws_vms.csv")
     p.add_argument("--accelerators", type=Path, default=default_facts / "accelerators.csv")

@@ -1,0 +1,90 @@
+"""Find every process of one stage's embedded control plane, recorded or not.
+
+`spz api stop` must stop what a crashed or racing start left behind, not only what `api.json`
+names, and a start must never open the JetStream store beside a server still holding it. Each
+control-plane process is recognisable from its command line alone:
+- the supervisor and the services process carry `--control-plane <state dir>`;
+- nats-server runs `-c <state dir>/jetstream/nats.conf`;
+- a services process of an older release (`-m skypurza.cli.serve --nats <url> --stage <stage>`)
+  is matched by its stage and the stage's recorded URL.
+Node agents of local clusters also name the state directory (their homes live under it); they are
+nodes, not the control plane, and never match.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTROL_PLANE_FLAG = "--control-plane"
+SUPERVISOR_MODULE = "skypurza.cli.supervisor"
+SERVE_MODULE = "skypurza.cli.serve"
+
+
+@dataclass(frozen=True)
+class PlaneProcess:
+    pid: int
+    role: str  # supervisor | services | nats-server
+
+
+def classify(argv: list[str], state_dir: str, nats_conf: str, stage: str, nats_url: str | None) -> str | None:
+    """The control-plane role of a process with this argv in this stage, or None (pure)."""
+    if not argv:
+        return None
+    if Path(argv[0]).name == "nats-server":
+        return "nats-server" if nats_conf in argv else None
+    if "-m" not in argv:
+        return None
+    module = argv[argv.index("-m") + 1] if argv.index("-m") + 1 < len(argv) else ""
+    if module not in (SUPERVISOR_MODULE, SERVE_MODULE):
+        return None
+    role = "supervisor" if module == SUPERVISOR_MODULE else "services"
+    if _flag_value(argv, CONTROL_PLANE_FLAG) == state_dir:
+        return role
+    if role == "services" and nats_url and _flag_value(argv, "--stage") == stage \
+            and _flag_value(argv, "--nats") == nats_url:
+        return role
+    return None
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def read_argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] == "Z"
+
+
+def find(state_dir: Path, nats_conf: Path, stage: str, nats_url: str | None = None) -> list[PlaneProcess]:
+    """Every live control-plane process of this stage on this machine."""
+    me = os.getpid()
+    sd = str(state_dir)
+    conf = str(nats_conf)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        role = classify(read_argv(pid), sd, conf, stage, nats_url)
+        if role and not _zombie(pid):
+            found.append(PlaneProcess(pid, role))
+    return found

@@ -1,0 +1,229 @@
+"""The one supervisor of a stage's embedded control plane (`python -m skypurza.cli.supervisor`).
+
+`spz api start` (holding the stage's lock) starts this process and nothing else; it runs
+nats-server and the services process as its children and restarts either with back-off when it
+dies — on the same port and the same store, so clients and local agents reconnect. CLI calls
+never restart anything themselves while a supervisor lives: that is what made two servers open
+one store.
+
+Children get PR_SET_PDEATHSIG: a supervisor that is SIGKILLed takes its children with it, and
+the next `spz` call (under the lock) starts a fresh control plane instead of finding orphans.
+
+`api.json` (naming.control_state_file) is rewritten atomically on every change: the URL, each
+process's pid, restarts and last exit, and whether the services have reported ready since their
+last start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from skypurza.events import naming
+from skypurza.events.natsserver import NatsServer, nats_server_binary, port_open
+
+from .planeprocs import CONTROL_PLANE_FLAG
+
+READY_MARK = b"services ready"
+POLL_S = 0.1
+STOP_GRACE_S = 15.0
+# After this long without dying, a child's back-off starts again from its first step.
+STABLE_S = 60.0
+
+
+def restart_delay(failures_in_a_row: int, first: float, cap: float) -> float:
+    """Back-off before restart number `failures_in_a_row` (1-based): first, 2×first, … ≤ cap."""
+    return min(cap, first * (2 ** max(0, failures_in_a_row - 1)))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    first_delay: float
+    max_delay: float
+    proc: subprocess.Popen | None = None
+    started_mono: float = 0.0
+    started_at: str | None = None
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    last_exit: int | None = None
+    restart_at: float | None = None
+    log_offset: int = 0
+    ready: bool = False
+    ever_ready: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def spawn(self, env: dict[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+        self.started_mono = time.monotonic()
+        self.started_at = _now()
+        self.ready = False
+        self.restart_at = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def record(self) -> dict:
+        return {"pid": self.proc.pid if self.alive() else None, "log": str(self.log),
+                "started_at": self.started_at, "restarts": self.restarts, "last_exit": self.last_exit,
+                "ready": self.ready, "ever_ready": self.ever_ready, **self.extra}
+
+
+class Supervisor:
+    def __init__(self, stage: str, port: int, services: str) -> None:
+        self.stage = stage
+        self.port = port
+        self.url = f"nats://127.0.0.1:{port}"
+        self.state_dir = naming.state_dir(stage)
+        self.state_file = naming.control_state_file(stage)
+        logs = naming.control_logs_dir(stage)
+        store = naming.nats_store_dir(stage)
+        store.mkdir(parents=True, exist_ok=True)
+        conf = store / "nats.conf"
+        conf.write_text(NatsServer(store_dir=store, port=port).config_text())
+        self.nats = Child("nats-server", [nats_server_binary(), "-c", str(conf)], logs / "nats-server.log",
+                          first_delay=0.2, max_delay=5.0)
+        self.services = Child(
+            "services",
+            [sys.executable, "-m", "skypurza.cli.serve", "--nats", self.url, "--stage", stage,
+             "--services", services, CONTROL_PLANE_FLAG, str(self.state_dir)],
+            logs / "services.log", first_delay=1.0, max_delay=30.0, extra={"services": services})
+        self.stopping = False
+        self.started_at = _now()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    # ------------------------------------------------------------------ state file
+    def write_state(self) -> None:
+        state = {
+            "nats_url": self.url, "port": self.port, "started_at": self.started_at,
+            "supervisor": {"pid": os.getpid(), "log": str(naming.control_logs_dir(self.stage) / "supervisor.log")},
+            "processes": {"nats-server": self.nats.record(), "services": self.services.record()},
+        }
+        tmp = self.state_file.with_name(self.state_file.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        if port_open(self.port):
+            print(f"port {self.port} is already in use: refusing to start a second nats-server", flush=True)
+            return 3
+        self.nats.spawn(self.env)
+        if not self._wait_listening(10.0):
+            print(f"nats-server did not listen on {self.port}; see {self.nats.log}", flush=True)
+            self._stop_child(self.nats)
+            return 3
+        self.services.spawn(self.env)
+        self.write_state()
+        print(f"supervising nats-server (pid {self.nats.proc.pid}) and services (pid {self.services.proc.pid}) "
+              f"at {self.url}", flush=True)
+        while not self.stopping:
+            changed = self._tend(self.nats) | self._tend(self.services)
+            if not self.services.ready and self.services.alive() and self._reported_ready(self.services):
+                self.services.ready = self.services.ever_ready = True
+                changed = True
+            if changed:
+                self.write_state()
+            time.sleep(POLL_S)
+        self._stop_child(self.services)
+        self._stop_child(self.nats)
+        self.write_state()
+        print("stopped", flush=True)
+        return 0
+
+    def _tend(self, child: Child) -> bool:
+        """Notice a dead child and restart it when its back-off is over; True when state changed."""
+        if child.alive():
+            if child.failures_in_a_row and time.monotonic() - child.started_mono > STABLE_S:
+                child.failures_in_a_row = 0
+            return False
+        now = time.monotonic()
+        if child.restart_at is None:
+            child.last_exit = child.proc.returncode if child.proc else None
+            child.failures_in_a_row += 1
+            delay = restart_delay(child.failures_in_a_row, child.first_delay, child.max_delay)
+            child.restart_at = now + delay
+            print(f"{child.name} exited with {child.last_exit}; restarting in {delay:.1f}s", flush=True)
+            return True
+        if now < child.restart_at:
+            return False
+        if child is self.nats and port_open(self.port):
+            child.restart_at = now + 0.5  # the old socket is still closing; never bind twice
+            return False
+        child.restarts += 1
+        child.spawn(self.env)
+        print(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})", flush=True)
+        return True
+
+    def _reported_ready(self, child: Child) -> bool:
+        try:
+            with open(child.log, "rb") as f:
+                f.seek(child.log_offset)
+                return READY_MARK in f.read()
+        except OSError:
+            return False
+
+    def _wait_listening(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.nats.alive():
+                return False
+            if port_open(self.port):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _stop_child(self, child: Child) -> None:
+        if not child.alive():
+            return
+        child.proc.terminate()
+        try:
+            child.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait(10)
+        child.last_exit = child.proc.returncode
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        self.stopping = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m skypurza.cli.supervisor", description=__doc__)
+    p.add_argument("--stage", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--services", default="all")
+    p.add_argument(CONTROL_PLANE_FLAG, dest="control_plane", required=True,
+                   help="the stage's state directory (how `spz api stop` recognises this process)")
+    args = p.parse_args(argv)
+    return Supervisor(args.stage, args.port, args.services).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

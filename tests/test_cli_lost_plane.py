@@ -1,0 +1,173 @@
+"""A CLI command that waits on the control plane when it goes away: it notices within seconds,
+says what happened and what still runs, exits 69, and never shows a traceback. Real CLI
+processes, a real nats-server (killed, or stopped as `spz api stop` stops it), the real
+services (`python -m skypurza.cli.serve`) and real agents on the `local` infra."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from agent_harness import wait_events
+from nats_fixtures import kill_processes_using
+
+from skypurza.cli.lostplane import EXIT_LOST_CONTROL_PLANE
+from skypurza.events.bus import Bus
+from skypurza.events.natsserver import NatsServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+STAGE = "lost"
+
+
+class Plane:
+    """A nats-server we can kill and start again (same port, same store) and the services."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.port = free_port()
+        self.server = self._server().start()
+        self.env = {**os.environ, "SKYPURZA_NATS_URL": self.server.url, "SKYPURZA_STAGE": STAGE,
+                    "SKYPURZA_HOME": str(tmp / "spzhome"), "SKYPURZA_USER": "dora",
+                    "SKYPURZA_AGENT_KILL_GRACE_S": "1", "PYTHONIOENCODING": "utf-8", "COLUMNS": "200"}
+        self.procs: list[subprocess.Popen] = []
+        self.services = self.spawn([sys.executable, "-m", "skypurza.cli.serve", "--nats", self.server.url,
+                                    "--stage", STAGE, "--services", "all"], log=tmp / "services.log")
+        deadline = time.monotonic() + 60
+        while "services ready" not in self._services_log():
+            assert self.services.poll() is None, self._services_log()
+            assert time.monotonic() < deadline, self._services_log()
+            time.sleep(0.1)
+
+    def _server(self) -> NatsServer:
+        return NatsServer(store_dir=self.tmp / "js", port=self.port, log_file=self.tmp / "nats.log")
+
+    def _services_log(self) -> str:
+        path = self.tmp / "services.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def spawn(self, argv: list[str], log: Path | None = None) -> subprocess.Popen:
+        out = open(log, "ab") if log else subprocess.PIPE
+        proc = subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT if log else
+                                subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def spz(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=self.env, cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def spz_background(self, *args: str) -> subprocess.Popen:
+        return self.spawn([sys.executable, "-m", "skypurza.cli.main", *args])
+
+    def restart_nats(self) -> None:
+        self.server = self._server().start()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
+        self.server.stop()
+        kill_processes_using(self.url)  # the agents (their command lines name the URL)
+
+
+@pytest.fixture
+def plane(tmp_path: Path):
+    p = Plane(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+async def _wait_started(url: str, cluster: str, job_id: int) -> None:
+    bus = await Bus.connect(url, STAGE, source="/tests", max_reconnect_attempts=0)
+    try:
+        await wait_events(bus, cluster, lambda evs: any(e.EVENT_NAME == "job_started" and e.job_id == job_id
+                                                        for e in evs), timeout=60)
+    finally:
+        await bus.close()
+
+
+def _up(plane: Plane, cluster: str) -> None:
+    r = plane.spz("launch", "-y", "-c", cluster, "echo up", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "up" in r.stdout.splitlines()
+
+
+def _gives_up(proc: subprocess.Popen, since: float) -> tuple[int, str, float]:
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, err.decode(errors="replace"), time.monotonic() - since
+
+
+def test_exec_gives_up_on_a_killed_nats_and_the_job_goes_on(plane: Plane) -> None:
+    _up(plane, "c")
+    exec_ = plane.spz_background("exec", "c", "sleep 8; echo done")
+    asyncio.run(_wait_started(plane.url, "c", 2))
+    plane.server.kill()
+    t0 = time.monotonic()
+    code, err, took = _gives_up(exec_, t0)
+    assert code == EXIT_LOST_CONTROL_PLANE, err
+    assert took < 10, f"took {took:.1f}s"
+    assert "lost the control plane" in err
+    assert "job 2 keeps running on cluster c; follow it with spz logs c 2" in err.lower()
+    assert "Traceback" not in err
+    # What it said is true: with the server back, the job ends and its output is all there.
+    plane.restart_nats()
+    r = plane.spz("logs", "c", "2", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["done"]
+
+
+def test_logs_follow_gives_up_when_the_control_plane_is_stopped(plane: Plane) -> None:
+    """`spz api stop` stops nats-server with SIGTERM: the connection is closed, not reset."""
+    _up(plane, "f")
+    job = plane.spz("exec", "-d", "f", "echo started; sleep 30")
+    assert job.returncode == 0, job.stderr
+    asyncio.run(_wait_started(plane.url, "f", 2))
+    follower = plane.spz_background("logs", "f", "2")
+    time.sleep(2.0)  # following now
+    plane.server.stop()
+    t0 = time.monotonic()
+    code, err, took = _gives_up(follower, t0)
+    assert code == EXIT_LOST_CONTROL_PLANE, err
+    assert took < 10, f"took {took:.1f}s"
+    assert "job 2 keeps running on cluster f; follow it with spz logs f 2" in err.lower()
+    assert "Traceback" not in err
+
+
+def test_a_restart_within_the_grace_is_waited_out(plane: Plane) -> None:
+    _up(plane, "g")
+    exec_ = plane.spz_background("exec", "g", "sleep 4; echo after the restart")
+    asyncio.run(_wait_started(plane.url, "g", 2))
+    plane.server.kill()
+    time.sleep(1.0)
+    plane.restart_nats()
+    out, err = exec_.communicate(timeout=60)
+    assert exec_.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["after the restart"]
+    assert "connected to the control plane again" in err.decode()
+
+
+def test_nothing_listening_is_one_line_and_code_69(tmp_path: Path) -> None:
+    env = {**os.environ, "SKYPURZA_NATS_URL": f"nats://127.0.0.1:{free_port()}", "SKYPURZA_STAGE": STAGE,
+           "SKYPURZA_HOME": str(tmp_path / "h")}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "queue"], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_LOST_CONTROL_PLANE, r.stderr
+    assert time.monotonic() - t0 < 20
+    assert "cannot reach the control plane" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

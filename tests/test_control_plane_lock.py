@@ -1,0 +1,193 @@
+"""Exactly one control plane per stage, whatever the concurrency (issue 11 §1).
+
+Real `spz` processes started at once on a fresh SKYPURZA_HOME; the processes of the stage are
+counted from /proc by their command lines (cli/planeprocs.py), so a second, unrecorded
+nats-server or services process would be seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from skypurza.cli import planeprocs
+from skypurza.events import naming
+
+ROUNDS = 20
+STARTERS = 8
+
+
+def _env(home: Path, stage: str) -> dict[str, str]:
+    env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": stage, "SKYPURZA_AGENT_KILL_GRACE_S": "1"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    env.pop("SKYPURZA_NATS_PORT", None)
+    return env
+
+
+def _spawn(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _roles(home: Path, stage: str) -> Counter:
+    sd = home / stage
+    return Counter(p.role for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", stage))
+
+
+def _stop(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop", "-o", "json"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _kill_stage(home: Path, stage: str) -> None:
+    sd = home / stage
+    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", stage):
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _agent_pids(home: Path) -> list[int]:
+    pids = []
+    for record in home.glob("*/clusters/*/cluster.json"):
+        pids += [n["pid"] for n in json.loads(record.read_text())["nodes"] if n.get("pid")]
+    return pids
+
+
+@pytest.fixture
+def homes(tmp_path: Path):
+    made: list[tuple[Path, str]] = []
+
+    def new(i: int) -> tuple[Path, dict[str, str]]:
+        home, stage = tmp_path / f"home{i}", "locktest"
+        made.append((home, stage))
+        return home, _env(home, stage)
+
+    yield new
+    for home, stage in made:  # whatever a failing round left behind
+        for pid in _agent_pids(home):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _kill_stage(home, stage)
+
+
+def test_classify_recognises_only_control_plane_processes():
+    sd, conf = "/h/dev", "/h/dev/jetstream/nats.conf"
+    assert planeprocs.classify(["/bin/nats-server", "-c", conf], sd, conf, "dev", None) == "nats-server"
+    assert planeprocs.classify(["/bin/nats-server", "-c", "/h/other/jetstream/nats.conf"], sd, conf, "dev", None) is None
+    assert planeprocs.classify(["python", "-m", "skypurza.cli.supervisor", "--stage", "dev", "--control-plane", sd],
+                               sd, conf, "dev", None) == "supervisor"
+    assert planeprocs.classify(["python", "-m", "skypurza.cli.serve", "--nats", "nats://x:1", "--stage", "dev",
+                                "--control-plane", sd], sd, conf, "dev", None) == "services"
+    # An older services process has no marker: recognised by stage and the recorded URL only.
+    old = ["python", "-m", "skypurza.cli.serve", "--nats", "nats://x:1", "--stage", "dev"]
+    assert planeprocs.classify(old, sd, conf, "dev", "nats://x:1") == "services"
+    assert planeprocs.classify(old, sd, conf, "dev", "nats://x:2") is None
+    # A node agent's home is under the state directory: it is a node, never the control plane.
+    agent = ["python", "-m", "skypurza.services.agent", "--stage", "dev", "--home", sd + "/clusters/c/node-0"]
+    assert planeprocs.classify(agent, sd, conf, "dev", None) is None
+
+
+def test_concurrent_api_starts_make_one_control_plane_and_stop_leaves_nothing(homes):
+    for i in range(ROUNDS):
+        home, env = homes(i)
+        procs = [_spawn(env, "api", "start", "-o", "json") for _ in range(STARTERS)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+        started = [json.loads(o[0]) for o in outs]
+        assert sum(not s["already_running"] for s in started) == 1, f"round {i}: more than one starter started"
+        assert len({s["nats_url"] for s in started}) == 1, f"round {i}: starters saw different servers"
+        assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1}), f"round {i}"
+        port = int((home / "locktest" / "nats.port").read_text())
+        assert started[0]["nats_url"].endswith(f":{port}")
+        stopped = _stop(env)
+        assert stopped.returncode == 0, stopped.stderr
+        assert {p["name"] for p in json.loads(stopped.stdout)["stopped"]} == {"supervisor", "nats-server", "services"}
+        assert _roles(home, "locktest") == Counter(), f"round {i}: api stop left a process behind"
+
+
+def test_concurrent_first_use_launches_share_one_control_plane(homes, tmp_path):
+    task = tmp_path / "hi.yaml"
+    task.write_text("run: echo hi\n")
+    for i in range(ROUNDS):
+        home, env = homes(100 + i)
+        procs = [_spawn(env, "launch", "--async", "-y", "-c", f"c{n}", "--infra", "local", str(task))
+                 for n in range(STARTERS)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+        assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1}), f"round {i}"
+        assert _stop(env).returncode == 0
+        assert _roles(home, "locktest") == Counter(), f"round {i}: api stop left a process behind"
+        for pid in _agent_pids(home):  # the clusters are not the control plane's: tidy them here
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_the_supervisor_restarts_a_dead_child_on_the_same_port_and_takes_its_children_when_killed(homes):
+    home, env = homes(999)
+    first = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    state_file = naming.state_dir("locktest", home) / "api.json"
+    before = json.loads(state_file.read_text())
+    os.kill(before["processes"]["nats-server"]["pid"], signal.SIGKILL)
+    os.kill(before["processes"]["services"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    after = before
+    while time.monotonic() < deadline:
+        after = json.loads(state_file.read_text())
+        if after["processes"]["services"].get("ready") and after["processes"]["nats-server"]["restarts"] >= 1 \
+                and after["processes"]["services"]["restarts"] >= 1:
+            break
+        time.sleep(0.1)
+    assert after["processes"]["nats-server"]["restarts"] == 1 and after["processes"]["services"]["restarts"] == 1
+    assert after["processes"]["nats-server"]["last_exit"] == -signal.SIGKILL
+    assert after["nats_url"] == before["nats_url"], "a restarted server must keep the stage's port"
+    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    # A CLI call while the supervisor lives uses it (no second control plane).
+    again = json.loads(subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"],
+                                      env=env, capture_output=True, text=True, timeout=120).stdout)
+    assert again["already_running"] is True
+    # SIGKILL the supervisor: its children go with it (PR_SET_PDEATHSIG), nothing is orphaned.
+    os.kill(before["supervisor"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while _roles(home, "locktest") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _roles(home, "locktest") == Counter()
+    restarted = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"], env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0 and json.loads(restarted.stdout)["nats_url"] == before["nats_url"]
+    assert _stop(env).returncode == 0
+    assert _roles(home, "locktest") == Counter()
+
+
+def test_api_stop_finds_unrecorded_processes_of_the_stage(homes):
+    """A control plane whose api.json was lost (a crash between spawn and write): stop still
+    finds every process by its command line, and a start never opens the store beside it."""
+    home, env = homes(998)
+    assert subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start"], env=env,
+                          capture_output=True, timeout=120).returncode == 0
+    (home / "locktest" / "api.json").unlink()
+    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    start = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0, start.stderr
+    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    (home / "locktest" / "api.json").unlink()
+    stopped = _stop(env)
+    assert stopped.returncode == 0
+    assert len(json.loads(stopped.stdout)["stopped"]) == 3
+    assert _roles(home, "locktest") == Counter()
