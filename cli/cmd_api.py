@@ -117,12 +117,16 @@ def _services_table(c, services: list) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table("service", "state", "restarts", "since", "last error")
+    t = Table("service", "state", "restarts", "since (UTC)", "last error")
     for s in services:
         style = _STATE_STYLE.get(s["state"], "")
         state = f"[{style}]{s['state']}[/{style}]" if style else s["state"]
-        t.add_row(s["name"], state, str(s["restarts"]), s.get("since") or "", escape(s.get("last_error") or ""))
+        since = (s.get("since") or "")[:19].replace("T", " ")  # UTC, to the second
+        t.add_row(s["name"], state, str(s["restarts"]), since, escape(s.get("last_error") or ""))
     c.print(t)
+    for s in services:  # in full, not wrapped into a narrow cell
+        if s["state"] != "running" and s.get("last_error"):
+            c.print(f"{s['name']} is {s['state']}: {escape(s['last_error'])}", soft_wrap=True)
 
 
 @api.command("logs")

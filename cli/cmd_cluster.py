@@ -111,7 +111,6 @@ async def _watched(coro: Any) -> Any:
     import asyncio
 
     from .control import ControlPlane
-    from .jobwatch import SubmissionFailed
 
     plane = ControlPlane(stage())
 
@@ -120,8 +119,9 @@ async def _watched(coro: Any) -> Any:
             await asyncio.sleep(3.0)
             st = await asyncio.to_thread(plane.status)
             if st["mode"] == "embedded" and not st["running"]:
-                raise SubmissionFailed("the control plane stopped (see spz api logs, or "
-                                       f"{plane.logs_dir / 'services.log'}); start it again with spz api start")
+                from .lostplane import stopped
+
+                raise stopped(f"the control plane stopped; see spz api logs, or {plane.logs_dir / 'services.log'}")
 
     main = asyncio.ensure_future(coro)
     dog = asyncio.ensure_future(watchdog())
@@ -810,10 +810,16 @@ def cancel_command(
 
 # --------------------------------------------------------------------------- stop, start, down
 
-async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str, ...]) -> list[Any]:
+async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str, ...],
+                   launching: bool = False) -> list[Any]:
+    """The clusters named (globs allowed) or all, in `states`. With `launching`, clusters whose
+    launch is still in flight (INIT: placed, not yet up) count too — `down` must reach them, or
+    a launch racing `spz down -a` would leave a cluster running that nobody asked for."""
     from .clusterlog import read_cluster
 
     known = await _clusters_from_log(bus, False)
+    if launching:
+        known += [c for c in await _launching_clusters(bus) if c.name not in {k.name for k in known}]
     if all_:
         return [c for c in known if c.status in states]
     chosen: list[Any] = []
@@ -824,11 +830,27 @@ async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str,
                 raise fail(f"no cluster matches {p!r}")
             chosen += [c for c in matched if c not in chosen]
         else:
-            c = await read_cluster(bus, p)
-            if c.status not in ("UP", "STOPPED"):
+            c = next((k for k in known if k.name == p and k.status == "INIT"), None) or await read_cluster(bus, p)
+            if c.status not in ("UP", "STOPPED", "INIT"):
                 raise fail(f"no cluster named {p}" + (" (it was terminated)" if c.status == "TERMINATED" else ""))
             chosen.append(c)
     return chosen
+
+
+async def _launching_clusters(bus: Any) -> list[Any]:
+    """Clusters the ledger shows INIT that the log has not seen come up (a launch in flight)."""
+    from .clusterlog import read_cluster
+
+    rows = await _ledger(bus, "status", all=False) or []
+    out = []
+    for row in rows:
+        if row.get("status") != "INIT" or not row.get("name"):
+            continue
+        c = await read_cluster(bus, row["name"])
+        if c.status not in ("UP", "STOPPED"):
+            c.status = "INIT"
+            out.append(c)
+    return out
 
 
 def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
@@ -850,8 +872,8 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
 
         bus = await connect_bus(stage(), verb)
         try:
-            states = {"stop": ("UP",), "start": ("STOPPED",), "down": ("UP", "STOPPED")}[verb]
-            targets = await _resolve(bus, clusters, all_, ("UP", "STOPPED"))
+            states = {"stop": ("UP",), "start": ("STOPPED",), "down": ("UP", "STOPPED", "INIT")}[verb]
+            targets = await _resolve(bus, clusters, all_, ("UP", "STOPPED", "INIT"), launching=verb == "down")
             skipped = [c for c in targets if c.status not in states]
             for c in skipped:
                 typer.echo(f"Cluster {c.name} is already {c.status}.")

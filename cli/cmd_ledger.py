@@ -98,6 +98,10 @@ async def _bus(source: str) -> Any:
     return await connect_bus(stage(), source)
 
 
+class _NoLedger(Exception):
+    """No ledger subscribed to its query subjects."""
+
+
 def _ask(source: str, call: Any) -> Any:
     """Run `call(bus)` against the ledger; a missing ledger is an error message, not a traceback."""
 
@@ -105,11 +109,23 @@ def _ask(source: str, call: Any) -> Any:
         bus = await _bus(source)
         try:
             return await call(bus)
+        except Exception as exc:
+            # NATS is there and answered: nobody serves the ledger's queries (it is not a lost plane).
+            if type(exc).__name__ == "NoRespondersError":
+                raise _NoLedger() from None
+            raise
         finally:
             await bus.close()
 
     try:
         return run_async(run())
+    except _NoLedger:
+        from skypurza.events import naming
+
+        from .health import why_not_answering
+
+        why = why_not_answering(naming.services_health_file(stage()), "ledger")
+        raise fail(why or "the ledger service is not running; start it with `spz api start`")
     except (TimeoutError, OSError) as exc:
         raise fail(f"the ledger did not answer ({type(exc).__name__}); is it running? (`spz api status`)")
     except RuntimeError as exc:  # the ledger's own error message (bad period, bad --by ...)

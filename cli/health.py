@@ -119,3 +119,12 @@ def services_status(path: Path, now: float | None = None) -> list[dict[str, Any]
     t = time.time() if now is None else now
     return [service_view(name, entry, t, alive) for name, entry in sorted(doc["services"].items())
             if isinstance(entry, dict)]
+
+
+def why_not_answering(path: Path, name: str) -> str | None:
+    """What to tell a user whose request `name` did not answer, when its supervisor knows why."""
+    view = next((s for s in services_status(path) if s["name"] == name), None)
+    if view is None or view["state"] == "running" or not view.get("last_error"):
+        return None
+    return (f"the {name} service is {view['state']} (restarted {view['restarts']} time(s); last error: "
+            f"{view['last_error']}); see `spz api status` and `spz api logs`")

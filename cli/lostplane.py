@@ -114,6 +114,13 @@ def lost_message(*, url: str | None, down_s: float | None, hint: str | None, cau
     return f"lost the control plane ({what}). {then[:1].upper()}{then[1:]}. {again}"
 
 
+def stopped(what: str) -> LostControlPlane:
+    """The control plane was seen stopped (not only unreachable): the same exit, its own reason."""
+    then = (_watched.hint or DEFAULT_HINT).rstrip(".")
+    return LostControlPlane(f"lost the control plane ({what}). {then[:1].upper()}{then[1:]}. "
+                            "Start it again with spz api start (any spz command starts it).")
+
+
 def _external() -> bool:
     """The CLI talks to a NATS it did not start (SKYPURZA_NATS_URL, `nats_url` in the config)."""
     try:

@@ -46,6 +46,7 @@ log = logging.getLogger("skypurza.service")
 MAX_DELIVER = 5
 BACKOFF_S = [0.5, 1.0, 2.0, 4.0, 8.0]
 NEWER_VERSION_DELAY_S = 60.0
+MAX_ERRORS = 100
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,12 @@ class RunnerStats:
     parked: int = 0
     published: int = 0
     last_seq: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the latest MAX_ERRORS, oldest first
+
+    def note_error(self, text: str) -> None:
+        self.errors.append(text)
+        if len(self.errors) > MAX_ERRORS:  # a long-running consumer must not grow without bound
+            del self.errors[:-MAX_ERRORS]
 
 
 class ServiceRunner:
@@ -231,7 +237,7 @@ class ServiceRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+            self.stats.note_error(f"{type(exc).__name__}: {exc}")
             log.exception("%s: could not settle a message (left for redelivery)", self.service.name)
 
     async def _process_one_unguarded(self, msg: Any, stored: Stored | None = None) -> None:
@@ -255,7 +261,7 @@ class ServiceRunner:
             await self.emit(stored, out)
         except Exception as exc:
             self.stats.failed += 1
-            self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+            self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
             delivered = msg.metadata.num_delivered
             if delivered >= self.max_deliver:
                 await self.park(msg, stored, exc)
@@ -332,7 +338,7 @@ class ServiceRunner:
 
     async def _handler_failed_unguarded(self, msg: Any, stored: Stored, exc: Exception) -> None:
         self.stats.failed += 1
-        self.stats.errors.append(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+        self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
         delivered = msg.metadata.num_delivered
         if delivered >= self.max_deliver:
             await self.park(msg, stored, exc)

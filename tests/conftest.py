@@ -8,3 +8,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 pytest_plugins = ["nats_fixtures", "aws_fixtures"]
+
+
+import pytest  # noqa: E402
+
+from leftovers import kill_under  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes(request: pytest.FixtureRequest):
+    """After every test, pass or fail, kill what it left running under its tmp_path (agents,
+    their detached jobs, control planes): a failed test must not leave a job running for minutes."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is not None:
+        kill_under(root)

@@ -171,3 +171,105 @@ def test_nothing_listening_is_one_line_and_code_69(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 20
     assert "cannot reach the control plane" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def embedded(tmp_path: Path):
+    """The embedded control plane (`spz api start` on first use), as a user has it."""
+    import json
+    import signal
+
+    home = tmp_path / "home"
+    env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": "lostemb", "SKYPURZA_USER": "erin",
+           "SKYPURZA_AGENT_KILL_GRACE_S": "1", "SKYPURZA_NATS_PORT": str(free_port()), "COLUMNS": "200"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    started: list[subprocess.Popen] = []
+    try:
+        yield env, started
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        for record in home.glob("*/clusters/*/cluster.json"):
+            for node in json.loads(record.read_text())["nodes"]:
+                try:
+                    os.killpg(node["pid"], signal.SIGKILL)
+                except (ProcessLookupError, PermissionError, KeyError, TypeError):
+                    pass
+        subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=env, capture_output=True,
+                       timeout=60)
+
+
+def test_exec_then_api_stop_exits_with_69_and_says_what_still_runs(embedded) -> None:
+    """The case as it was seen: `spz exec c 'sleep 20; echo done' &` then `spz api stop`."""
+    env, started = embedded
+
+    def spz(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+
+    r = spz("launch", "-y", "-c", "c", "echo up")
+    assert r.returncode == 0, r.stdout + r.stderr
+    exec_ = subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", "exec", "c", "sleep 20; echo done"],
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    started.append(exec_)
+    deadline = time.monotonic() + 60
+    while True:  # the job runs: its pid file is on the node
+        if list((Path(env["SKYPURZA_HOME"]) / "lostemb" / "clusters" / "c").glob("node-0/.spz-agent/jobs/2/run.pid")):
+            break
+        assert time.monotonic() < deadline and exec_.poll() is None
+        time.sleep(0.1)
+    stop = spz("api", "stop")
+    assert stop.returncode == 0, stop.stderr
+    t0 = time.monotonic()
+    code, err, took = _gives_up(exec_, t0)
+    assert code == EXIT_LOST_CONTROL_PLANE, err
+    assert took < 10, f"took {took:.1f}s"
+    assert "lost the control plane" in err and "follow it with spz logs c 2" in err
+    assert "Traceback" not in err
+
+
+def test_an_error_no_command_handled_is_one_line_and_a_code(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import nats.errors
+
+    from skypurza.cli.main import _App
+
+    monkeypatch.delenv("SKYPURZA_DEBUG", raising=False)
+    errors = {"reset": ConnectionResetError("Connection lost"), "closed": nats.errors.ConnectionClosedError(),
+              "timeout": TimeoutError(), "bug": KeyError("x")}
+    app = _App()
+
+    @app.command()
+    def boom(kind: str) -> None:
+        raise errors[kind]
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    got = {}
+    for kind in errors:
+        with pytest.raises(SystemExit) as exc:
+            app(["boom", kind])
+        err = capsys.readouterr().err
+        got[kind] = exc.value.code
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("error: ")
+    assert got == {"reset": EXIT_LOST_CONTROL_PLANE, "closed": EXIT_LOST_CONTROL_PLANE,
+                   "timeout": EXIT_LOST_CONTROL_PLANE, "bug": 1}
+    monkeypatch.setenv("SKYPURZA_DEBUG", "1")
+    with pytest.raises(KeyError):
+        app(["boom", "bug"])
+
+
+def test_the_reconnect_grace_is_bounded() -> None:
+    from skypurza.cli.lostplane import MAX_RECONNECT_GRACE_S, RECONNECT_GRACE_S, grace_s
+
+    assert grace_s({}) == RECONNECT_GRACE_S
+    assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "12"}) == 12.0
+    assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "1e9"}) == MAX_RECONNECT_GRACE_S
+    assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "0"}) == 0.5
+    assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "nan"}) == RECONNECT_GRACE_S
+    assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "soon"}) == RECONNECT_GRACE_S

@@ -191,3 +191,38 @@ def test_api_stop_finds_unrecorded_processes_of_the_stage(homes):
     assert stopped.returncode == 0
     assert len(json.loads(stopped.stdout)["stopped"]) == 3
     assert _roles(home, "locktest") == Counter()
+
+
+def test_down_all_right_after_launches_leaves_no_cluster_and_no_agent(homes, tmp_path):
+    """`spz down -a` racing launches still in flight (INIT) reaches them too: nothing the user
+    launched is left running after it."""
+    home, env = homes(997)
+    task = tmp_path / "hi.yaml"
+    task.write_text("run: echo hi\n")
+    procs = [_spawn(env, "launch", "--async", "-y", "-c", f"r{n}", "--infra", "local", str(task)) for n in range(4)]
+    assert all(p.wait(180) == 0 for p in procs)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # every launch placed (INIT) or up
+        out = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "status", "-o", "json"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        if out.returncode == 0 and len(json.loads(out.stdout)) == 4:
+            break
+        time.sleep(0.1)
+    down = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "down", "-a", "-y"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert all(f"Cluster r{n}: TERMINATED" in down.stdout + down.stderr for n in range(4)), down.stdout + down.stderr
+    status = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "status", "-o", "json"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert json.loads(status.stdout) == []
+    deadline = time.monotonic() + 20
+    while any(_alive_pid(p) for p in _agent_pids(home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in _agent_pids(home) if _alive_pid(p)], "an agent outlived spz down -a"
+    assert _stop(env).returncode == 0
+
+
+def _alive_pid(pid: int) -> bool:
+    from skypurza.events.processes import pid_alive
+
+    return pid_alive(pid)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +95,22 @@ def run_log(tmp: Path, cluster: str, job_id: int, rank: int = 0, phase: str = "r
             / str(job_id) / f"{phase}.log").read_bytes()
 
 
+def _kill_agent(adapter: LocalAdapter, cluster: str) -> None:
+    """SIGKILL the node's agent and wait until it is gone (reaped): a start before that would
+    find it still alive and start nothing."""
+    from skypurza.events.processes import pid_alive
+
+    pid = adapter.agents(cluster)[0]["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid):
+        child = adapter._children.get(pid)  # noqa: SLF001 (the adapter's own Popen reaps it)
+        if child is not None:
+            child.poll()
+        assert time.monotonic() < deadline, "the agent did not die"
+        time.sleep(0.02)
+
+
 def test_logs_exactly_once_across_nats_sigkills(plane: Plane, tmp_path: Path) -> None:
     """Short crashes (nats-py re-sends what it buffered) and one longer than a publish's
     timeout (the agent retries a chunk the server may already hold): each chunk stored once."""
@@ -154,8 +171,7 @@ def test_an_agent_that_sends_again_what_it_had_published_is_stored_once(plane: P
             await provision(bus, adapter, "resend", 1)
             job, _ = await queue_job(bus, cluster="resend", task_id="t1", task={"run": script})
             await wait_lines(bus, "resend", job.job_id, lambda ls: len(ls) >= 40, timeout=30)
-            agent_pid = adapter.agents("resend")[0]["pid"]
-            os.killpg(agent_pid, 9)  # the job's own session survives
+            _kill_agent(adapter, "resend")  # the job's own session survives
             offset_file = (tmp_path / "state" / "clusters" / "resend" / "node-0" / agent_module.STATE_DIRNAME
                            / "jobs" / str(job.job_id) / "run.offset")
             offset_file.write_text("0 0")  # as if it died before recording any progress

@@ -164,6 +164,8 @@ def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, servi
     parked = json.loads(out)
     assert [(p["service"], p["stream_seq"], p["event_type"]) for p in parked] == [
         ("ledger", 2, "io.skypurza.autostop_set.v1"), ("ledger", poison_seq, "io.skypurza.job_queued.v1")]
+    assert "clusters.autostop_minutes = 100000000000000000000" in parked[0]["error"]
+    assert "jobs.job_id = 100000000000000000000" in parked[1]["error"]
     for p in parked:
         assert p["error_type"] == "OverflowError" and p["error"].startswith("OverflowError: ")
         assert str(HUGE) in p["payload"], "the dead letter must hold the original event"
@@ -250,8 +252,11 @@ def test_a_service_that_keeps_dying_shows_as_failing_with_its_error(nats_server,
     assert "IOException" in ledger["last_error"] and "not a valid DuckDB database" in ledger["last_error"]
     assert by_name["optimizer"]["state"] == "running", "one failing service must not stop the others"
     code, out = cli("api", "status")
-    assert code == 0 and "failing" in out and "not a valid DuckDB" in out
+    assert code == 0 and "ledger is failing: IOException: IO Error" in out and "not a valid DuckDB" in out
     assert proc.poll() is None, "the services process itself must not die with its ledger"
+    code, out = cli("cost-report")  # nobody answers: the user is told why, not "start it"
+    assert code == 1 and "ledger service is failing" in out and "not a valid DuckDB" in out
+    assert "Traceback" not in out
 
     # The file is atomic JSON in the stage's state dir, named by the naming module.
     doc = json.loads(naming.services_health_file("test").read_text())

@@ -299,3 +299,33 @@ def test_idle_is_ignored_when_a_job_came_after_it_across_a_restart(nats_server, 
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_a_down_requested_before_the_placement_is_served_cancels_the_launch(nats_server, fake_aws: FakeAws) -> None:
+    """`spz down -a` racing a launch: the DownRequested is in the log before the provisioner
+    reaches the PlacementChosen. Nothing is launched, the cluster ends, the launch fails with why."""
+    from skypurza.events.models import ClusterTerminated
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        await submit(bus, "t-race", "racer", num_nodes=1)
+        await bus.publish(DownRequested(cluster="racer", reason="user", requested_by="alice"))
+        placed = await place(bus, "t-race", "racer", candidate(num_nodes=1))
+        svc = service(fake_aws)
+        async with running(bus, svc):
+            failed = await wait_for(bus, subject("task", "t-race", "provision_failed"))
+            ended = await wait_for(bus, subject("cluster", "racer", "cluster_terminated"))
+        assert isinstance(failed.event, ProvisionFailed) and failed.event.code == "DownRequested"
+        assert failed.event.placement_id == placed.id and "before it came up" in failed.event.message
+        assert isinstance(ended.event, ClusterTerminated) and ended.event.instance_ids == []
+        assert await bus.last_event(subject("cluster", "racer", "cluster_provisioned")) is None
+        assert instances(fake_aws, ("pending", "running", "stopped")) == []
+        # A later launch under the same name (submitted after the down) is launched as usual.
+        await submit(bus, "t-again", "racer", num_nodes=1)
+        await place(bus, "t-again", "racer", candidate(num_nodes=1))
+        async with running(bus, service(fake_aws)):
+            prov = await wait_for(bus, subject("cluster", "racer", "cluster_provisioned"))
+        assert prov.event.task_id == "t-again" and len(instances(fake_aws)) == 1
+        await bus.close()
+
+    asyncio.run(main())

@@ -350,7 +350,7 @@ def test_a_region_where_every_launch_failed_is_clean_after_down_all(nats_server,
     with services(nats_server.url, env, tmp_path / "services.log", "provisioner"):
         async def setup() -> str:
             bus = await connect_bus(nats_server)
-            await launch(bus, "t-west", "west", failing, num_nodes=failing.num_nodes, task=task)
+            await launch(bus, "t-west", "west", failing, task=task)
             err = await wait_for(bus, subject("task", "t-west", "capacity_error"), timeout=60)
             await launch(bus, "t-east", "east", candidate(use_spot=False))
             await wait_for(bus, subject("cluster", "east", "cluster_provisioned"), timeout=60)
@@ -382,7 +382,7 @@ def test_terminate_orphans_sweeps_a_region_where_every_launch_failed(nats_server
     async def fail_once() -> None:
         bus = await connect_bus(nats_server)
         async with running(bus, svc):
-            await launch(bus, "t-west", "west", failing, num_nodes=failing.num_nodes, task=task)
+            await launch(bus, "t-west", "west", failing, task=task)
             await wait_for(bus, subject("task", "t-west", "capacity_error"), timeout=60)
         await bus.close()
 

@@ -55,6 +55,10 @@ _INT_RANGES = {"INTEGER": (-(2**31), 2**31 - 1), "BIGINT": (-(2**63), 2**63 - 1)
 _INT_COLUMNS: dict[str, tuple[tuple[str, str, int, int], ...]] = {
     t.name: tuple((c, ty, *_INT_RANGES[ty]) for c, ty in t.columns if ty in _INT_RANGES) for t in MUTABLE}
 _USAGE_INTS = tuple((i, c, ty, *_INT_RANGES[ty]) for i, (c, ty) in enumerate(sc.USAGE.columns) if ty in _INT_RANGES)
+_I32_LO, _I32_HI = _INT_RANGES["INTEGER"]
+_I64_LO, _I64_HI = _INT_RANGES["BIGINT"]
+_RANK, _PRICE, _COST, _BILLING = (sc.USAGE.column_names.index(c) for c in
+                                  ("rank", "hourly_price_micros", "cost_micros", "billing_seconds"))
 
 
 def _out_of_range(where: str, column: str, kind: str, value: Any) -> OverflowError:
@@ -74,6 +78,10 @@ def _check_touched(state: "State") -> None:
 
 
 def _check_usage_row(row: tuple[Any, ...]) -> None:
+    # The hot path of a replay: the integers the event brought, unrolled; the detail only on failure.
+    if (_I32_LO <= row[_RANK] <= _I32_HI and _I64_LO <= row[_PRICE] <= _I64_HI
+            and _I64_LO <= row[_COST] <= _I64_HI and _I64_LO <= row[_BILLING] <= _I64_HI):
+        return
     for i, col, kind, lo, hi in _USAGE_INTS:
         v = row[i]
         if v is not None and not lo <= v <= hi:
@@ -233,6 +241,7 @@ class State:
         self.ops = []
         self.new_applied = []
         self.new_skipped = []
+        self.touched = []
         self.late_usage = False
         self.meter_changed = False
 
@@ -257,19 +266,20 @@ def apply(state: State, rec: Record) -> None:
     if rec.status != "ok" or rec.event is None:
         state.new_skipped.append((rec.seq, rec.id, rec.type, rec.status, rec.reason[:500]))
         return
-    state.touched.clear()
     if rec.name == "usage_recorded":
+        # Its row is checked in _usage; the meter row it touches only gains times and a seq.
         _usage(state, rec, rec.event)  # type: ignore[arg-type]
-    else:
-        if rec.id in state.applied:
-            return
-        state.applied.add(rec.id)
-        state.new_applied.append((rec.id, rec.seq, rec.name))
-        handler = HANDLERS.get(rec.name)
-        if handler is not None:
-            handler(state, rec, rec.event)
-    if state.touched:
-        _check_touched(state)
+        return
+    if rec.id in state.applied:
+        return
+    state.applied.add(rec.id)
+    state.new_applied.append((rec.id, rec.seq, rec.name))
+    handler = HANDLERS.get(rec.name)
+    if handler is not None:
+        state.touched.clear()
+        handler(state, rec, rec.event)
+        if state.touched:
+            _check_touched(state)
 
 
 # ---------------------------------------------------------------- tasks and placements

@@ -288,7 +288,7 @@ class LedgerService:
             assert self.projector is not None
             return {"checkpoint": self.projector.written_seq, "applied_seq": self.projector.state.last_seq,
                     "records": self.projector.state.records, "caught_up": self.caught_up,
-                    "halted": self.halted, "file": str(self.path)}
+                    "halted": self.halted, "file": str(self.path), "parked": self.parked}
 
         async def settle(params: dict[str, Any]) -> Any:
             return await self.settle(str(params.get("period") or ""))

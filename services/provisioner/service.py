@@ -4,6 +4,8 @@ Consumes (durable consumer, see events/service.py):
     PlacementChosen  -> launch the gang -> ClusterProvisioned, then job 1 (JobQueued)
                         | CapacityError (capacity, spot_capacity, quota, unsupported, transient)
                         | ProvisionFailed (auth, invalid, unknown)
+                        | ClusterTerminated + ProvisionFailed (DownRequested) when a DownRequested
+                          for the cluster is newer than the task's submission: never launched
     DownRequested    -> terminate -> [CleanupFailed ...] ClusterTerminated
     StopRequested    -> stop -> ClusterStopped         StartRequested -> start -> ClusterStarted
     ClusterIdle      -> stop, or terminate when down (or spot, which cannot stop)
@@ -175,6 +177,17 @@ class ProvisionerService:
             log.info("cluster %s is already up; queueing task %s on it", pc.cluster, pc.task_id)
             await self._queue_first_job(placement_id, pc.cluster, submitted)
             return []
+        if await self._down_requested_since(pc):
+            # `spz down` (or `down -a`) came while the task was still being placed: launching now
+            # would leave a cluster nobody wants, running and billed. The cluster ends here.
+            log.info("cluster %s: down requested before it came up; task %s not launched", pc.cluster, pc.task_id)
+            await self.bus.publish(self.bus.envelope(
+                ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
+                                  reason="down requested before launch", instance_ids=[]),
+                cause=stored.envelope, handler=self.name, key=ClusterTerminated.EVENT_NAME))
+            return [plan.provision_failed(pc, placement_id, "DownRequested",
+                                          f"spz down was requested for cluster {pc.cluster} before it came up; "
+                                          "it was not launched")]
         try:
             backend = self.backends.get(pc.candidate.infra)
         except UnsupportedInfra as exc:
@@ -246,6 +259,16 @@ class ProvisionerService:
                                                zone=spec.zone, infra=spec.infra))
         except Exception:
             log.exception("cleaning up after launch %s failed; reconciliation will find the nodes", spec.launch_token)
+
+    async def _down_requested_since(self, pc: PlacementChosen) -> bool:
+        """Whether a DownRequested for the cluster is newer than the task's submission."""
+        down = await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", pc.cluster,
+                                                              DownRequested.EVENT_NAME))
+        if down is None:
+            return False
+        submitted = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", pc.task_id,
+                                                                   TaskSubmitted.EVENT_NAME))
+        return submitted is not None and down.seq > submitted.seq
 
     async def _submitted(self, task_id: str) -> TaskSubmitted | None:
         found = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", task_id,
