@@ -7,9 +7,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from skypurza.events import naming
 from skypurza.events.envelope import Envelope, Event, make_envelope
 from skypurza.events.models import (
-    AutostopSet, CancelRequested, CapacityError, ClusterIdle, ClusterProvisioned, ClusterStarted,
+    AutostopSet, CancelRequested, CapacityError, CleanupFailed, ClusterIdle, ClusterProvisioned, ClusterStarted,
     ClusterStopped, ClusterTerminated, CompensationRecorded, DownRequested, JobCancelled, JobFailed,
     JobNodeFinished, JobQueued, JobStarted, JobSucceeded, ManagedJobCancelRequested,
     ManagedJobStatusChanged, ManagedJobSubmitted, NodeLost, NodeReady, OrphanFound, PeriodSettled,
@@ -97,6 +98,10 @@ def scripted() -> History:
                                 NodeInfo(rank=1, instance_id="i-1", zone="us-east-2b")]), at=start2)
     h.add(DownRequested(cluster="c1", reason="user", requested_by="alice"))
     end = start2 + timedelta(minutes=45, seconds=30, microseconds=250_000)
+    # A teardown's warning comes before its ClusterTerminated and changes nothing billed.
+    h.add(CleanupFailed(cluster="c1", region="us-east-2", resource_type="placement-group",
+                        resource=naming.placement_group("dev", "c1"), code="NotImplemented", message="not implemented here",
+                        will_retry=False, failed_at=end), at=end)
     h.add(ClusterTerminated(cluster="c1", terminated_at=end, reason="user", instance_ids=["i-0", "i-1"]), at=end)
     # --- t2: no placement at all; t3: fatal provisioning error
     h.add(TaskSubmitted(task_id="t2", cluster="c2", task={"run": "x"}, user="bob", team="infra"))
