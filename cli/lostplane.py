@@ -89,12 +89,14 @@ def grace_s(env: dict[str, str] | None = None) -> float:
 
 
 def is_connection_error(exc: BaseException) -> bool:
-    """An error that means the NATS server is not there (or not answering), not a refusal."""
+    """An error that means the NATS server is not there (or not answering), not a refusal.
+    NoRespondersError is not one: the server answered that no *service* listens on a request
+    subject (one service down while NATS is up), which `top_level_error` says as such."""
     import nats.errors as ne
     from nats.js.errors import NoStreamResponseError
 
     connection = (ne.ConnectionClosedError, ne.NoServersError, ne.StaleConnectionError, ne.TimeoutError,
-                  ne.NoRespondersError, ne.FlushTimeoutError, ne.OutboundBufferLimitError,
+                  ne.FlushTimeoutError, ne.OutboundBufferLimitError,
                   ne.ConnectionReconnectingError, ne.ConnectionDrainingError, ne.SecureConnFailedError,
                   NoStreamResponseError)
     return isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError, *connection))
@@ -226,6 +228,9 @@ def top_level_error(exc: BaseException) -> tuple[int, str]:
                                          "start it with spz api start.")
     import nats.errors as ne
 
+    if isinstance(exc, ne.NoRespondersError):
+        return 1, ("no service answered the request (NATS is up, but the service that answers it is not running); "
+                   "see spz api status and spz api logs")
     if isinstance(exc, ne.Error):
         return 1, f"the control plane refused the request: {type(exc).__name__}: {exc}"
     if type(exc).__name__ == "ControlPlaneError":

@@ -273,3 +273,29 @@ def test_the_reconnect_grace_is_bounded() -> None:
     assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "0"}) == 0.5
     assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "nan"}) == RECONNECT_GRACE_S
     assert grace_s({"SKYPURZA_CLI_RECONNECT_GRACE_S": "soon"}) == RECONNECT_GRACE_S
+
+
+def test_no_responders_is_a_missing_service_not_a_lost_control_plane(nats_server) -> None:
+    """NATS up, nobody listening on a request subject (one service down): exit 1 saying so,
+    not 69 'lost the control plane'."""
+    import asyncio
+
+    import nats
+
+    from skypurza.cli.lostplane import EXIT_LOST_CONTROL_PLANE, is_connection_error, top_level_error
+
+    async def ask() -> BaseException:
+        nc = await nats.connect(nats_server.url)
+        try:
+            await nc.request("skypurza.test.query.ledger.status", b"{}", timeout=2)
+        except Exception as exc:  # the real error nats-py raises
+            return exc
+        finally:
+            await nc.close()
+        raise AssertionError("a request nobody answers cannot succeed")
+
+    exc = asyncio.run(ask())
+    assert type(exc).__name__ == "NoRespondersError"
+    assert not is_connection_error(exc)
+    code, message = top_level_error(exc)
+    assert code == 1 != EXIT_LOST_CONTROL_PLANE and "no service answered" in message
