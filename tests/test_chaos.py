@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 def _load():
     spec = importlib.util.spec_from_file_location("spz_bench_chaos", BENCH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 

@@ -31,14 +31,14 @@ def decode_record(payload: bytes, seq: int) -> Record:
     try:
         d = decode(payload)
     except PoisonEvent as exc:
-        event_id, type_name = _salvage(payload)
+        event_id, type_name = salvage_id_and_type(payload)
         return Record(seq, event_id, type_name, split_type(type_name)[0], None, None, "poison", str(exc))
     env = d.envelope
     assert env is not None
     return Record(seq, env.id, env.type, env.event_name, env.time, d.event, d.status, d.reason)
 
 
-def _salvage(payload: bytes) -> tuple[str, str]:
+def salvage_id_and_type(payload: bytes) -> tuple[str, str]:
     """Id and type of an unreadable event, where they can be read at all (for the skipped table)."""
     import json
 

@@ -17,7 +17,6 @@ even recording the skip fails.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import duckdb
 from skypurza.events.deadletters import describe
 
 from . import store
-from .decoding import decode_record
+from .decoding import decode_record, salvage_id_and_type
 from .logreader import RawMsg
 from .projector import NewerEventError, State, apply
 
@@ -82,7 +81,7 @@ class Projector:
         st = self.state
         st.start_batch()
         kind, text = describe(exc)
-        event_id, type_name = _salvage(payload)
+        event_id, type_name = salvage_id_and_type(payload)
         st.last_seq = seq
         st.records += 1
         st.new_skipped.append((seq, event_id, type_name, SKIPPED_FAILED, text[:500]))
@@ -94,16 +93,6 @@ class Projector:
 
     def close(self) -> None:
         self.con.close()
-
-
-def _salvage(payload: bytes) -> tuple[str, str]:
-    try:
-        raw = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
-        return "", ""
-    if not isinstance(raw, dict):
-        return "", ""
-    return str(raw.get("id") or ""), str(raw.get("type") or "")
 
 
 async def apply_isolating(projector: Projector, raw: list[RawMsg], write: Callable[[store.Changes], Awaitable[None]],

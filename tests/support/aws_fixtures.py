@@ -197,12 +197,16 @@ def start_fakeaws(log_path: Path | None = None, timeout: float = 30.0) -> FakeAw
 
 
 def stop_fakeaws(server: FakeAwsServer) -> None:
-    server.process.terminate()
+    _stop_process(server.process)
+
+
+def _stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        server.process.wait(timeout=5)
+        proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -272,12 +276,7 @@ def start_bare_moto(log_path: Path | None = None, timeout: float = 30.0) -> Bare
 
 
 def stop_bare_moto(server: BareMoto) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+    _stop_process(server.process)
 
 
 @pytest.fixture
