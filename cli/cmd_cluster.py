@@ -105,12 +105,14 @@ def _report_job(status: Any, cluster: str, job: Any) -> None:
         status.note(f"Job {job.job_id} on {cluster}: {job.status}")
 
 
-async def _watched(coro: Any) -> Any:
-    """Run `coro`, failing early when the embedded control plane it waits on has stopped
-    (a service that died would otherwise leave the command waiting for ever)."""
+async def _watched(coro: Any, service: str = "provisioner") -> Any:
+    """Run `coro`, failing early when the embedded control plane it waits on has stopped, or
+    when the services process (or `service`) keeps failing: a command never waits out its
+    timeout on a control plane that cannot answer it."""
     import asyncio
 
     from .control import ControlPlane
+    from .jobwatch import SubmissionFailed
 
     plane = ControlPlane(stage())
 
@@ -118,10 +120,15 @@ async def _watched(coro: Any) -> Any:
         while True:
             await asyncio.sleep(3.0)
             st = await asyncio.to_thread(plane.status)
-            if st["mode"] == "embedded" and not st["running"]:
+            if st["mode"] != "embedded":
+                continue
+            if not st["running"]:
                 from .lostplane import stopped
 
                 raise stopped(f"the control plane stopped; see spz api logs, or {plane.logs_dir / 'services.log'}")
+            why = await asyncio.to_thread(plane.failing, service)
+            if why:
+                raise SubmissionFailed(f"{why}\nThe request is in the event log and is served once it runs again.")
 
     main = asyncio.ensure_future(coro)
     dog = asyncio.ensure_future(watchdog())
@@ -277,7 +284,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
             status.note(f"Cluster {cluster} is stopped: starting it.")
             await bus.publish(StartRequested(cluster=cluster))
             await _watched(_wait_started(bus, existing, status))
-        if existing.status == "UP":
+        if existing.status in ("UP", "INIT"):  # INIT: a node was lost; the cluster still takes jobs
             if nodes > existing.num_nodes:
                 raise fail(f"the task needs {nodes} nodes; cluster {cluster} has {existing.num_nodes}")
             last = existing.last_setup()
@@ -415,7 +422,7 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
     bus = await connect_bus(stage(), "exec")
     try:
         c = await read_cluster(bus, cluster)
-        if c.status != "UP":
+        if c.status not in ("UP", "INIT"):  # INIT: a node was lost; the cluster still takes jobs
             what = "does not exist" if c.status in (None, "TERMINATED") else f"is {c.status}"
             raise fail(f"cluster {cluster} {what}" + (f": spz start {cluster}" if c.status == "STOPPED" else
                                                        "; launch it with spz launch -c " + cluster))
@@ -538,10 +545,13 @@ def cluster_row(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_row(d: dict[str, Any]) -> dict[str, Any]:
-    """One job in `queue -o json` form (SkyPilot's status names: SETTING_UP, not SETUP)."""
+    """One job in `queue -o json` form (SkyPilot's status names: SETTING_UP, not the SETUP of
+    ledger files written before the one fold)."""
+    from skypurza.events.fold import LEGACY_JOB_STATUS
+
     out = dict(d)
-    if out.get("status") == "SETUP":
-        out["status"] = "SETTING_UP"
+    if out.get("status") in LEGACY_JOB_STATUS:
+        out["status"] = LEGACY_JOB_STATUS[out["status"]]
     return out
 
 
@@ -563,7 +573,7 @@ async def _clusters_from_log(bus: Any, include_terminated: bool) -> list[Any]:
     out = []
     for n in await cluster_names(bus):
         c = await read_cluster(bus, n)
-        if c.status in ("UP", "STOPPED") or (include_terminated and c.status):
+        if c.status in ("UP", "STOPPED", "INIT") or (include_terminated and c.status):
             out.append(c)
     return out
 
@@ -868,11 +878,12 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
         from .control import connect_bus
         from .jobwatch import merged_follow
         from .progress import StatusLine
+        from .jobwatch import SubmissionFailed
         from .requestwatch import first_dead_letter
 
         bus = await connect_bus(stage(), verb)
         try:
-            states = {"stop": ("UP",), "start": ("STOPPED",), "down": ("UP", "STOPPED", "INIT")}[verb]
+            states = {"stop": ("UP", "INIT"), "start": ("STOPPED",), "down": ("UP", "STOPPED", "INIT")}[verb]
             targets = await _resolve(bus, clusters, all_, ("UP", "STOPPED", "INIT"), launching=verb == "down")
             skipped = [c for c in targets if c.status not in states]
             for c in skipped:
@@ -938,7 +949,11 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             watchers = {c.name: asyncio.ensure_future(watch(c)) for c in targets}
             parked = asyncio.ensure_future(dead_letters(watchers))
             try:
-                await asyncio.wait(list(watchers.values()), timeout=timeout)
+                await _watched(asyncio.wait(list(watchers.values()), timeout=timeout))
+            except SubmissionFailed as exc:
+                status.stop()
+                typer.echo(f"{what} of {names} not confirmed: {exc}", err=True)
+                return 1
             finally:
                 status.stop()
                 for t in [*watchers.values(), parked]:

@@ -159,9 +159,16 @@ class ControlPlane:
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                     )
-                self._wait_recorded(proc, sup_log)
-                if wait:
-                    self._wait_ready(proc.pid, proc)
+                try:
+                    self._wait_recorded(proc, sup_log)
+                    if wait:
+                        self._wait_ready(proc.pid, proc)
+                except ControlPlaneError:
+                    # A start that failed leaves nothing behind (no supervisor restarting a
+                    # services process that cannot start, for ever).
+                    self._kill_leftovers(self.read_state())
+                    self.state_file.unlink(missing_ok=True)
+                    raise
         except planelock.LockTimeout as exc:
             raise ControlPlaneError(str(exc)) from None
         return {**self.status(), "already_running": False}
@@ -227,6 +234,21 @@ class ControlPlane:
         except planelock.LockTimeout as exc:
             raise ControlPlaneError(str(exc)) from None
         return {"stage": self.stage, "stopped": stopped}
+
+    def failing(self, service: str | None = None) -> str | None:
+        """Why the control plane cannot serve requests although its supervisor lives, or None: the
+        services process keeps exiting before it is ready, or (with `service`) that service is in a
+        crash loop. A command waiting on it says so instead of waiting out its timeout."""
+        state = self.read_state() or {}
+        svc = (state.get("processes") or {}).get("services") or {}
+        if self._supervisor_pid(state) is not None and svc.get("restarts", 0) >= 2 and not svc.get("ready"):
+            return (f"the services process keeps exiting (restarted {svc['restarts']} times, last exit "
+                    f"{svc.get('last_exit')}); see spz api logs:\n" + _tail(self.logs_dir / "services.log", 800))
+        if service is not None:
+            from .health import why_not_answering
+
+            return why_not_answering(naming.services_health_file(self.stage), service)
+        return None
 
     def restart(self, services: str = "all") -> dict[str, Any]:
         self.stop()

@@ -226,3 +226,22 @@ def _alive_pid(pid: int) -> bool:
     from skypurza.events.processes import pid_alive
 
     return pid_alive(pid)
+
+
+def test_a_start_whose_services_cannot_start_says_why_and_leaves_nothing(homes):
+    """The services process dies before it is ready (here a setting that is not a number): `spz
+    api start` exits 1 with the error, not a traceback, and no supervisor is left restarting it."""
+    home, env = homes(996)
+    bad = {**env, "SKYPURZA_PROVISIONER_CONCURRENCY": "not-a-number"}
+    t0 = time.monotonic()
+    start = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start"], env=bad,
+                           capture_output=True, text=True, timeout=120)
+    assert start.returncode == 1
+    assert "keeps exiting before it is ready" in start.stderr and "not-a-number" in start.stderr, start.stderr
+    assert time.monotonic() - t0 < 60
+    assert _roles(home, "locktest") == Counter(), "a failed start left its control plane running"
+    # The same stage starts once the setting is fixed.
+    good = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    assert _stop(env).returncode == 0
