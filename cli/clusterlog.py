@@ -12,51 +12,80 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable
 
-# `spz logs --status` / `spz launch` exit codes, as SkyPilot's JobExitCode.
-EXIT_SUCCEEDED = 0
-EXIT_FAILED = 100
-EXIT_NOT_FINISHED = 101
-EXIT_NOT_FOUND = 102
-EXIT_CANCELLED = 103
+from skypurza.events import fold as one_fold
+from skypurza.events.cluster_events import (
+    AutostopSet,
+    ClusterProvisioned,
+    NodeReady,
+)
+from skypurza.events.fold import (  # noqa: F401  (the names cli code imports from here)
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_NOT_FINISHED,
+    EXIT_NOT_FOUND,
+    EXIT_SUCCEEDED,
+    JobFold,
+    exit_code_of,
+)
+from skypurza.events.job_events import JobQueued
 
-TERMINAL_JOB = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED")
-
-
-def exit_code_of(status: str | None) -> int:
-    if status is None:
-        return EXIT_NOT_FOUND
-    if status == "SUCCEEDED":
-        return EXIT_SUCCEEDED
-    if status == "CANCELLED":
-        return EXIT_CANCELLED
-    if status in TERMINAL_JOB:
-        return EXIT_FAILED
-    return EXIT_NOT_FINISHED
+# The final job states, as `spz queue --skip-finished` filters them (events/fold.py decides).
+TERMINAL_JOB = one_fold.JOB_TERMINAL_SQL
 
 
 @dataclass
 class Job:
+    """A job as the CLI shows it: what JobQueued said, and its state from the one fold."""
+
     job_id: int
     task_id: str
     name: str | None
     user: str
-    num_nodes: int
     run_setup: bool
     setup: str | None
     submitted_at: datetime
-    status: str = "PENDING"  # PENDING, SETTING_UP, RUNNING, then one of TERMINAL_JOB
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    setup_done: set[int] = field(default_factory=set)
-    run_done: set[int] = field(default_factory=set)
-    exit_code: int | None = None
-    failed_rank: int | None = None
-    reason: str = ""
-    cancel_requested: bool = False
+    state: JobFold
+    cluster_nodes: int = 1  # the nodes setup runs on (every node of the cluster)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.state.num_nodes
+
+    @property
+    def status(self) -> str:  # PENDING, SETTING_UP, RUNNING, then one of TERMINAL_JOB
+        return self.state.status
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_JOB
+        return self.state.terminal
+
+    @property
+    def started_at(self) -> datetime | None:
+        return self.state.started_at
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return self.state.ended_at
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.state.exit_code
+
+    @property
+    def failed_rank(self) -> int | None:
+        return self.state.failed_rank
+
+    @property
+    def reason(self) -> str:
+        return self.state.reason
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.state.cancel_requested
+
+    @property
+    def setup_done(self) -> frozenset[int]:
+        return self.state.setup_done
 
     def as_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "name": self.name, "user": self.user, "status": self.status,
@@ -70,7 +99,7 @@ class Job:
 @dataclass
 class Cluster:
     name: str
-    status: str | None = None  # None: never provisioned (or not yet); UP, STOPPED, TERMINATED
+    status: str | None = None  # None: never provisioned (or not yet); INIT (a node lost), UP, STOPPED, TERMINATED
     num_nodes: int = 0
     infra: str | None = None
     region: str | None = None
@@ -90,7 +119,7 @@ class Cluster:
 
     @property
     def exists(self) -> bool:
-        return self.status in ("UP", "STOPPED")
+        return self.status in one_fold.CLUSTER_LIVE
 
     def last_job(self) -> Job | None:
         return self.jobs[max(self.jobs)] if self.jobs else None
@@ -121,58 +150,35 @@ def fold(name: str, events: Iterable[tuple[Any, datetime, int]]) -> Cluster:
 
 
 def apply(c: Cluster, event: Any, at: datetime) -> None:
-    kind = getattr(event, "EVENT_NAME", "")
-    if kind == "cluster_provisioned":
+    """One event of the cluster's subject: the status and the jobs' states from the one fold
+    (events/fold.py), the rest is what the CLI shows."""
+    if isinstance(event, ClusterProvisioned):
         cand = event.candidate
         if c.status == "TERMINATED":
             c.jobs = {}  # a new cluster under an old name: the old one's jobs are history
-        c.status, c.num_nodes = "UP", len(event.nodes) or cand.num_nodes
+        c.num_nodes = one_fold.cluster_nodes_of(event)
         c.infra, c.region, c.zone = cand.infra, cand.region, cand.zone
         c.instance_type, c.use_spot, c.accelerators = cand.instance_type, cand.use_spot, cand.accelerators
         c.hourly_price_micros, c.launched_at, c.user = event.hourly_price_micros, event.launched_at, event.user
         c.idle_minutes, c.idle_down, c.task_id = event.idle_minutes, event.down_when_idle, event.task_id
         c.ready_ranks = set()
-    elif kind == "node_ready":
+    c.status = one_fold.cluster_after(c.status, event)
+    if isinstance(event, NodeReady):
         c.ready_ranks.add(event.rank)
-    elif kind == "cluster_started":
-        c.status = "UP"
-    elif kind == "cluster_stopped":
-        c.status = "STOPPED"
-    elif kind == "cluster_terminated":
-        c.status = "TERMINATED"
-    elif kind == "autostop_set":
+    elif isinstance(event, AutostopSet):
         c.idle_minutes, c.idle_down = event.idle_minutes, event.down
-    elif kind == "job_queued":
-        task = event.task or {}
-        nodes = task.get("num_nodes") if isinstance(task.get("num_nodes"), int) else 1
+    elif isinstance(event, JobQueued):
+        if event.job_id in c.jobs:
+            return  # the first JobQueued of an id is the job (ids are allocated once)
+        task = event.task if isinstance(event.task, dict) else {}
         c.jobs[event.job_id] = Job(event.job_id, event.task_id, event.name or task.get("name"), event.user,
-                                   nodes or 1, event.run_setup, task.get("setup"), at)
+                                   event.run_setup, task.get("setup"), at, one_fold.job_queued(event),
+                                   max(c.num_nodes, 1))
     else:
         job = c.jobs.get(getattr(event, "job_id", -1))
         if job is not None:
-            _apply_job(job, kind, event, at)
-
-
-def _apply_job(job: Job, kind: str, event: Any, at: datetime) -> None:
-    if job.terminal:
-        return
-    if kind == "job_started":
-        job.started_at = event.started_at
-        job.status = "SETTING_UP" if job.run_setup and job.setup else "RUNNING"
-    elif kind == "job_node_finished":
-        (job.setup_done if event.phase == "setup" else job.run_done).add(event.rank)
-        if job.status == "SETTING_UP" and event.phase == "setup" and len(job.setup_done) >= job.num_nodes:
-            job.status = "RUNNING"
-    elif kind == "cancel_requested":
-        job.cancel_requested = True
-    elif kind == "job_succeeded":
-        job.status, job.ended_at, job.exit_code = "SUCCEEDED", event.ended_at, 0
-    elif kind == "job_cancelled":
-        job.status, job.ended_at = "CANCELLED", event.ended_at
-    elif kind == "job_failed":
-        job.status = {"setup": "FAILED_SETUP", "agent": "FAILED_DRIVER"}.get(event.phase, "FAILED")
-        job.ended_at, job.exit_code, job.failed_rank, job.reason = (event.ended_at, event.exit_code,
-                                                                    event.failed_rank, event.reason)
+            job.cluster_nodes = max(c.num_nodes, 1)
+            job.state = one_fold.job_after(job.state, event, job.cluster_nodes)
 
 
 async def read_cluster(bus: Any, name: str) -> Cluster:

@@ -1,11 +1,15 @@
-"""`spz events tail|replay|schema|dlq`: read the event log, export the event schemas."""
+"""`spz events tail|replay|schema|dlq`: read the event log, export the event schemas.
+
+`events export` and `events replay --into` are the ledger's (platform code): its CLI plugin adds
+the one and provides the other (`provide_replay_into`); this module never imports it.
+"""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -13,6 +17,17 @@ from .context import check_output, fail, print_json, run_async, stage
 
 events = typer.Typer(name="events", help="The event log: follow it, replay it, export its schemas.",
                      no_args_is_help=True)
+
+# What `replay --into FILE [--until]` runs: rebuilding the ledger's projections is the ledger's
+# own code, so its CLI plugin provides it; None while no plugin has.
+ReplayInto = Callable[[Path, Optional[str]], None]
+_replay_into: ReplayInto | None = None
+
+
+def provide_replay_into(command: ReplayInto) -> None:
+    """Called by the ledger's CLI plugin (services/ledger/cli.py) when it registers."""
+    global _replay_into
+    _replay_into = command
 
 
 def parse_since(value: str | None, flag: str = "--since") -> tuple[int | None, datetime | None]:
@@ -105,11 +120,12 @@ def replay_command(
     seq, t = parse_since(since)
     useq, ut = parse_since(until, "--until")
     if into is not None:
-        try:
-            from .cmd_ledger import replay_into_command
-        except ImportError:
-            raise fail("the ledger is not available in this build")
-        replay_into_command(into, until)
+        if _replay_into is None:
+            from .context import error_line
+            from .plugins import not_installed
+
+            raise error_line(not_installed("events replay --into"), 1)
+        _replay_into(into, until)
         return
 
     async def run() -> int:

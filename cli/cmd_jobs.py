@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import typer
 
+from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of
+
 from . import bounds
 from .context import check_output, fail, print_json, run_async, stage
 
@@ -28,18 +30,7 @@ jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovere
 
 _RES = "Resources (override the task YAML)"
 _TASK = "Task (override the task YAML)"
-EXIT_SUCCEEDED, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_CANCELLED = 0, 100, 102, 103
 POLL_S = 0.5
-
-
-def exit_code_of(status: str | None) -> int:
-    if status is None:
-        return EXIT_NOT_FOUND
-    if status == "SUCCEEDED":
-        return EXIT_SUCCEEDED
-    if status == "CANCELLED":
-        return EXIT_CANCELLED
-    return EXIT_FAILED
 
 
 # ------------------------------------------------------------------------------------------ launch

@@ -246,7 +246,7 @@ def _job_status_text(job: Job) -> str:
     if job.status == "PENDING":
         return f"Job {job.job_id}: queued (it starts when the jobs before it have ended)"
     if job.status == "SETTING_UP":
-        return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.num_nodes} node(s) done)"
+        return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.cluster_nodes} node(s) done)"
     if job.status == "RUNNING":
         return f"Job {job.job_id}: running on {job.num_nodes} node(s)"
     return f"Job {job.job_id}: {job.status}"

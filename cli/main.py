@@ -2,16 +2,18 @@
 
 Each command module adds its commands through `register(app)`; heavy imports (pydantic models,
 the catalog, nats) happen inside the commands so that `spz --help` and `spz launch --dryrun`
-start fast.
+start fast. The command modules are the open broker's and are always there: one that fails to
+import is an error, never skipped. Platform commands (the ledger's accounting) join last, as
+CLI plugins through an entry-point group (cli/plugins.py); the CLI runs without them.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import typer
 
+from . import cmd_api, cmd_catalog, cmd_cluster, cmd_events, cmd_jobs, cmd_provision, cmd_taskspec, plugins
 from .context import settings
 
 
@@ -46,14 +48,13 @@ app = _App(
 
 # Order is the order of `spz --help`.
 COMMAND_MODULES = [
-    "cmd_cluster",   # launch, exec, status, queue, logs, cancel, stop, start, down, autostop
-    "cmd_jobs",      # jobs launch|queue|cancel|logs
-    "cmd_taskspec",  # check-yaml, schema
-    "cmd_catalog",   # gpus list, catalog refresh|show, check
-    "cmd_ledger",    # cost-report, ledger billing|settle, audit
-    "cmd_events",    # events tail|replay|schema|dlq
-    "cmd_api",       # api start|stop|status|logs, serve
-    "cmd_provision", # reconcile (hidden for now; `spz status --refresh` calls it too)
+    cmd_cluster,    # launch, exec, status, queue, logs, cancel, stop, start, down, autostop
+    cmd_jobs,       # jobs launch|queue|cancel|logs
+    cmd_taskspec,   # check-yaml, schema
+    cmd_catalog,    # gpus list, catalog refresh|show, check
+    cmd_events,     # events tail|replay|schema|dlq
+    cmd_api,        # api start|stop|status|logs, serve
+    cmd_provision,  # reconcile (hidden for now; `spz status --refresh` calls it too)
 ]
 
 
@@ -80,21 +81,11 @@ def main(
             raise typer.BadParameter(str(exc), param_hint="--stage")
 
 
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"{__package__}.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"{__package__}.{_name}":
-            raise
-        continue
+for _module in COMMAND_MODULES:
     _module.register(app)
-    if _name == "cmd_events" and hasattr(importlib.import_module(f"{__package__}.cmd_events"), "events"):
-        try:
-            from .cmd_ledger import register_events as _register_events  # events export, audit
-        except ImportError:
-            pass
-        else:
-            _register_events(importlib.import_module(f"{__package__}.cmd_events").events)
+
+# cost-report, audit, ledger billing|settle|settlements, events export, events replay --into
+plugins.load(app, cmd_events.events)
 
 
 if __name__ == "__main__":

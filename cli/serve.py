@@ -1,8 +1,9 @@
 """Run any subset of the control-plane services in one process (`spz serve`, containers, `spz api`).
 
-A service is either a `Service` (handled through a durable consumer by `ServiceRunner`) or an
-object with its own `async run(bus, stop)` loop (the ledger keeps its position in DuckDB). This
-module is the one place that knows every service by name; services never import each other.
+Each service declares its shape in its contract (events/contract.py): a `ServiceContract` is
+handled through a durable consumer by `ServiceRunner`; a `LoopContract` service runs its own
+`async run(bus, stop)` loop (the ledger keeps its position in DuckDB). This module is the one
+place that knows every service by name; services never import each other.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus
-from skypurza.events.service import ServiceRunner
+from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
 
 from .health import HealthRecorder
 
@@ -44,10 +44,21 @@ def parse_services(text: str) -> list[str]:
     return names
 
 
-def load_service(name: str) -> Any:
+def load_service(name: str) -> Service | LoopService:
     module_name, _, cls_name = SERVICES[name].partition(":")
     module = importlib.import_module(module_name)
-    return getattr(module, cls_name)()
+    svc = getattr(module, cls_name)()
+    if not isinstance(getattr(svc, "contract", None), (ServiceContract, LoopContract)):
+        raise TypeError(f"service {name} declares no ServiceContract or LoopContract")
+    return svc  # type: ignore[no-any-return]
+
+
+def start_service(bus: Bus, svc: Service | LoopService, stop: asyncio.Event) -> tuple[asyncio.Task, ServiceRunner | None]:
+    """Run a service by its declared shape: its own loop, or a ServiceRunner's consumer."""
+    if isinstance(svc.contract, LoopContract):
+        return asyncio.create_task(svc.run(bus, stop)), None  # type: ignore[union-attr]
+    runner = ServiceRunner(bus, svc)  # type: ignore[arg-type]
+    return asyncio.create_task(runner.run()), runner
 
 
 async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | None = None,
@@ -95,11 +106,7 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRec
             job: asyncio.Future = asyncio.get_running_loop().create_future()
             job.set_exception(exc)
         else:
-            if hasattr(svc, "run") and not hasattr(svc, "handle"):
-                job = asyncio.create_task(svc.run(bus, stop))
-            else:
-                runner = ServiceRunner(bus, svc)
-                job = asyncio.create_task(runner.run())
+            job, runner = start_service(bus, svc, stop)
         log.info("service %s started", name)
         health.started(name)
         began = asyncio.get_running_loop().time()
@@ -129,16 +136,13 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRec
         delay = min(delay * 2, 30.0)
 
 
-async def _close(svc: Any) -> None:
-    close = getattr(svc, "close", None)
-    if close is None:
+async def _close(svc: Service | LoopService | None) -> None:
+    if svc is None:
         return
     try:
-        result = close()
-        if asyncio.iscoroutine(result):
-            await asyncio.wait_for(result, 10)
+        await asyncio.wait_for(svc.close(), 10)
     except Exception as exc:
-        log.warning("closing %s failed: %r", getattr(svc, "name", svc), exc)
+        log.warning("closing %s failed: %r", svc.contract.name, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

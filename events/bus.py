@@ -19,15 +19,16 @@ Durable consumers with retries and dead letters live in `events.service`.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
 
 import nats
 from nats.errors import NoRespondersError
@@ -109,8 +110,16 @@ def stored_from_msg(msg: Any) -> Stored:
         return Stored(seq, msg.subject, when, None, None, "poison", str(exc), msg.data)
 
 
-def default_nats_url() -> str | None:
-    return os.environ.get("SKYPURZA_NATS_URL") or None
+class PublishHooks(Protocol):
+    def before(self, env: Envelope) -> None: ...
+
+    def after(self, env: Envelope, ack: api.PubAck) -> None: ...
+
+
+@dataclass
+class _Link:
+    reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    disconnected_at: float | None = None
 
 
 class Bus:
@@ -122,8 +131,29 @@ class Bus:
         self.events_stream = naming.events_stream(stage)
         self.logs_stream = naming.logs_stream(stage)
         self.dlq_stream = naming.dead_letter_stream(stage)
-        self._reconnected: list[Callable[[], Awaitable[None]]] = []
-        self.disconnected_at: float | None = None  # time.monotonic() when the connection was lost
+        self._link = _Link()  # the connection's state, shared with every view (`watched`)
+        self._hooks: PublishHooks | None = None
+
+    @property
+    def _reconnected(self) -> list[Callable[[], Awaitable[None]]]:
+        return self._link.reconnected
+
+    @property
+    def disconnected_at(self) -> float | None:
+        """time.monotonic() when the connection was lost (None while connected)."""
+        return self._link.disconnected_at
+
+    @disconnected_at.setter
+    def disconnected_at(self, value: float | None) -> None:
+        self._link.disconnected_at = value
+
+    def watched(self, hooks: PublishHooks) -> "Bus":
+        """A view of this bus (same connection, same state) whose every event publish is shown to
+        `hooks` first (`before` may refuse it by raising) and after its ack: how a service's
+        contract checks and counts everything it publishes, whichever module publishes it."""
+        view = copy.copy(self)
+        view._hooks = hooks
+        return view
 
     # ------------------------------------------------------------ connection
 
@@ -272,6 +302,16 @@ class Bus:
         otherwise ConcurrencyConflict.
         """
         env = item if isinstance(item, Envelope) else self.envelope(item, **envelope_kw)
+        if self._hooks is not None:
+            self._hooks.before(env)
+        ack = await self._append(env, expected_last_seq=expected_last_seq, occ_subject=occ_subject,
+                                 retries=retries, timeout=timeout)
+        if self._hooks is not None:
+            self._hooks.after(env, ack)
+        return ack
+
+    async def _append(self, env: Envelope, *, expected_last_seq: int | None, occ_subject: str | None,
+                      retries: int = 6, timeout: float = 5.0) -> api.PubAck:
         headers = {"Nats-Msg-Id": env.id}
         if expected_last_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
@@ -297,6 +337,9 @@ class Bus:
     async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000) -> list[api.PubAck]:
         """Pipelined appends (many in flight), each with its own Nats-Msg-Id; retried once by id."""
         envs = [i if isinstance(i, Envelope) else self.envelope(i) for i in items]
+        if self._hooks is not None:
+            for env in envs:  # all checked before any is published
+                self._hooks.before(env)
         acks: list[api.PubAck] = []
         for start in range(0, len(envs), window):
             chunk = envs[start:start + window]
@@ -304,9 +347,12 @@ class Bus:
                     for e in chunk]
             for env, fut in zip(chunk, futs):
                 try:
-                    acks.append(await fut)
-                except Exception:
-                    acks.append(await self.publish(env))  # same id: a stored copy is de-duplicated
+                    ack = await fut
+                except Exception:  # same id: a stored copy is de-duplicated
+                    ack = await self._append(env, expected_last_seq=None, occ_subject=None)
+                acks.append(ack)
+                if self._hooks is not None:
+                    self._hooks.after(env, ack)
         return acks
 
     # ------------------------------------------------------------ reading

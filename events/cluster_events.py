@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from .envelope import Event, register
+from .registry import Event, register
 from .types import Candidate, Market, NodeInfo
 
 

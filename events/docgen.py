@@ -1,56 +1,37 @@
-"""Generates docs/events.md from the event models: who emits each event, who reacts, its fields.
+"""Generates docs/events.md from the event models and the declared contracts: who emits each
+event, who reacts, its fields.
 
-    python -m skypurza.events.docgen > docs/events.md
+    python -m skypurza.cli.contracts > docs/events.md
 
-A test fails when docs/events.md differs from what this prints, or when an event has no roles.
+The roles come from the contracts (events/contract.py) of every service, the node agent and the
+CLI; `cli/contracts.py` collects them (events/ never imports a service) and passes them here. A
+test fails when docs/events.md differs from what that prints, or when an event has no emitter.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from typing import Any
 
+from .contract import Contract
 from .models import all_event_types
 
-# event name -> (who emits it, who reacts to it)
-ROLES: dict[str, tuple[str, str]] = {
-    "task_submitted": ("CLI (`spz launch`), recovery (each task of a managed job)",
-                       "optimizer (first placement); provisioner (reads the task); ledger (placements)"),
-    "placement_chosen": ("optimizer", "provisioner (launches); ledger (attempts); CLI (progress)"),
-    "placement_failed": ("optimizer", "ledger; recovery (FAILED_NO_RESOURCE); CLI (exit 1)"),
-    "capacity_error": ("provisioner", "optimizer (next placement); ledger (attempts); CLI (progress)"),
-    "provision_failed": ("provisioner", "ledger; recovery; CLI"),
-    "cluster_provisioned": ("provisioner", "agents (their cluster's lifetime starts); ledger (clusters, meter); "
-                                           "recovery"),
-    "node_ready": ("agent", "ledger (nodes); recovery (liveness)"),
-    "down_requested": ("CLI (`spz down`), agent (`--down` after the job), recovery, autostop",
-                       "provisioner (terminates)"),
-    "stop_requested": ("CLI (`spz stop`)", "provisioner"),
-    "start_requested": ("CLI (`spz start`)", "provisioner"),
-    "cluster_stopped": ("provisioner", "ledger (final usage interval)"),
-    "cluster_started": ("provisioner", "ledger; agents"),
-    "cluster_terminated": ("provisioner", "ledger (final usage interval, status); recovery; agents exit"),
-    "autostop_set": ("CLI (`spz autostop`)", "head agent"),
-    "cluster_idle": ("head agent", "provisioner (stop, or terminate with down)"),
-    "spot_preempted": ("recovery", "recovery (recovers managed jobs); ledger"),
-    "node_lost": ("recovery", "recovery; ledger"),
-    "orphan_found": ("provisioner (reconciliation)", "ledger (audit); operators"),
-    "cleanup_failed": ("provisioner (teardown, background cleanup sweep)",
-                       "provisioner (bounded retries with back-off); CLI (`spz down` warns, exit 3); operators"),
-    "usage_recorded": ("ledger (meter)", "ledger (usage, showback, settlement)"),
-    "job_queued": ("provisioner (first job), CLI (`spz exec`, relaunch)", "agents; ledger (jobs)"),
-    "job_started": ("head agent", "ledger; CLI"),
-    "job_node_finished": ("every agent", "head agent (decides the job's outcome)"),
-    "job_succeeded": ("head agent", "ledger; recovery (managed jobs); CLI (exit 0)"),
-    "job_failed": ("head agent", "ledger; recovery (restarts or FAILED); CLI (exit 1)"),
-    "cancel_requested": ("CLI (`spz cancel`), recovery", "agents (kill the job's process groups)"),
-    "job_cancelled": ("head agent", "ledger; recovery; CLI"),
-    "managed_job_submitted": ("CLI (`spz jobs launch`)", "recovery (runs the pipeline); ledger"),
-    "managed_job_status_changed": ("recovery (with optimistic concurrency on the job)", "ledger; CLI"),
-    "managed_job_cancel_requested": ("CLI (`spz jobs cancel`)", "recovery"),
-    "period_settled": ("`spz ledger settle`", "ledger (closes the period)"),
-    "compensation_recorded": ("ledger (late usage for a settled period)", "ledger (next period's report)"),
-}
+
+NO_EMITTER = "nobody declares it"
+
+
+def _who(contract: Contract, note: str | None) -> str:
+    return f"{contract.name} ({note})" if note else contract.name
+
+
+def roles(contracts: Sequence[Contract]) -> dict[str, tuple[str, str]]:
+    """event name -> (who emits it, who reacts to it), in the order the contracts are given."""
+    out: dict[str, tuple[str, str]] = {}
+    for cls in all_event_types():
+        emit = [_who(c, c.emit_notes.get(cls)) for c in contracts if cls in c.emits]
+        react = [_who(c, c.consume_notes.get(cls)) for c in contracts if cls in c.consumes or cls in c.reads]
+        out[cls.EVENT_NAME] = (", ".join(emit) or NO_EMITTER, "; ".join(react) or "nobody (a record)")
+    return out
 
 
 def _type_text(schema: dict[str, Any]) -> str:
@@ -72,11 +53,13 @@ def _type_text(schema: dict[str, Any]) -> str:
     return str(t)
 
 
-def render() -> str:
+def render(contracts: Sequence[Contract]) -> str:
+    table = roles(contracts)
     out = [
         "# Events",
         "",
-        "Generated by `python -m skypurza.events.docgen` from the models in `events/`; a test keeps it true.",
+        "Generated by `python -m skypurza.cli.contracts` from the models in `events/` and the contracts the",
+        "services, the node agent and the CLI declare (`events/contract.py`); a test keeps it true.",
         "",
         "Every event is a CloudEvents 1.0 envelope (`specversion`, `id`, `source`, `type`, `time`, `subject`,",
         "`datacontenttype`, `data`). `type` is `io.skypurza.<name>.v<version>`; `subject` is",
@@ -97,7 +80,7 @@ def render() -> str:
     for agg, classes in by_agg.items():
         out += [f"## Aggregate `{agg}` (keyed by `{classes[0].AGGREGATE_KEY}`)", ""]
         for cls in classes:
-            emit, react = ROLES[cls.EVENT_NAME]
+            emit, react = table[cls.EVENT_NAME]
             doc = " ".join((cls.__doc__ or "").split())
             out += [f"### {cls.__name__} — `{cls.type_name()}`", ""]
             if doc:
@@ -111,7 +94,3 @@ def render() -> str:
                            f"{'yes' if name in required else 'no'} |")
             out.append("")
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    sys.stdout.write(render())

@@ -1,24 +1,37 @@
-"""CloudEvents 1.0 envelope, the event base class, the type registry, upcasting, derived ids.
+"""CloudEvents 1.0 envelope, decoding and upcasting, derived ids.
 
 Every event on the log is an `Envelope` whose `data` is one `Event` model. The envelope type is
 `io.skypurza.<event_name>.v<version>`; the registry maps `<event_name>` to its model and its
 upcasters. Decoding never crashes on what it does not know: unknown types and newer versions
 come back as `Decoded` with `event=None` and a reason, so a consumer can skip (and checkpoint) or
 hold them; only a payload that claims a known version and does not validate is poison.
+
+The event base class and the registry live one floor down, in `registry.py`, under the models;
+this module imports the models (so the registry is full before anything is decoded) and
+re-exports the base, so `envelope` stays the one place callers find `Event` and `register`.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-TYPE_PREFIX = "io.skypurza."
+from . import models as _models  # noqa: F401  (importing the models fills the registry)
+from .registry import (  # noqa: F401  (re-exported: the event base, for callers of `envelope`)
+    REGISTRY,
+    TYPE_PREFIX,
+    UPCASTERS,
+    Event,
+    Upcaster,
+    register,
+    split_type,
+    upcaster,
+)
+
 # Namespace for derived ids (uuid5): fixed forever, or replays would derive different ids.
 _ID_NAMESPACE = uuid.UUID("5b1f3c52-7a0e-4d7b-9a57-6b1d2f0c9e11")
 
@@ -38,25 +51,6 @@ def derive_id(cause_id: str, handler: str, key: str = "") -> str:
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-class Event(BaseModel):
-    """Base of every event payload: frozen, tolerant of fields added by newer writers."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    EVENT_NAME: ClassVar[str]
-    VERSION: ClassVar[int] = 1
-    AGGREGATE: ClassVar[str]
-    # Field of the payload that identifies the aggregate instance (task id, cluster name ...).
-    AGGREGATE_KEY: ClassVar[str]
-
-    def aggregate_id(self) -> str:
-        return str(getattr(self, self.AGGREGATE_KEY))
-
-    @classmethod
-    def type_name(cls) -> str:
-        return f"{TYPE_PREFIX}{cls.EVENT_NAME}.v{cls.VERSION}"
 
 
 class Envelope(BaseModel):
@@ -96,46 +90,6 @@ class Envelope(BaseModel):
         """`data` as a plain JSON-able dict (a decoded envelope may carry the typed event)."""
         data: Any = self.data
         return data if isinstance(data, dict) else data.model_dump(mode="json")
-
-
-@functools.lru_cache(maxsize=1024)
-def split_type(type_name: str) -> tuple[str, int]:
-    """`io.skypurza.placement_chosen.v2` -> ("placement_chosen", 2); foreign types -> (type, 0)."""
-    if not type_name.startswith(TYPE_PREFIX):
-        return type_name, 0
-    rest = type_name[len(TYPE_PREFIX):]
-    base, _, ver = rest.rpartition(".v")
-    if not base or not ver.isdigit():
-        return rest, 0
-    return base, int(ver)
-
-
-# ---------------------------------------------------------------- registry and upcasters
-
-REGISTRY: dict[str, type[Event]] = {}
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-UPCASTERS: dict[tuple[str, int], Upcaster] = {}
-
-
-def register(cls: type[Event]) -> type[Event]:
-    """Class decorator: make an event type known to decoders."""
-    if cls.EVENT_NAME in REGISTRY and REGISTRY[cls.EVENT_NAME] is not cls:
-        raise RuntimeError(f"event name {cls.EVENT_NAME!r} registered twice")
-    REGISTRY[cls.EVENT_NAME] = cls
-    return cls
-
-
-def upcaster(event_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-    """Register a pure dict -> dict step from `from_version` to `from_version + 1`.
-
-    Upcasters use only the payload and constants (no clock, no I/O), so replay stays deterministic.
-    """
-
-    def deco(fn: Upcaster) -> Upcaster:
-        UPCASTERS[(event_name, from_version)] = fn
-        return fn
-
-    return deco
 
 
 def upcast(event_name: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +155,6 @@ def decode(payload: bytes) -> Decoded:
     """
     m = _TYPE_IN_JSON.search(payload, 0, 512)
     if m is not None:
-        _load_models()
         cls = REGISTRY.get(m.group(1).decode())
         if cls is not None and cls.VERSION == int(m.group(2)):
             try:
@@ -222,7 +175,6 @@ def decode(payload: bytes) -> Decoded:
 
 
 def decode_envelope(env: Envelope) -> Decoded:
-    _load_models()
     name, version = split_type(env.type)
     cls = REGISTRY.get(name)
     if cls is None or version == 0:
@@ -236,17 +188,6 @@ def decode_envelope(env: Envelope) -> Decoded:
     except ValidationError as exc:
         raise PoisonEvent(f"invalid {env.type} payload: {_short(exc)}") from exc
     return Decoded(env, event, "ok")
-
-
-_models_loaded = False
-
-
-def _load_models() -> None:
-    global _models_loaded
-    if not _models_loaded:
-        from . import models  # noqa: F401  (fills the registry; imported late to avoid a cycle)
-
-        _models_loaded = True
 
 
 def _short(exc: ValidationError) -> str:

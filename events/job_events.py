@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from .envelope import Event, register
+from .registry import Event, register
 
 
 class _JobEvent(Event):

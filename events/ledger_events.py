@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .envelope import Event, register
+from .registry import Event, register
 
 
 class _LedgerEvent(Event):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .envelope import Event, register
+from .registry import Event, register
 
 ManagedJobStatus = Literal[
     "PENDING", "STARTING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "FAILED_SETUP",

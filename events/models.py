@@ -1,10 +1,13 @@
-"""Import point for every event model: importing this fills the type registry."""
+"""Import point for every event model: importing this fills the type registry.
+
+Below `envelope.py` (which imports this to decode): nothing here imports the envelope.
+"""
 
 from .cluster_events import *  # noqa: F401,F403
-from .envelope import REGISTRY, Envelope, Event, decode, derive_id, make_envelope  # noqa: F401
 from .job_events import *  # noqa: F401,F403
 from .ledger_events import *  # noqa: F401,F403
 from .managed_events import *  # noqa: F401,F403
+from .registry import REGISTRY, Event  # noqa: F401
 from .task_events import *  # noqa: F401,F403
 from .types import Attempt, Candidate, NodeInfo  # noqa: F401
 

@@ -121,11 +121,6 @@ def query_subject(stage: str, service: str, query: str) -> str:
     return f"{subject_prefix(stage)}.query.{service}.{query}"
 
 
-def public_subject(stage: str, aggregate: str, aggregate_id: str, event_type: str) -> str:
-    """CloudEvents (structured mode) mirror for outside consumers."""
-    return f"{subject_prefix(stage)}.public.{aggregate}.{subject_token(aggregate_id)}.{event_type}"
-
-
 def heartbeat_subject(stage: str, cluster: str, rank: int | str) -> str:
     return f"{subject_prefix(stage)}.hb.{subject_token(cluster)}.{rank}"
 
@@ -226,10 +221,6 @@ def bucket(stage: str, purpose: str) -> str:
     """S3 bucket names: lower case, digits, '-' and '.', 3-63 characters."""
     n = name(stage, "bucket", _cloud_part(purpose))
     return n.replace("_", "-")[:63]
-
-
-def log_group(stage: str, component: str) -> str:
-    return name(stage, "logs", component)
 
 
 def _cloud_part(value: str) -> str:

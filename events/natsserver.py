@@ -7,7 +7,6 @@ costs little, and an acked event survives an OS crash on a one-machine setup.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -95,7 +94,3 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
-
-
-def env_without_proxies() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}

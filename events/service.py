@@ -1,10 +1,19 @@
 """Running a service: one durable pull consumer, ordered handling, derived ids, retries, dead letters.
 
-A service is an object with a `name`, the subject filters it consumes, and an async `handle`
-that takes one stored event and returns the events to publish in reaction. The runner:
-- fetches in batches and handles messages one at a time, in stream order;
-- publishes the reactions with ids derived from (cause id, service name, key), so a redelivered
-  cause republishes the same ids and JetStream drops the copies, then acks the cause;
+A service declares itself (events/contract.py): a `ServiceContract` (what it consumes, what it
+may emit, its delivery options) and one `@handles(...)` method per consumed type, which takes one
+stored event and an `EmitContext` and returns the events to publish in reaction. The runner:
+- subscribes to the subjects derived from `consumes` and dispatches each event to its handler
+  by type (the handlers must cover `consumes` exactly: checked when the runner is built);
+- publishes the reactions with ids derived from (cause id, service name, key) — or the `Emit`'s
+  own id and optimistic-concurrency subject — so a redelivered cause republishes the same ids
+  and JetStream drops the copies, then acks the cause;
+- checks every event the service publishes against `emits` — returned reactions, what a handler
+  publishes itself through `ctx` (inside an optimistic-concurrency retry loop, or an event that
+  must be in the log before the next step reads it), and what its background loops publish
+  through the bus it was started with (`Bus.watched`). An undeclared type raises
+  `UndeclaredEmit`: nothing of that cause is published, and the cause is parked at once (a bug
+  does not go away on redelivery). Counts per event type are in `stats.emitted`;
 - on a handler error, naks with back-off; on the last allowed delivery, parks the message on the
   dead-letter stream with the error and terminates it: the consumer goes on;
 - skips (acks) unknown event types with a warning, holds newer versions (nak with a long delay),
@@ -14,24 +23,26 @@ that takes one stored event and returns the events to publish in reaction. The r
   Dead letters are written by `events.deadletters.park`, the one place every consumer uses;
 - recreates its pull subscription after a reconnect (nats-py loses them on a server restart).
 
-Concurrency (opt-in): a service whose handler can be slow (a launch takes minutes) sets
-`concurrency = N` and defines `ordering_key(stored) -> str`. The runner then handles up to N
-messages at once; messages with the same key still run one after another in stream order
-(the provisioner keys by cluster, so a DownRequested waits for that cluster's launch), and each
-message is acked only after its own reactions are published. Messages waiting their turn are
-kept alive with in_progress() from the moment they are fetched. A service may also set
-`ack_wait` (seconds) to shorten how long a dead process's messages stay invisible.
+Delivery (`contract.delivery`): `InOrder` (default) handles one message at a time. `Pipelined`
+handles a fetched batch in order and publishes the reactions without waiting for each ack.
+`Keyed(concurrency=N, key=...)` handles up to N messages at once; messages with the same key
+still run one after another in stream order (the provisioner keys by cluster, so a DownRequested
+waits for that cluster's launch), and each message is acked only after its own reactions are
+published. Messages waiting their turn are kept alive with in_progress() from the moment they
+are fetched. `contract.ack_wait_s` bounds how long a dead process's messages stay invisible.
+
+The second shape, a `LoopService` (`LoopContract`, `run(bus, stop)`), reads the log itself;
+`cli/serve.py` runs it as it is, giving it a bus checked against its contract (`declared_bus`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import nats
 from nats.errors import TimeoutError as NatsTimeout
@@ -39,37 +50,50 @@ from nats.js import api
 
 from . import deadletters, naming
 from .bus import Bus, Stored, stored_from_msg
-from .envelope import Event
+from .contract import (  # noqa: F401  (the names a service module needs, in one import)
+    Contract,
+    Emit,
+    Handler,
+    InOrder,
+    Keyed,
+    LoopContract,
+    Pipelined,
+    Reactions,
+    ServiceContract,
+    UndeclaredEmit,
+    handlers_of,
+    handles,
+)
+from .envelope import Envelope, Event
 
 log = logging.getLogger("skypurza.service")
 
-MAX_DELIVER = 5
 BACKOFF_S = [0.5, 1.0, 2.0, 4.0, 8.0]
 NEWER_VERSION_DELAY_S = 60.0
 MAX_ERRORS = 100
 
 
-@dataclass(frozen=True)
-class Emit:
-    """An event to publish in reaction to the one being handled.
-
-    `key` tells apart several events of one kind for one cause (derived ids must differ).
-    `expected_last_seq`: publish only if the aggregate's last sequence is still this one.
-    """
-
-    event: Event
-    key: str = ""
-    expected_last_seq: int | None = None
-
-
 class Service(Protocol):
-    name: str
+    """A service run by `ServiceRunner`: its contract, `@handles` methods, and its lifecycle
+    (`start` is given the bus it publishes on; `close` ends its background loops)."""
 
-    def subjects(self, stage: str) -> list[str]: ...
+    @property
+    def contract(self) -> ServiceContract: ...
 
     async def start(self, bus: Bus) -> None: ...
 
-    async def handle(self, stored: Stored) -> Sequence[Event | Emit]: ...
+    async def close(self) -> None: ...
+
+
+class LoopService(Protocol):
+    """A service that reads the log with its own loop until `stop` is set."""
+
+    @property
+    def contract(self) -> LoopContract: ...
+
+    async def run(self, bus: Bus, stop: asyncio.Event) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -78,8 +102,9 @@ class RunnerStats:
     skipped: int = 0
     failed: int = 0
     parked: int = 0
-    published: int = 0
+    published: int = 0  # reactions to handled events (returned or published through the context)
     last_seq: int = 0
+    emitted: Counter[str] = field(default_factory=Counter)  # every event the service published, by type
     errors: list[str] = field(default_factory=list)  # the latest MAX_ERRORS, oldest first
 
     def note_error(self, text: str) -> None:
@@ -88,25 +113,114 @@ class RunnerStats:
             del self.errors[:-MAX_ERRORS]
 
 
+class _Declared:
+    """Publish hooks of a service's bus: refuse what its contract does not declare, count the rest."""
+
+    def __init__(self, contract: Contract, stats: RunnerStats | None = None):
+        self.contract = contract
+        self.stats = stats
+
+    def before(self, env: Envelope) -> None:
+        self.contract.check(env.event_name)
+
+    def after(self, env: Envelope, ack: api.PubAck) -> None:
+        if self.stats is not None:
+            self.stats.emitted[env.event_name] += 1
+
+
+def declared_bus(bus: Bus, contract: Contract, stats: RunnerStats | None = None) -> Bus:
+    """`bus`, with every publish checked against `contract` (and counted into `stats`)."""
+    return bus.watched(_Declared(contract, stats))
+
+
+class Published(NamedTuple):
+    envelope: Envelope
+    ack: api.PubAck
+
+
+class EmitContext:
+    """What a handler publishes itself, while it runs: checked against the contract like its
+    returned reactions, with the same derived ids, and recorded (`published`) for the runner.
+
+    `publish(...)` takes an Event or an Emit; `bus` is a bus whose every publish is checked and
+    recorded the same way, for code that takes a bus (`jobqueue.queue_job`'s retry loop)."""
+
+    def __init__(self, bus: Bus, contract: Contract, cause: Stored | None = None, stats: RunnerStats | None = None):
+        self._raw = bus
+        self._view: Bus | None = None
+        self.contract = contract
+        self.cause = cause
+        self.stats = stats
+        self.published: list[Envelope] = []
+
+    @property
+    def bus(self) -> Bus:
+        if self._view is None:  # made on first use: most handlers only return their reactions
+            self._view = self._raw.watched(self)
+        return self._view
+
+    def before(self, env: Envelope) -> None:
+        self.contract.check(env.event_name)
+
+    def after(self, env: Envelope, ack: api.PubAck) -> None:
+        self.published.append(env)
+        if self.stats is not None:
+            self.stats.published += 1
+            self.stats.emitted[env.event_name] += 1
+
+    def envelope(self, item: Event | Emit) -> Envelope:
+        """The envelope of a reaction: the Emit's own id, else one derived from the cause, the
+        service and the key (the event's name by default)."""
+        emit = item if isinstance(item, Emit) else Emit(item)
+        if emit.id is not None:
+            return self._raw.envelope(emit.event, id=emit.id)
+        cause = self.cause.envelope if self.cause is not None else None
+        if cause is None:
+            return self._raw.envelope(emit.event)
+        return self._raw.envelope(emit.event, cause=cause, handler=self.contract.name,
+                                  key=emit.key or emit.event.EVENT_NAME)
+
+    async def publish(self, item: Event | Emit) -> Published:
+        emit = item if isinstance(item, Emit) else Emit(item)
+        env = self.envelope(emit)
+        ack = await self.bus.publish(env, expected_last_seq=emit.expected_last_seq, occ_subject=emit.occ_subject)
+        return Published(env, ack)
+
+
+def _as_emit(item: Event | Emit) -> Emit:
+    return item if isinstance(item, Emit) else Emit(item)
+
+
 class ServiceRunner:
     def __init__(self, bus: Bus, service: Service, *, batch: int = 100, consumer_name: str | None = None,
-                 max_deliver: int = MAX_DELIVER, backoff: list[float] | None = None,
-                 deliver_new_only: bool = False, ack_wait: float = 30.0):
+                 max_deliver: int | None = None, backoff: list[float] | None = None,
+                 deliver_new_only: bool = False, ack_wait: float | None = None):
         self.bus = bus
         self.service = service
+        self.contract = service.contract
+        if not isinstance(self.contract, ServiceContract):
+            raise TypeError(f"{self.contract.name}: a ServiceRunner runs a ServiceContract, not "
+                            f"{type(self.contract).__name__}")
+        self.name = self.contract.name
+        self.handlers = handlers_of(service, self.contract)
         self.batch = batch
-        self.durable = consumer_name or naming.consumer(bus.stage, service.name)
-        self.max_deliver = max_deliver
-        self.backoff = backoff or BACKOFF_S[: max_deliver]
+        self.durable = consumer_name or naming.consumer(bus.stage, self.name)
+        self.max_deliver = max_deliver or self.contract.max_deliver
+        self.backoff = backoff or BACKOFF_S[: self.max_deliver]
         self.deliver_new_only = deliver_new_only
-        self.ack_wait = float(getattr(service, "ack_wait", None) or ack_wait)
-        self.concurrency = max(1, int(getattr(service, "concurrency", 1) or 1))
+        self.ack_wait = float(ack_wait or self.contract.ack_wait_s)
+        delivery = self.contract.delivery
+        self.pipelined = isinstance(delivery, Pipelined)
+        self.concurrency = max(1, delivery.concurrency) if isinstance(delivery, Keyed) else 1
         # Concurrent mode: at most this many fetched and unacked messages in this process.
         self.max_in_flight = self.concurrency * 4
         self._in_flight: set[asyncio.Task] = set()
         self._tails: dict[str, asyncio.Task] = {}
         self._slots = asyncio.Semaphore(self.concurrency)
         self.stats = RunnerStats()
+        # The bus the service is started with: whatever it publishes (its background loops
+        # too) is checked against its contract and counted.
+        self.out = declared_bus(bus, self.contract, self.stats)
         self._sub: Any = None
         self._stop = asyncio.Event()
         self._resubscribe = False
@@ -116,7 +230,7 @@ class ServiceRunner:
         self._resubscribe = True
 
     async def _subscribe(self) -> None:
-        subjects = self.service.subjects(self.bus.stage)
+        subjects = self.contract.subjects(self.bus.stage)
         cfg = api.ConsumerConfig(
             durable_name=self.durable,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -128,19 +242,16 @@ class ServiceRunner:
             max_ack_pending=10_000,
             deliver_policy=api.DeliverPolicy.NEW if self.deliver_new_only else api.DeliverPolicy.ALL,
         )
-        if len(subjects) == 1:
-            first = subjects[0]
-        else:
+        if len(subjects) > 1:
             cfg.filter_subjects = subjects
-            first = subjects[0]
-        self._sub = await self.bus.js.pull_subscribe(first, durable=self.durable, stream=self.bus.events_stream,
+        self._sub = await self.bus.js.pull_subscribe(subjects[0], durable=self.durable, stream=self.bus.events_stream,
                                                      config=cfg)
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
-        await self.service.start(self.bus)
+        await self.service.start(self.out)
         await self._subscribe()
         try:
             await self._loop()
@@ -169,7 +280,7 @@ class ServiceRunner:
             except (nats.errors.ConnectionClosedError, nats.errors.Error, Exception) as exc:
                 if self.bus.nc.is_closed:
                     return
-                log.warning("%s: fetch failed (%r); resubscribing", self.service.name, exc)
+                log.warning("%s: fetch failed (%r); resubscribing", self.name, exc)
                 await asyncio.sleep(0.5)
                 await self._safe_resubscribe()
                 continue
@@ -178,16 +289,16 @@ class ServiceRunner:
             except asyncio.CancelledError:
                 raise
             except Exception:  # unacked messages come back after ack_wait; the consumer goes on
-                log.exception("%s: processing a batch failed", self.service.name)
+                log.exception("%s: processing a batch failed", self.name)
 
     async def _safe_resubscribe(self) -> None:
         try:
             await self._subscribe()
         except Exception as exc:
-            log.debug("%s: resubscribe failed: %s", self.service.name, exc)
+            log.debug("%s: resubscribe failed: %s", self.name, exc)
 
     async def process(self, msgs: list[Any]) -> None:
-        if getattr(self.service, "pipelined", False):
+        if self.pipelined:
             await self._process_pipelined(msgs)
             return
         if self.concurrency > 1:
@@ -197,13 +308,21 @@ class ServiceRunner:
         for msg in msgs:
             await self._process_one(msg)
 
+    def _handler(self, event: Event | None) -> Handler | None:
+        for cls in type(event).__mro__:
+            handler = self.handlers.get(cls)  # type: ignore[call-overload]
+            if handler is not None:
+                return handler
+        return None
+
     def _dispatch(self, msg: Any) -> None:
-        """Concurrent mode: start handling `msg` after the previous message with its key."""
+        """Keyed mode: start handling `msg` after the previous message with its key."""
         stored = read_stored(msg)
         key = ""
-        if stored.status == "ok":
+        delivery = self.contract.delivery
+        if stored.status == "ok" and isinstance(delivery, Keyed):
             try:
-                key = str(self.service.ordering_key(stored))  # type: ignore[attr-defined]
+                key = str(delivery.key(stored))
             except Exception:  # no key: order it with the other keyless messages
                 key = ""
         previous = self._tails.get(key)
@@ -238,42 +357,69 @@ class ServiceRunner:
             raise
         except Exception as exc:
             self.stats.note_error(f"{type(exc).__name__}: {exc}")
-            log.exception("%s: could not settle a message (left for redelivery)", self.service.name)
+            log.exception("%s: could not settle a message (left for redelivery)", self.name)
+
+    async def _settle_unhandled(self, msg: Any, stored: Stored) -> Handler | None:
+        """The handler of an ok message; otherwise the message is settled here (skipped, held or
+        parked) and None is returned."""
+        self.stats.last_seq = max(self.stats.last_seq, stored.seq)
+        if stored.status == "ok":
+            handler = self._handler(stored.event)
+            if handler is not None:
+                return handler
+            log.warning("%s: no handler for %s at seq %d; skipped", self.name, type(stored.event).__name__,
+                        stored.seq)
+            self.stats.skipped += 1
+            await msg.ack()
+        elif stored.status == "unknown":
+            log.warning("%s: skipping %s at seq %d", self.name, stored.reason, stored.seq)
+            self.stats.skipped += 1
+            await msg.ack()
+        elif stored.status == "newer":
+            log.warning("%s: holding %s (upgrade this service)", self.name, stored.reason)
+            await msg.nak(delay=NEWER_VERSION_DELAY_S)
+        else:
+            await self.park(msg, stored, stored.reason)
+        return None
 
     async def _process_one_unguarded(self, msg: Any, stored: Stored | None = None) -> None:
         stored = stored or read_stored(msg)
-        self.stats.last_seq = max(self.stats.last_seq, stored.seq)
-        if stored.status == "unknown":
-            log.warning("%s: skipping %s at seq %d", self.service.name, stored.reason, stored.seq)
-            self.stats.skipped += 1
-            await msg.ack()
-            return
-        if stored.status == "newer":
-            log.warning("%s: holding %s (upgrade this service)", self.service.name, stored.reason)
-            await msg.nak(delay=NEWER_VERSION_DELAY_S)
-            return
-        if stored.status == "poison":
-            await self.park(msg, stored, stored.reason)
+        handler = await self._settle_unhandled(msg, stored)
+        if handler is None:
             return
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
-            out = await self.service.handle(stored)
-            await self.emit(stored, out)
+            await self.handle(stored, handler)
         except Exception as exc:
-            self.stats.failed += 1
-            self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
-            delivered = msg.metadata.num_delivered
-            if delivered >= self.max_deliver:
-                await self.park(msg, stored, exc)
-            else:
-                log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name,
-                            stored.seq, delivered, exc)
-                await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
+            await self._handler_failed(msg, stored, exc)
             return
         finally:
             keepalive.cancel()
         await msg.ack()
         self.stats.handled += 1
+
+    async def handle(self, stored: Stored, handler: Handler | None = None) -> list[Envelope]:
+        """Hand one stored event to its handler and publish its reactions, in order; returns
+        everything published for it (through the handler's context too). Not acked here."""
+        handler = handler or self._handler(stored.event)
+        if handler is None:
+            return []
+        ctx = self._context(stored)
+        out = await handler(stored, ctx)
+        for emit, env in self._reactions(ctx, out):
+            await ctx.bus.publish(env, expected_last_seq=emit.expected_last_seq, occ_subject=emit.occ_subject)
+        return ctx.published
+
+    def _context(self, stored: Stored) -> EmitContext:
+        return EmitContext(self.bus, self.contract, stored, self.stats)
+
+    def _reactions(self, ctx: EmitContext, out: Reactions) -> list[tuple[Emit, Envelope]]:
+        """The envelopes of a handler's reactions (the one place they are built), all checked
+        against the contract before any is published."""
+        pairs = [(emit, ctx.envelope(emit)) for emit in map(_as_emit, out)]
+        for _, env in pairs:
+            self.contract.check(env.event_name)
+        return pairs
 
     async def _keep_alive(self, msg: Any) -> None:
         while True:
@@ -284,26 +430,26 @@ class ServiceRunner:
                 return
 
     async def _process_pipelined(self, msgs: list[Any]) -> None:
-        """Pipelined mode (a service with `pipelined = True`, whose handlers are fast and read only
-        their inputs): handle a batch in order, publish every reaction without waiting for each
-        ack, then wait for the acks and ack the causes. A cause is acked only once all its
+        """Pipelined mode: handle a batch in order, publish every reaction without waiting for
+        each ack, then wait for the acks and ack the causes. A cause is acked only once all its
         reactions are stored, so a crash in between only means a redelivery (same derived ids)."""
-        pending: list[tuple[Any, Stored, list[tuple[Any, Any]]]] = []
+        pending: list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]] = []
         for msg in msgs:
             stored = read_stored(msg)
-            if stored.status != "ok":
+            if stored.status != "ok" or self._handler(stored.event) is None:
                 await self._process_one(msg, stored)
                 continue
+            handler = self._handler(stored.event)
+            assert handler is not None
             self.stats.last_seq = max(self.stats.last_seq, stored.seq)
-            futures: list[tuple[Any, Any]] = []
+            ctx = self._context(stored)
+            futures: list[tuple[Envelope, Any]] = []
             try:
-                out = await self.service.handle(stored)
-                for item in out:
-                    emit = item if isinstance(item, Emit) else Emit(item)
-                    env = self.bus.envelope(emit.event, cause=stored.envelope, handler=self.service.name,
-                                            key=emit.key or emit.event.EVENT_NAME)
+                out = await handler(stored, ctx)
+                for emit, env in self._reactions(ctx, out):
                     if emit.expected_last_seq is not None:
-                        await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
+                        await ctx.bus.publish(env, expected_last_seq=emit.expected_last_seq,
+                                              occ_subject=emit.occ_subject)
                         continue
                     fut = await self.bus.js.publish_async(self.bus.subject_of(env), env.to_json(),
                                                           headers={"Nats-Msg-Id": env.id})
@@ -311,55 +457,44 @@ class ServiceRunner:
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
-            pending.append((msg, stored, futures))
-        for msg, stored, futures in pending:
+            pending.append((msg, stored, ctx, futures))
+        for msg, stored, ctx, futures in pending:
             try:
                 for env, fut in futures:
                     try:
-                        await fut
+                        ctx.after(env, await fut)
                     except Exception:
-                        await self.bus.publish(env)  # same id: de-duplicated if it was stored
-                    self.stats.published += 1
+                        await ctx.bus.publish(env)  # same id: de-duplicated if it was stored
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
             try:
                 await msg.ack()
             except Exception as exc:  # redelivered later: its reactions are de-duplicated
-                log.warning("%s: ack of seq %d failed: %s", self.service.name, stored.seq, exc)
+                log.warning("%s: ack of seq %d failed: %s", self.name, stored.seq, exc)
                 continue
             self.stats.handled += 1
 
     async def _handler_failed(self, msg: Any, stored: Stored, exc: Exception) -> None:
+        """The one failure path: nak with back-off, or park on the last delivery (at once for an
+        UndeclaredEmit: a bug, which a redelivery would only repeat)."""
         try:
-            await self._handler_failed_unguarded(msg, stored, exc)
+            self.stats.failed += 1
+            self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
+            delivered = msg.metadata.num_delivered
+            if delivered >= self.max_deliver or isinstance(exc, UndeclaredEmit):
+                await self.park(msg, stored, exc)
+            else:
+                log.warning("%s: handler failed on seq %d (delivery %d): %s", self.name, stored.seq,
+                            delivered, exc)
+                await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
         except Exception as inner:  # parking or nak'ing failed (the bus is away): it comes back
-            log.warning("%s: could not park or nak seq %d: %s", self.service.name, stored.seq, inner)
-
-    async def _handler_failed_unguarded(self, msg: Any, stored: Stored, exc: Exception) -> None:
-        self.stats.failed += 1
-        self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
-        delivered = msg.metadata.num_delivered
-        if delivered >= self.max_deliver:
-            await self.park(msg, stored, exc)
-        else:
-            log.warning("%s: handler failed on seq %d (delivery %d): %s", self.service.name, stored.seq,
-                        delivered, exc)
-            await msg.nak(delay=self.backoff[min(delivered - 1, len(self.backoff) - 1)])
-
-    async def emit(self, cause: Stored, out: Sequence[Event | Emit]) -> None:
-        assert cause.envelope is not None
-        for item in out:
-            emit = item if isinstance(item, Emit) else Emit(item)
-            env = self.bus.envelope(emit.event, cause=cause.envelope, handler=self.service.name,
-                                    key=emit.key or emit.event.EVENT_NAME)
-            await self.bus.publish(env, expected_last_seq=emit.expected_last_seq)
-            self.stats.published += 1
+            log.warning("%s: could not park or nak seq %d: %s", self.name, stored.seq, inner)
 
     async def park(self, msg: Any, stored: Stored, error: BaseException | str) -> None:
         """Dead letter: the original bytes plus why, on the DLQ stream; then terminate it."""
         self.stats.parked += 1
-        await deadletters.park(self.bus, self.service.name, seq=stored.seq, subject=stored.subject,
+        await deadletters.park(self.bus, self.name, seq=stored.seq, subject=stored.subject,
                                raw=stored.raw, error=error,
                                error_type="PoisonEvent" if stored.status == "poison" else None)
         await msg.term()
@@ -382,28 +517,3 @@ def read_stored(msg: Any) -> Stored:
 async def dead_letters(bus: Bus, service: str | None = None) -> list[dict[str, Any]]:
     """What has been parked (kept here for callers of the old place; see events.deadletters)."""
     return await deadletters.dead_letters(bus, service)
-
-
-async def run_services(bus: Bus, services: list[Service], stop: asyncio.Event | None = None) -> None:
-    """Run several services in one process until `stop` is set (or forever)."""
-    runners = [ServiceRunner(bus, s) for s in services]
-    tasks = [asyncio.create_task(r.run(), name=f"svc-{r.service.name}") for r in runners]
-    try:
-        if stop is None:
-            await asyncio.gather(*tasks)
-        else:
-            await stop.wait()
-    finally:
-        for r in runners:
-            r.stop()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def json_dumps(obj: Any) -> str:
-    return json.dumps(obj, default=str, sort_keys=True)
-
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0

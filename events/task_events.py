@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .envelope import Event, register
+from .registry import Event, register
 from .types import Attempt, Candidate, ErrorClass
 
 

@@ -23,3 +23,17 @@ def _no_leftover_processes(request: pytest.FixtureRequest):
     yield
     if root is not None:
         kill_under(root)
+
+
+@pytest.fixture(autouse=True)
+def _every_emit_is_declared():
+    """Every event a service published in this test (handled in this process, by its runner, its
+    context or its background loops) is one its contract declares: an UndeclaredEmit anywhere —
+    even one a loop caught and logged — fails the test (events/contract.py)."""
+    from skypurza.events.contract import forget_undeclared_emits, undeclared_emits
+
+    forget_undeclared_emits()
+    yield
+    found = undeclared_emits()
+    forget_undeclared_emits()
+    assert not found, f"undeclared emits: {found}"

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from skypurza.cli.cmd_ledger import register
+from skypurza.services.ledger.cli import register
 from skypurza.services.ledger.billing import (
     BillingMode,
     TresVector,

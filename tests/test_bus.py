@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,7 +13,7 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import PlacementChosen, TaskSubmitted
-from skypurza.events.service import ServiceRunner, dead_letters
+from skypurza.events.service import ServiceContract, ServiceRunner, dead_letters, handles
 from skypurza.events.types import Candidate
 
 
@@ -23,20 +24,21 @@ def submitted(i: int) -> TaskSubmitted:
 class Echo:
     """A tiny service: reacts to TaskSubmitted with a PlacementChosen; can be told to crash."""
 
-    name = "echo"
+    contract = ServiceContract(name="echo", consumes=(TaskSubmitted,), emits=(PlacementChosen,))
 
     def __init__(self, crash_times: int = 0, always_fail: bool = False):
         self.crash_times = crash_times
         self.always_fail = always_fail
         self.calls = 0
 
-    def subjects(self, stage: str) -> list[str]:
-        return [naming.event_filter(stage, "task", "task_submitted")]
-
     async def start(self, bus: Bus) -> None:
         pass
 
-    async def handle(self, stored):
+    async def close(self) -> None:
+        pass
+
+    @handles(TaskSubmitted)
+    async def on_submitted(self, stored, ctx):
         self.calls += 1
         if self.always_fail or self.calls <= self.crash_times:
             raise RuntimeError("boom")
@@ -112,7 +114,7 @@ def test_crash_before_ack_is_redelivered_without_duplicate_output(nats_server):
         await runner._subscribe()
         msgs = await runner._sub.fetch(batch=1, timeout=2)
         stored = __import__("skypurza.events.bus", fromlist=["x"]).stored_from_msg(msgs[0])
-        await runner.emit(stored, await svc.handle(stored))  # published, never acked
+        await runner.handle(stored)  # published, never acked
         # Redelivery after the ack wait: a fresh runner handles it again.
         runner2 = ServiceRunner(bus, Echo(), ack_wait=1.0)
         await run_until(runner2, lambda: runner2.stats.handled == 1, timeout=20)
@@ -133,7 +135,7 @@ def test_handler_errors_are_retried_then_parked_and_consumer_goes_on(nats_server
         assert svc.calls == 3
 
         bad = Echo(always_fail=True)
-        bad.name = "bad"
+        bad.contract = dataclasses.replace(Echo.contract, name="bad")
         await bus.publish(submitted(2))
         runner = ServiceRunner(bus, bad, backoff=[0.1, 0.1, 0.1], max_deliver=3)
         await run_until(runner, lambda: runner.stats.parked == 2)  # t1 and t2 for this new consumer

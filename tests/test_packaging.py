@@ -90,3 +90,6 @@ def test_wheel_ships_only_the_skypurza_package(tmp_path):
     assert tops <= {"skypurza", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for must in ("skypurza/events/bus.py", "skypurza/cli/main.py", "skypurza/services/optimizer/__init__.py"):
         assert must in names
+    # the platform's commands join `spz` through this entry point (cli/plugins.py)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+    assert "[skypurza.cli_plugins]\nledger = skypurza.services.ledger.cli:register" in entry_points.decode()

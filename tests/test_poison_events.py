@@ -29,8 +29,9 @@ from skypurza.events import deadletters, naming
 from skypurza.events import ledger_queries as lq
 from skypurza.events.envelope import REGISTRY, UPCASTERS, Event, register, upcaster, utcnow
 from skypurza.events.jobqueue import queue_job
-from skypurza.events.models import AutostopSet, Candidate, ClusterProvisioned, JobQueued, NodeInfo, UsageRecorded
-from skypurza.events.service import ServiceRunner
+from skypurza.events.models import (AutostopSet, Candidate, ClusterProvisioned, JobQueued, NodeInfo, UsageRecorded,
+                                    all_event_types)
+from skypurza.events.service import ServiceContract, ServiceRunner, handles
 from skypurza.services.agent.view import MAX_IDLE_MINUTES
 from skypurza.services.provisioner.local import LocalAdapter
 
@@ -296,16 +297,17 @@ def test_an_event_no_code_can_read_is_parked_and_the_consumer_goes_on(nats_serve
         return {"cluster": data["no_such_field"]}
 
     class Echo:
-        name = "echo"
+        contract = ServiceContract(name="echo", consumes=tuple(all_event_types()))
         seen: list[int] = []
-
-        def subjects(self, stage):
-            return [naming.all_events_subject(stage)]
 
         async def start(self, bus):
             pass
 
-        async def handle(self, stored):
+        async def close(self):
+            pass
+
+        @handles(*all_event_types())
+        async def on_any(self, stored, ctx):
             self.seen.append(stored.seq)
             return []
 

@@ -124,8 +124,8 @@ def test_conflicting_decisions_from_the_same_state_one_wins_the_other_decides_ag
         a._bus = b._bus = bus
         for j in range(1, 5):
             first, second = (a, b) if j % 2 else (b, a)
-            await asyncio.gather(first._act(j, machine.LostF(f"race-{j}-1", "preempted")),
-                                 second._act(j, machine.Cancel()))
+            await asyncio.gather(first._act(bus, j, machine.LostF(f"race-{j}-1", "preempted")),
+                                 second._act(bus, j, machine.Cancel()))
             got = [e.status for e in await statuses(bus, j)][2:]
             # Each transition follows from the one before: never RECOVERING after CANCELLING. (A
             # cancel of a recovery whose new cluster was never asked for ends at once.)

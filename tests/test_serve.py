@@ -9,12 +9,17 @@ from nats_fixtures import connect_bus
 from skypurza.cli import serve as serve_module
 from skypurza.events import naming
 from skypurza.events.models import PlacementChosen, TaskSubmitted
+from skypurza.events.service import LoopContract
 
 
 class Crashing:
     """A service whose run loop dies twice, then works: counts its starts."""
 
+    contract = LoopContract(name="crashing")
     starts = 0
+
+    async def close(self):
+        pass
 
     async def run(self, bus, stop):
         type(self).starts += 1

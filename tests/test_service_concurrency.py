@@ -10,31 +10,29 @@ from nats_fixtures import connect_bus
 from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.models import PlacementChosen, TaskSubmitted
-from skypurza.events.service import ServiceRunner
+from skypurza.events.service import Keyed as KeyedDelivery
+from skypurza.events.service import ServiceContract, ServiceRunner, handles
 from skypurza.events.types import Candidate
 
 
 class Keyed:
     """Reacts to TaskSubmitted; cluster "slow" takes `delay` seconds per event."""
 
-    name = "keyed"
-    concurrency = 4
-    ack_wait = 1.0
+    contract = ServiceContract(name="keyed", consumes=(TaskSubmitted,), emits=(PlacementChosen,),
+                               delivery=KeyedDelivery(4, lambda stored: stored.event.cluster), ack_wait_s=1.0)
 
     def __init__(self, delay: float = 0.8):
         self.delay = delay
         self.log: list[tuple[str, str, str]] = []  # (phase, cluster, task_id)
 
-    def subjects(self, stage: str) -> list[str]:
-        return [naming.event_filter(stage, "task", "task_submitted")]
-
-    def ordering_key(self, stored) -> str:
-        return stored.event.cluster
-
     async def start(self, bus: Bus) -> None:
         pass
 
-    async def handle(self, stored):
+    async def close(self) -> None:
+        pass
+
+    @handles(TaskSubmitted)
+    async def on_submitted(self, stored, ctx):
         ev = stored.event
         self.log.append(("start", ev.cluster, ev.task_id))
         if ev.cluster == "slow":

@@ -3,14 +3,14 @@
 `public_dict` keeps secret names with null values, keeps `$VAR` templates instead of filled-in
 values, and replaces any other occurrence of a secret value in a string by `${NAME}`.
 `merge_secrets` puts the values back; the round trip gives the same task.
+
+Both work on plain data (the task's YAML dict and its secret values), not on `Task`, so the
+task model can import them at the top (task.py -> public.py, never back).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .task import Task
+from typing import Any
 
 # Secret values shorter than this are not searched for in free text (a one-letter "secret"
 # would otherwise rewrite every word); they can only reach other fields through `$VAR`
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 MIN_SCRUB_LENGTH = 4
 
 
-def public_dict(task: Task) -> dict[str, Any]:
-    out = task.to_yaml_dict(json_safe=True)
-    values = task.secret_values()
+def public_dict(yaml_dict: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
+    """`yaml_dict` (a task's `to_yaml_dict(json_safe=True)`) without the secret `values`."""
+    out = yaml_dict
     if isinstance(out.get("secrets"), dict):
         out["secrets"] = {name: None for name in out["secrets"]}
     scrub = sorted(((v, k) for k, v in values.items() if len(v) >= MIN_SCRUB_LENGTH), key=lambda p: -len(p[0]))

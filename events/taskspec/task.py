@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 from pydantic import AfterValidator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import core_schema
 
+from . import public
 from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
 from .config import TaskConfig
 from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute
@@ -297,16 +298,12 @@ class Task(Strict):
 
     def public_dict(self) -> dict[str, Any]:
         """The task without secret values (names kept, values null), JSON-safe: for the event log."""
-        from .public import public_dict
-
-        return public_dict(self)
+        return public.public_dict(self.to_yaml_dict(json_safe=True), self.secret_values())
 
     @classmethod
-    def from_public_dict(cls, public: dict[str, Any], secrets: dict[str, str] | None = None) -> Task:
+    def from_public_dict(cls, data: dict[str, Any], secrets: dict[str, str] | None = None) -> Task:
         """Rebuild a task from `public_dict()` output and the secret values kept elsewhere."""
-        from .public import merge_secrets
-
-        return cls.model_validate(merge_secrets(public, secrets or {}))
+        return cls.model_validate(public.merge_secrets(data, secrets or {}))
 
 
 def _variables(envs: Any, secrets: Any) -> dict[str, str]:

@@ -29,7 +29,10 @@ from skypurza.events.bus import Bus, Stored, log_chunk_id
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
 from skypurza.events.envelope import Event, new_id, utcnow
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
-from skypurza.events.service import read_stored
+from skypurza.events.contract import Contract
+from skypurza.events.job_events import CancelRequested, JobQueued
+from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
+from skypurza.events.service import declared_bus, read_stored
 
 from . import mounts, storage
 from .decide import (
@@ -65,6 +68,23 @@ REDACTED = "<redacted>"
 LOG_ATTEMPTS = 8
 LOG_PUBLISH_TIMEOUT_S = 5.0
 LOG_RETRY_DELAYS_S = (0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0)
+
+
+# What a node agent reads (its own cluster's aggregate, folded by view.py) and may publish; its
+# bus refuses anything else (events/contract.py).
+CONTRACT = Contract(
+    name="agent",
+    consumes=(ClusterProvisioned, ClusterStarted, ClusterStopped, ClusterTerminated, AutostopSet, ClusterIdle,
+              DownRequested, StopRequested, JobQueued, JobStarted, JobNodeFinished, CancelRequested, JobSucceeded,
+              JobFailed, JobCancelled),
+    emits=(NodeReady, JobStarted, JobNodeFinished, JobSucceeded, JobFailed, JobCancelled, ClusterIdle, DownRequested),
+    consume_notes={ClusterProvisioned: "the cluster's lifetime starts", ClusterTerminated: "agents exit",
+                   AutostopSet: "head agent", JobQueued: "runs it", CancelRequested: "kills the job's process groups",
+                   JobNodeFinished: "head agent decides the job's outcome"},
+    emit_notes={JobStarted: "head agent", JobNodeFinished: "every agent", JobSucceeded: "head agent",
+                JobFailed: "head agent", JobCancelled: "head agent", ClusterIdle: "head agent, autostop",
+                DownRequested: "`--down` after the job, autostop"},
+)
 
 
 def log_retry_horizon_s() -> float:
@@ -173,7 +193,7 @@ class Agent:
         source = f"/{naming.PROJECT}/{self.spec.stage}/agent/{self.spec.cluster}/{self.rank}"
         while True:
             try:
-                return await Bus.connect(self.spec.nats_url, self.spec.stage, source=source)
+                return declared_bus(await Bus.connect(self.spec.nats_url, self.spec.stage, source=source), CONTRACT)
             except Exception as exc:  # the bus may come up after the node (EC2 boot, restarts)
                 log.warning("cannot reach the bus at %s (%s); retrying", self.spec.nats_url, exc)
                 await asyncio.sleep(delay)

@@ -136,7 +136,7 @@ def job_outcome(job: JobView, cluster_nodes: int, head_running_it: bool) -> Outc
 def kill_reason(job: JobView, rank: int) -> str | None:
     """Why this node must stop its process for `job` now, or None."""
     if job.terminal:
-        return f"job {job.job_id} ended ({job.status})"
+        return f"job {job.job_id} ended ({job.status.lower() if job.status else 'ended'})"
     if job.cancel_requested:
         return f"job {job.job_id} was cancelled"
     first = job.first_failure()

@@ -28,6 +28,7 @@ from skypurza.events.cluster_events import (
     StopRequested,
 )
 from skypurza.events.envelope import Event
+from skypurza.events.fold import ClusterStatus, JobFold, cluster_after, cluster_nodes_of, job_after, job_queued
 from skypurza.events.job_events import (
     CancelRequested,
     JobCancelled,
@@ -38,7 +39,6 @@ from skypurza.events.job_events import (
     JobSucceeded,
 )
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 # The longest autostop interval a clock can count (datetime arithmetic overflows past it).
 MAX_IDLE_MINUTES = timedelta.max // timedelta(minutes=1)
 
@@ -66,18 +66,29 @@ class JobView:
     queued_id: str  # envelope id of the JobQueued: the cause of everything agents publish for it
     queued_at: datetime
     started: bool = False
-    status: str | None = None  # None while not terminal; else one of TERMINAL
     cancel_requested: bool = False
     reports: list[NodeReport] = field(default_factory=list)  # JobNodeFinished, in log order
+    state: JobFold | None = None  # the job's state from the one fold (events/fold.py)
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = job_queued(self.queued)
+
+    @property
+    def status(self) -> str | None:
+        """None while the job runs; its final status (SUCCEEDED, FAILED_SETUP, ...) once ended."""
+        assert self.state is not None
+        return self.state.status if self.state.terminal else None
 
     @property
     def terminal(self) -> bool:
-        return self.status is not None
+        assert self.state is not None
+        return self.state.terminal
 
     @property
     def num_nodes(self) -> int:
-        n = self.queued.task.get("num_nodes")
-        return int(n) if isinstance(n, int) and n > 0 else 1
+        assert self.state is not None
+        return self.state.num_nodes
 
     def report(self, rank: int, phase: str) -> NodeReport | None:
         for r in self.reports:
@@ -111,10 +122,17 @@ class ClusterView:
     activity_at: datetime | None = None
     activity_id: str = ""
     idle_reported_for: str = ""  # activity_id a ClusterIdle was seen for
-    stopped: bool = False
-    terminated: bool = False
+    status: ClusterStatus | None = None  # from the one fold (events/fold.py)
     down_requested: bool = False
     last_seq: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.status == "STOPPED"
+
+    @property
+    def terminated(self) -> bool:
+        return self.status == "TERMINATED"
 
     # ------------------------------------------------------------------ folding
 
@@ -141,25 +159,23 @@ class ClusterView:
             _check_idle_minutes(event.idle_minutes)
         if seq:
             self.last_seq = max(self.last_seq, seq)
+        self.status = cluster_after(self.status, event)
         if isinstance(event, ClusterProvisioned):
             self.provisioned = event
-            self.num_nodes = len(event.nodes) or self.num_nodes
+            self.num_nodes = cluster_nodes_of(event) or self.num_nodes
             if event.idle_minutes is not None:
                 self.idle_minutes, self.idle_down = event.idle_minutes, event.down_when_idle
-            self.stopped = self.terminated = self.down_requested = False
+            self.down_requested = False
             self._activity(at, envelope_id)
         elif isinstance(event, ClusterStarted):
-            self.stopped = False
             self._activity(at, envelope_id)
         elif isinstance(event, AutostopSet):
             self.idle_minutes, self.idle_down = event.idle_minutes, event.down
             self._activity(at, envelope_id)
         elif isinstance(event, ClusterIdle):
             self.idle_reported_for = self.activity_id
-        elif isinstance(event, ClusterStopped):
-            self.stopped = True
-        elif isinstance(event, ClusterTerminated):
-            self.terminated = True
+        elif isinstance(event, (ClusterStopped, ClusterTerminated)):
+            pass  # the status above
         elif isinstance(event, (DownRequested, StopRequested)):
             if isinstance(event, DownRequested):
                 self.down_requested = True
@@ -175,6 +191,9 @@ class ClusterView:
         job = self.jobs.get(job_id) if isinstance(job_id, int) else None
         if job is None:
             return
+        was_terminal = job.terminal
+        assert job.state is not None
+        job.state = job_after(job.state, event, self.num_nodes)
         if isinstance(event, JobStarted):
             job.started = True
         elif isinstance(event, JobNodeFinished):
@@ -182,10 +201,8 @@ class ClusterView:
                 job.reports.append(NodeReport(event.rank, event.phase, event.exit_code))
         elif isinstance(event, CancelRequested):
             job.cancel_requested = True
-        elif isinstance(event, (JobSucceeded, JobFailed, JobCancelled)):
-            if job.status is None:
-                job.status = {JobSucceeded: "succeeded", JobFailed: "failed", JobCancelled: "cancelled"}[type(event)]
-                self._activity(at, envelope_id)
+        elif isinstance(event, (JobSucceeded, JobFailed, JobCancelled)) and not was_terminal:
+            self._activity(at, envelope_id)
 
     def _activity(self, at: datetime, envelope_id: str) -> None:
         self.activity_at, self.activity_id = at, envelope_id
@@ -208,5 +225,5 @@ class ClusterView:
         return self.provisioned.candidate.accelerators
 
     def summary(self) -> dict[str, Any]:
-        return {"jobs": {j: v.status or ("running" if v.started else "pending") for j, v in self.jobs.items()},
+        return {"jobs": {j: (v.status or ("running" if v.started else "pending")).lower() for j, v in self.jobs.items()},
                 "idle_minutes": self.idle_minutes, "stopped": self.stopped, "terminated": self.terminated}

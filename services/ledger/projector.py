@@ -34,6 +34,7 @@ from skypurza.events.models import (
     ManagedJobSubmitted, NodeLost, NodeReady, PeriodSettled, PlacementChosen, PlacementFailed,
     ProvisionFailed, SpotPreempted, TaskSubmitted, UsageRecorded,
 )
+from skypurza.events import fold
 from skypurza.events.managed_events import TERMINAL_STATUSES as MANAGED_TERMINAL
 from skypurza.events.types import Candidate
 
@@ -42,7 +43,7 @@ from .decoding import Record
 from .metering import instance_tres
 from .showback import next_period
 
-JOB_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
+JOB_TERMINAL = fold.JOB_TERMINAL
 MUTABLE = (sc.CLUSTERS, sc.NODES, sc.JOBS, sc.MANAGED_JOBS, sc.PLACEMENTS, sc.ATTEMPTS, sc.METERS,
            sc.SETTLEMENTS, sc.SETTLEMENT_TOTALS, sc.COMPENSATIONS)
 
@@ -499,7 +500,7 @@ def _cluster_stopped(state: State, rec: Record, ev: ClusterStopped) -> None:
     if c is None or c["status"] == "TERMINATED":
         return
     at = utc(ev.stopped_at)
-    c.update(status="STOPPED", stopped_at=at, status_reason=None)
+    c.update(status=fold.cluster_after(c["status"], ev), stopped_at=at, status_reason=None)
     _set_nodes(state, rec, ev.cluster, "STOPPED")
     _stop_lifetimes(state, rec, ev.cluster, at)  # type: ignore[arg-type]
 
@@ -509,9 +510,14 @@ def _cluster_started(state: State, rec: Record, ev: ClusterStarted) -> None:
     if c is None or c["status"] == "TERMINATED":
         return
     if any(m["stop_at"] is None and not m["finalized"] for m in state.current_meters(ev.cluster)):
-        return  # already running: a start we have seen in effect
+        # Already running: a start we have seen in effect (its meters are not started twice);
+        # its status is still the one fold's (a cluster that lost a node is UP again).
+        if c["status"] != fold.cluster_after(c["status"], ev):
+            c.update(status=fold.cluster_after(c["status"], ev), status_reason=None)
+        return
     at = utc(ev.started_at)
-    c.update(status="UP", started_at=at, stopped_at=None, status_reason=None, idle_since=None)
+    c.update(status=fold.cluster_after(c["status"], ev), started_at=at, stopped_at=None, status_reason=None,
+             idle_since=None)
     if ev.nodes:
         for rank in list(state.cluster_ranks.get(ev.cluster, ())):
             state.delete("nodes", (ev.cluster, rank))
@@ -532,7 +538,7 @@ def _cluster_terminated(state: State, rec: Record, ev: ClusterTerminated) -> Non
     if c is None or c["status"] == "TERMINATED":
         return
     at = utc(ev.terminated_at)
-    c.update(status="TERMINATED", terminated_at=at, termination_reason=ev.reason)
+    c.update(status=fold.cluster_after(c["status"], ev), terminated_at=at, termination_reason=ev.reason)
     _set_nodes(state, rec, ev.cluster, "TERMINATED")
     _stop_lifetimes(state, rec, ev.cluster, at)  # type: ignore[arg-type]
 
@@ -556,7 +562,7 @@ def _spot_preempted(state: State, rec: Record, ev: SpotPreempted) -> None:
     ranks = {ev.rank} if ev.rank is not None else {
         n["rank"] for n in state.nodes_of(ev.cluster) if n["instance_id"] == ev.instance_id} or None
     # SkyPilot shows a cluster with lost nodes as INIT (abnormal) until it is recovered or torn down.
-    c.update(status="INIT", status_reason="spot preempted")
+    c.update(status=fold.cluster_after(c["status"], ev), status_reason="spot preempted")
     _set_nodes(state, rec, ev.cluster, "PREEMPTED", ranks)
     # A reclaimed spot instance is no longer billed.
     _stop_lifetimes(state, rec, ev.cluster, utc(ev.detected_at), ranks)  # type: ignore[arg-type]
@@ -566,7 +572,7 @@ def _node_lost(state: State, rec: Record, ev: NodeLost) -> None:
     c = _cluster_row(state, rec, ev.cluster)
     if c is None or c["status"] in ("TERMINATED", "STOPPED"):
         return
-    c.update(status="INIT", status_reason=f"node {ev.rank} lost")
+    c.update(status=fold.cluster_after(c["status"], ev), status_reason=f"node {ev.rank} lost")
     _set_nodes(state, rec, ev.cluster, "LOST", {ev.rank})
 
 
@@ -662,43 +668,49 @@ def _job_queued(state: State, rec: Record, ev: JobQueued) -> None:
     if state.get("jobs", (ev.cluster, ev.job_id)) is not None:
         return
     task = ev.task if isinstance(ev.task, dict) else {}
-    c = state.get("clusters", ev.cluster) or {}
-    nodes = task.get("num_nodes") if isinstance(task.get("num_nodes"), int) else None
+    job = fold.job_queued(ev)
     state.put("jobs", (ev.cluster, ev.job_id), new_row(
         sc.JOBS, cluster=ev.cluster, job_id=ev.job_id, name=ev.name or task.get("name"), task_id=ev.task_id,
-        user=ev.user, num_nodes=nodes or c.get("num_nodes") or 1, status="PENDING", submitted_at=utc(rec.time), managed_job_id=ev.managed_job_id,
-        skypilot_task_id=ev.skypilot_task_id or None, has_setup=bool(ev.run_setup and task.get("setup")),
+        user=ev.user, num_nodes=job.num_nodes, status=job.status, submitted_at=utc(rec.time),
+        managed_job_id=ev.managed_job_id, skypilot_task_id=ev.skypilot_task_id or None, has_setup=job.has_setup,
         setup_done_ranks=0, cancel_requested=False, last_event_seq=rec.seq))
+
+
+def _job_status(j: dict[str, Any]) -> str:
+    return fold.LEGACY_JOB_STATUS.get(j["status"], j["status"])
 
 
 def _job_started(state: State, rec: Record, ev: JobStarted) -> None:
     j = _job(state, rec, ev.cluster, ev.job_id)
     if j is not None and j["status"] == "PENDING":
-        j.update(status="SETUP" if j["has_setup"] else "RUNNING", started_at=utc(ev.started_at))
+        j.update(status=fold.status_on_start(j["status"], j["has_setup"]), started_at=utc(ev.started_at))
 
 
 def _job_node_finished(state: State, rec: Record, ev: JobNodeFinished) -> None:
     j = _job(state, rec, ev.cluster, ev.job_id)
     if j is None:
         return
-    if ev.phase == "setup" and ev.exit_code == 0:
+    # A rank is counted once: an agent's report has an id derived from (job, rank, phase), and
+    # an id applied before is not applied again.
+    if ev.phase == "setup" and ev.exit_code != 0:
+        return
+    if ev.phase == "setup":
         j["setup_done_ranks"] = (j["setup_done_ranks"] or 0) + 1
-        if j["status"] == "SETUP" and j["setup_done_ranks"] >= (j["num_nodes"] or 1):
-            j["status"] = "RUNNING"
-    elif ev.phase == "run" and j["status"] == "SETUP":
-        j["status"] = "RUNNING"
+    c = state.get("clusters", ev.cluster) or {}
+    j["status"] = fold.status_on_node_finished(_job_status(j), ev.phase, j["setup_done_ranks"] or 0,
+                                               c.get("num_nodes") or 1)
 
 
 def _job_succeeded(state: State, rec: Record, ev: JobSucceeded) -> None:
     j = _job(state, rec, ev.cluster, ev.job_id)
     if j is not None:
-        j.update(status="SUCCEEDED", ended_at=utc(ev.ended_at), exit_code=0)
+        j.update(status=fold.status_on_end(ev), ended_at=utc(ev.ended_at), exit_code=0)
 
 
 def _job_failed(state: State, rec: Record, ev: JobFailed) -> None:
     j = _job(state, rec, ev.cluster, ev.job_id)
     if j is not None:
-        j.update(status="FAILED_SETUP" if ev.phase == "setup" else "FAILED", ended_at=utc(ev.ended_at),
+        j.update(status=fold.status_on_end(ev), ended_at=utc(ev.ended_at),
                  exit_code=ev.exit_code, failed_rank=ev.failed_rank, failed_phase=ev.phase,
                  reason=ev.reason or None)
 
@@ -712,7 +724,7 @@ def _cancel_requested(state: State, rec: Record, ev: CancelRequested) -> None:
 def _job_cancelled(state: State, rec: Record, ev: JobCancelled) -> None:
     j = _job(state, rec, ev.cluster, ev.job_id)
     if j is not None:
-        j.update(status="CANCELLED", ended_at=utc(ev.ended_at))
+        j.update(status=fold.status_on_end(ev), ended_at=utc(ev.ended_at))
 
 
 # ---------------------------------------------------------------- managed jobs

@@ -12,6 +12,9 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from skypurza.events.fold import JOB_TERMINAL_SQL
+from skypurza.events.managed_events import TERMINAL_STATUSES
+
 from .billing import grp_tres_minutes
 from .showback import GROUP_BYS, UNASSIGNED, micros_to_dollars, parse_period, period_of
 
@@ -119,7 +122,7 @@ def status(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- queues
 
-_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+_JOB_TERMINAL = JOB_TERMINAL_SQL  # the one fold's final states (events/fold.py)
 
 
 def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -142,7 +145,7 @@ def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
         FROM jobs {cond} ORDER BY cluster, job_id DESC""", args)
 
 
-_MANAGED_TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_CONTROLLER", "CANCELLED")
+_MANAGED_TERMINAL = tuple(sorted(TERMINAL_STATUSES))
 
 
 def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:

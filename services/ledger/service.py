@@ -8,6 +8,10 @@ request-reply from read cursors. When it has caught up with the log it meters th
 runs (UsageRecorded at each tick and at stop/termination) and records compensations for usage
 that arrived after its period was settled.
 
+It is the second declared shape (`LoopContract`, events/contract.py): `CONTRACT` says it reads
+every event and may emit UsageRecorded, CompensationRecorded and PeriodSettled; `run` publishes
+on a bus checked against it (`declared_bus`), so anything else raises UndeclaredEmit.
+
     python -m skypurza.services.ledger.service --nats URL --stage dev [--db FILE] [--tick S]
 """
 
@@ -26,6 +30,20 @@ from typing import Any
 from skypurza.events import deadletters, naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
 from skypurza.events.envelope import split_type
+from skypurza.events.models import (
+    CapacityError,
+    ClusterProvisioned,
+    CompensationRecorded,
+    JobQueued,
+    NodeReady,
+    OrphanFound,
+    PeriodSettled,
+    PlacementChosen,
+    TaskSubmitted,
+    UsageRecorded,
+    all_event_types,
+)
+from skypurza.events.service import LoopContract, declared_bus
 
 from . import queries, settlement
 from .ledgerconfig import LedgerConfig, load_ledger_config
@@ -39,9 +57,23 @@ log = logging.getLogger("skypurza.ledger")
 
 QUERY_SERVICE = "ledger"
 
+CONTRACT = LoopContract(
+    name="ledger",
+    # Every event is read, recorded as applied, and folded into the projections it changes.
+    consumes=tuple(all_event_types()),
+    emits=(UsageRecorded, CompensationRecorded, PeriodSettled),
+    consume_notes={TaskSubmitted: "placements", PlacementChosen: "attempts", CapacityError: "attempts",
+                   ClusterProvisioned: "clusters, meter", NodeReady: "nodes", JobQueued: "jobs",
+                   OrphanFound: "audit", UsageRecorded: "usage, showback, settlement",
+                   PeriodSettled: "closes the period", CompensationRecorded: "next period's report"},
+    emit_notes={UsageRecorded: "meter", CompensationRecorded: "late usage for a settled period",
+                PeriodSettled: "`spz ledger settle`"},
+)
+
 
 class LedgerService:
-    name = "ledger"
+    contract = CONTRACT
+    name = CONTRACT.name
 
     def __init__(self, db_path: Path | None = None, tick_s: float | None = None, *,
                  clock: Callable[[], datetime] | None = None, meter: bool = True, batch: int = 5000,
@@ -98,6 +130,7 @@ class LedgerService:
             await self._task
 
     async def run(self, bus: Bus, stop: asyncio.Event) -> None:
+        bus = declared_bus(bus, self.contract)  # what it publishes is checked against CONTRACT
         self.bus = bus
         cfg = self.config or load_ledger_config()
         self.config = cfg

@@ -2,8 +2,9 @@
 
 Eats:  TaskSubmitted            -> PlacementChosen (attempt 1) | PlacementFailed
        CapacityError            -> PlacementChosen (attempt n+1) | PlacementFailed (every attempt listed)
-Emits: PlacementChosen, PlacementFailed (ids derived from the cause: a redelivered cause
-       republishes the same ids and JetStream drops the copies).
+Emits: PlacementChosen, PlacementFailed, as `CONTRACT` declares (the runner refuses anything
+       else); ids derived from the cause: a redelivered cause republishes the same ids and
+       JetStream drops the copies.
 
 It holds no state of its own: a task's blocks are the CapacityErrors in the task's history,
 read back from the log when an error arrives (`decide.after_capacity_error`). Kill it in the
@@ -21,14 +22,11 @@ import asyncio
 import logging
 import os
 import time
-from typing import Sequence
-
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.config import load_config
-from skypurza.events.envelope import Event
-from skypurza.events.models import CapacityError, TaskSubmitted
-from skypurza.events.service import Emit
+from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
+from skypurza.events.service import EmitContext, Emit, Pipelined, Reactions, ServiceContract, handles
 
 from . import decide
 from .catalog import Catalog, load_catalog
@@ -37,12 +35,21 @@ log = logging.getLogger("skypurza.optimizer")
 
 SPOT_REFRESH_TTL_S = 300.0
 
-
-class OptimizerService:
-    name = "optimizer"
+CONTRACT = ServiceContract(
+    name="optimizer",
+    consumes=(TaskSubmitted, CapacityError),
+    emits=(PlacementChosen, PlacementFailed),
     # Decisions take well under a millisecond and read only the task's own inputs: handle a
     # fetched batch in order and publish the placements pipelined (see ServiceRunner).
-    pipelined = True
+    delivery=Pipelined(),
+    consume_notes={TaskSubmitted: "first placement", CapacityError: "next placement"},
+    emit_notes={PlacementFailed: "every attempt listed"},
+)
+
+
+class OptimizerService:
+    contract = CONTRACT
+    name = CONTRACT.name
 
     def __init__(self, catalog: Catalog | None = None, enabled: frozenset[str] | None = None,
                  live_spot_prices: bool | None = None):
@@ -53,10 +60,6 @@ class OptimizerService:
         self._spot_refreshed: dict[str, float] = {}
         self.world: decide.World | None = None
         self.bus: Bus | None = None
-
-    def subjects(self, stage: str) -> list[str]:
-        return [naming.event_filter(stage, "task", TaskSubmitted.EVENT_NAME),
-                naming.event_filter(stage, "task", CapacityError.EVENT_NAME)]
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
@@ -70,22 +73,26 @@ class OptimizerService:
         self.world = decide.World(catalog, enabled, local)
         log.info("optimizer: infras enabled: %s", ", ".join(sorted(enabled)))
 
-    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
-        assert self.world is not None and self.bus is not None
+    async def close(self) -> None:
+        pass  # no background work
+
+    @handles(TaskSubmitted)
+    async def on_submitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert self.world is not None and isinstance(stored.event, TaskSubmitted)
         ev = stored.event
-        if isinstance(ev, TaskSubmitted):
-            if self._live_spot and "aws" in self.world.enabled_infras:
-                await self._refresh_spot(ev)
-            out = decide.first_placement(ev, self.world)
-            return [Emit(out, key="attempt-1")]
-        if isinstance(ev, CapacityError):
-            submitted, errors = await self._history(ev.task_id, stored.seq)
-            if submitted is None:
-                log.warning("capacity error for unknown task %s ignored", ev.task_id)
-                return []
-            out = decide.after_capacity_error(submitted, errors, self.world)
-            return [Emit(out, key=f"attempt-{ev.attempt + 1}")]
-        return []
+        if self._live_spot and "aws" in self.world.enabled_infras:
+            await self._refresh_spot(ev)
+        return [Emit(decide.first_placement(ev, self.world), key="attempt-1")]
+
+    @handles(CapacityError)
+    async def on_capacity_error(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert self.world is not None and isinstance(stored.event, CapacityError)
+        ev = stored.event
+        submitted, errors = await self._history(ev.task_id, stored.seq)
+        if submitted is None:
+            log.warning("capacity error for unknown task %s ignored", ev.task_id)
+            return []
+        return [Emit(decide.after_capacity_error(submitted, errors, self.world), key=f"attempt-{ev.attempt + 1}")]
 
     async def _history(self, task_id: str, until_seq: int) -> tuple[TaskSubmitted | None, list[CapacityError]]:
         assert self.bus is not None

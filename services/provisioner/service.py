@@ -19,8 +19,13 @@ Idempotent under redelivery and restarts:
 - Cluster state (backend, region, nodes, stopped or not) is rebuilt from the log for every
   event (state.py), so a restarted provisioner knows everything a running one knew.
 
+What it consumes and may emit is declared in `CONTRACT` (events/contract.py; the runner
+refuses anything else). Handlers return their reactions; what must be in the log before the
+next step (ClusterProvisioned before job 1 is queued with optimistic concurrency, ClusterTerminated
+before the teardown's bookkeeping ends) is published through the handler's `EmitContext`.
+
 Concurrency: launches take minutes, so the service asks its runner (events/service.py) for
-`concurrency` handlers at once, ordered per cluster (`ordering_key`): one slow launch does not
+`Keyed(concurrency)` delivery, ordered per cluster: one slow launch does not
 hold up another task's failover, and a DownRequested still waits for the launch of its own
 cluster. Each event is acked only after its reactions are in the log; messages waiting their
 turn are kept alive. `ack_wait` bounds how long a dead provisioner's events stay invisible.
@@ -40,6 +45,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,19 +53,24 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.envelope import Event, derive_id
 from skypurza.events.jobqueue import job_queued_subject, queue_job
+from skypurza.events.models import CapacityError as CapacityErrorEvent
 from skypurza.events.models import (
+    CleanupFailed,
     ClusterIdle,
     ClusterProvisioned,
     ClusterStarted,
     ClusterStopped,
     ClusterTerminated,
     DownRequested,
+    JobQueued,
+    OrphanFound,
     PlacementChosen,
+    ProvisionFailed,
     StartRequested,
     StopRequested,
     TaskSubmitted,
 )
-from skypurza.events.service import Emit
+from skypurza.events.service import EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
 
 from . import cleanup, plan, userdata
 from .adapter import (
@@ -79,18 +90,35 @@ from .state import ClusterState, event_with_id, load_cluster_state, placement_ou
 
 log = logging.getLogger(__name__)
 
-_CLUSTER_EVENTS = (DownRequested, StopRequested, StartRequested, ClusterIdle)
+# Delivery and ack wait come from the settings (see `ProvisionerService.contract`).
+CONTRACT = ServiceContract(
+    name="provisioner",
+    consumes=(PlacementChosen, DownRequested, StopRequested, StartRequested, ClusterIdle),
+    emits=(ClusterProvisioned, JobQueued, CapacityErrorEvent, ProvisionFailed, ClusterTerminated, CleanupFailed,
+           ClusterStopped, ClusterStarted, OrphanFound),
+    reads=(TaskSubmitted, CleanupFailed),
+    delivery=InOrder(),
+    consume_notes={TaskSubmitted: "reads the task", CleanupFailed: "bounded retries with back-off",
+                   PlacementChosen: "launches", DownRequested: "terminates", StopRequested: "stops",
+                   StartRequested: "starts", ClusterIdle: "stop, or terminate with down"},
+    emit_notes={JobQueued: "first job", ClusterTerminated: "teardown, reconciliation",
+                CleanupFailed: "teardown, background cleanup sweep", OrphanFound: "reconciliation"},
+)
+
+
+def _cluster_of(stored: Stored) -> str:
+    return str(getattr(stored.event, "cluster", ""))
 
 
 class ProvisionerService:
-    name = "provisioner"
+    name = CONTRACT.name
 
     def __init__(self, settings: ProvisionerSettings | None = None,
                  backends: Mapping[str, ComputeBackend] | None = None) -> None:
         self.settings = settings or ProvisionerSettings.load()
         # Read by ServiceRunner: handlers at once (ordered per cluster) and the ack wait.
-        self.concurrency = max(1, self.settings.concurrency)
-        self.ack_wait = self.settings.ack_wait_s
+        self.contract = replace(CONTRACT, delivery=Keyed(max(1, self.settings.concurrency), _cluster_of),
+                                ack_wait_s=self.settings.ack_wait_s)
         self._overrides = dict(backends or {})
         self._bus: Bus | None = None
         self._backends: Backends | None = None
@@ -105,14 +133,6 @@ class ProvisionerService:
 
     # ------------------------------------------------------------------ Service protocol
 
-    def subjects(self, stage: str) -> list[str]:
-        return [naming.event_filter(stage, "task", PlacementChosen.EVENT_NAME)] + [
-            naming.event_filter(stage, "cluster", e.EVENT_NAME) for e in _CLUSTER_EVENTS
-        ]
-
-    def ordering_key(self, stored: Stored) -> str:
-        return str(getattr(stored.event, "cluster", ""))
-
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         self._backends = Backends(self.settings, stage=bus.stage, nats_url=_url_of(bus), overrides=self._overrides)
@@ -120,20 +140,6 @@ class ProvisionerService:
             self._reconciler = asyncio.create_task(self._reconcile_loop(), name="provisioner-reconcile")
         if self.settings.cleanup_interval_s > 0 and self._cleaner is None:
             self._cleaner = asyncio.create_task(self._cleanup_loop(), name="provisioner-cleanup")
-
-    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
-        event = stored.event
-        if isinstance(event, PlacementChosen):
-            return await self._on_placement(stored, event)
-        if isinstance(event, DownRequested):
-            return await self._on_down(stored, event)
-        if isinstance(event, StopRequested):
-            return await self._on_stop(stored, event)
-        if isinstance(event, StartRequested):
-            return await self._on_start(stored, event)
-        if isinstance(event, ClusterIdle):
-            return await self._on_idle(stored, event)
-        return []
 
     async def close(self) -> None:
         for task in (self._reconciler, self._cleaner):
@@ -156,8 +162,10 @@ class ProvisionerService:
 
     # ------------------------------------------------------------------ launch
 
-    async def _on_placement(self, stored: Stored, pc: PlacementChosen) -> list[Event | Emit]:
-        assert stored.envelope is not None
+    @handles(PlacementChosen)
+    async def on_placement(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert stored.envelope is not None and isinstance(stored.event, PlacementChosen)
+        pc = stored.event
         placement_id = stored.envelope.id
         outcome = await placement_outcome(self.bus, task_id=pc.task_id, cluster=pc.cluster, placement_id=placement_id)
         if outcome.failed is not None:
@@ -165,7 +173,7 @@ class ProvisionerService:
         submitted = await self._submitted(pc.task_id)
         if outcome.provisioned is not None:
             if submitted is not None:
-                await self._queue_first_job(placement_id, pc.cluster, submitted)
+                await self._queue_first_job(ctx, placement_id, pc.cluster, submitted)
             return []
         if submitted is None:
             return [plan.provision_failed(pc, placement_id, "TaskNotFound",
@@ -175,17 +183,15 @@ class ProvisionerService:
             # Two launches raced for one name (the CLI queues directly on clusters that are up):
             # the task runs on the cluster that exists.
             log.info("cluster %s is already up; queueing task %s on it", pc.cluster, pc.task_id)
-            await self._queue_first_job(placement_id, pc.cluster, submitted)
+            await self._queue_first_job(ctx, placement_id, pc.cluster, submitted)
             return []
         if await self._down_requested_since(pc):
             # `spz down` (or `down -a`) came while the task was still being placed: launching now
             # would leave a cluster nobody wants, running and billed. The cluster ends here.
             log.info("cluster %s: down requested before it came up; task %s not launched", pc.cluster, pc.task_id)
-            await self.bus.publish(self.bus.envelope(
-                ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
-                                  reason="down requested before launch", instance_ids=[]),
-                cause=stored.envelope, handler=self.name, key=ClusterTerminated.EVENT_NAME))
-            return [plan.provision_failed(pc, placement_id, "DownRequested",
+            return [ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
+                                      reason="down requested before launch", instance_ids=[]),
+                    plan.provision_failed(pc, placement_id, "DownRequested",
                                           f"spz down was requested for cluster {pc.cluster} before it came up; "
                                           "it was not launched")]
         try:
@@ -204,9 +210,9 @@ class ProvisionerService:
             return [result]
         provisioned = plan.provisioned_event(placement=pc, placement_id=placement_id, submitted=submitted,
                                              nodes=result, launched_at=datetime.now(timezone.utc))
-        await self.bus.publish(self.bus.envelope(provisioned, cause=stored.envelope, handler=self.name,
-                                                 key=ClusterProvisioned.EVENT_NAME))
-        await self._queue_first_job(placement_id, pc.cluster, submitted)
+        # In the log before job 1 is queued (the agents read the cluster before its jobs).
+        await ctx.publish(provisioned)
+        await self._queue_first_job(ctx, placement_id, pc.cluster, submitted)
         return []
 
     async def _launch_spec(self, stored: Stored, pc: PlacementChosen, placement_id: str,
@@ -287,11 +293,13 @@ class ProvisionerService:
         last = await self.bus.last_event(subject)
         return int(last.event.job_id) + 1 if last is not None and last.event is not None else 1  # type: ignore[attr-defined]
 
-    async def _queue_first_job(self, placement_id: str, cluster: str, submitted: TaskSubmitted) -> None:
+    async def _queue_first_job(self, ctx: EmitContext, placement_id: str, cluster: str,
+                               submitted: TaskSubmitted) -> None:
         event_id = self._job_event_id(placement_id)
         if await event_with_id(self.bus, job_queued_subject(self.bus.stage, cluster), event_id) is not None:
             return
-        await queue_job(self.bus, cluster=cluster, id=event_id, **plan.job_fields(submitted))
+        # Job ids are allocated with optimistic concurrency (a retry loop): through the context.
+        await queue_job(ctx.bus, cluster=cluster, id=event_id, **plan.job_fields(submitted))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,19 +313,25 @@ class ProvisionerService:
             log.error("cluster %s: %s", cluster, exc)
             return state, None
 
-    async def _on_down(self, stored: Stored, ev: DownRequested) -> list[Event | Emit]:
+    @handles(DownRequested)
+    async def on_down(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, DownRequested)
+        ev = stored.event
         state, backend = await self._state(ev.cluster)
         if backend is None or stored.seq < state.terminated_seq:
             return []  # not up, or this request was served by an earlier termination
-        await self._terminate(stored, state, backend, ev.reason)
+        await self._terminate(ctx, stored, state, backend, ev.reason)
         return []
 
-    async def _terminate(self, stored: Stored, state: ClusterState, backend: ComputeBackend, reason: str) -> None:
+    async def _terminate(self, ctx: EmitContext, stored: Stored, state: ClusterState, backend: ComputeBackend,
+                         reason: str) -> None:
         """Terminate the nodes, release the cluster's region (bounded), publish ClusterTerminated.
 
         `terminated_at` is when the nodes were gone, which is when metering stops. A failure to
         release a security group, key pair or placement group is a CleanupFailed warning
-        published before ClusterTerminated (so a waiting `spz down` sees it), never a blocker."""
+        published before ClusterTerminated (so a waiting `spz down` sees it), never a blocker.
+        ClusterTerminated is published here, through the context, while the cluster is still
+        marked as terminating (so reconciliation does not take it for vanished)."""
         assert stored.envelope is not None and state.provisioned is not None
         region = state.provisioned.candidate.region
         self._terminating.add(state.cluster)
@@ -326,20 +340,20 @@ class ProvisionerService:
             ids = await backend.terminate(state.ref(self.bus.stage), release=False)
             ended = datetime.now(timezone.utc)
             if region:
-                await self._release_after_teardown(stored, state.cluster, state.provisioned.candidate.infra, region)
+                await self._release_after_teardown(ctx, state.cluster, state.provisioned.candidate.infra, region)
             known = [n.instance_id for n in state.nodes]
             event = ClusterTerminated(cluster=state.cluster, terminated_at=ended, reason=reason,
                                       instance_ids=sorted(set(known) | set(ids)))
-            await self.bus.publish(self.bus.envelope(event, cause=stored.envelope, handler=self.name,
-                                                     key=ClusterTerminated.EVENT_NAME))
+            await ctx.publish(event)
         finally:
             self._terminating.discard(state.cluster)
             self._tearing_down_in[region or ""] -= 1
         self._sweep_soon.set()  # the other regions the stage touched (one where every launch failed)
 
-    async def _release_after_teardown(self, stored: Stored, cluster: str, infra: str, region: str) -> None:
+    async def _release_after_teardown(self, ctx: EmitContext, cluster: str, infra: str, region: str) -> None:
         try:
-            await asyncio.wait_for(self._sweep({infra: [region]}, cluster=cluster), max(0.1, self.settings.cleanup_wait_s))
+            await asyncio.wait_for(self._sweep({infra: [region]}, cluster=cluster, bus=ctx.bus),
+                                   max(0.1, self.settings.cleanup_wait_s))
         except asyncio.TimeoutError:
             log.warning("cluster %s: releasing resources in %s took over %.0f s; the background sweep goes on",
                         cluster, region, self.settings.cleanup_wait_s)
@@ -353,7 +367,10 @@ class ProvisionerService:
         return cleanup.RetryPolicy(attempts=max(1, self.settings.cleanup_attempts),
                                    backoff_s=max(0.0, self.settings.cleanup_backoff_s))
 
-    async def _on_stop(self, stored: Stored, ev: StopRequested) -> list[Event | Emit]:
+    @handles(StopRequested)
+    async def on_stop(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, StopRequested)
+        ev = stored.event
         state, backend = await self._state(ev.cluster)
         if backend is None or state.stopped or stored.seq < state.terminated_seq:
             return []
@@ -364,7 +381,10 @@ class ProvisionerService:
             return []
         return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
 
-    async def _on_start(self, stored: Stored, ev: StartRequested) -> list[Event | Emit]:
+    @handles(StartRequested)
+    async def on_start(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, StartRequested)
+        ev = stored.event
         state, backend = await self._state(ev.cluster)
         if backend is None or not state.stopped:
             return []
@@ -376,7 +396,10 @@ class ProvisionerService:
         return [ClusterStarted(cluster=ev.cluster, started_at=datetime.now(timezone.utc),
                                nodes=plan.event_nodes(nodes))]
 
-    async def _on_idle(self, stored: Stored, ev: ClusterIdle) -> list[Event | Emit]:
+    @handles(ClusterIdle)
+    async def on_idle(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, ClusterIdle)
+        ev = stored.event
         state, backend = await self._state(ev.cluster)
         if backend is None or state.stopped or stored.seq < max(state.provisioned_seq, state.started_seq):
             return []  # not up, already stopped, or idle from before the cluster (re)started
@@ -385,13 +408,13 @@ class ProvisionerService:
             return []  # a job arrived after the agent declared the cluster idle
         assert state.provisioned is not None
         if ev.down or state.provisioned.candidate.use_spot:
-            await self._terminate(stored, state, backend, "autostop")
+            await self._terminate(ctx, stored, state, backend, "autostop")
             return []
         try:
             await backend.stop(state.ref(self.bus.stage))
         except FatalProvisionError as err:
             log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
-            await self._terminate(stored, state, backend, "autostop")
+            await self._terminate(ctx, stored, state, backend, "autostop")
             return []
         return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
 
@@ -414,9 +437,12 @@ class ProvisionerService:
         return await self._sweep({infra: set(regions) - busy for infra, regions in touched.items()})
 
     async def _sweep(self, regions: Mapping[str, Sequence[str] | set[str]],
-                     cluster: str = cleanup.SWEEP_CLUSTER) -> cleanup.SweepReport:
+                     cluster: str = cleanup.SWEEP_CLUSTER, bus: Bus | None = None) -> cleanup.SweepReport:
+        """`bus`: a handler's context bus when a teardown releases its region (its CleanupFailed
+        are then its reactions); otherwise the service's own."""
         async with self._sweep_lock:
-            return await cleanup.sweep(self.bus, self.backends, regions, self._cleanup_policy(), cluster=cluster)
+            return await cleanup.sweep(bus or self.bus, self.backends, regions, self._cleanup_policy(),
+                                       cluster=cluster)
 
     async def _cleanup_loop(self) -> None:
         while True:

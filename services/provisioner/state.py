@@ -2,8 +2,9 @@
 
 Nothing is kept in memory between events: a provisioner restarted at any point reads the same
 answers. A cluster's state is the newest event of each lifecycle type on its subject
-(`bus.last_event`), compared by stream sequence; the set of live clusters is a fold over every
-ClusterProvisioned and ClusterTerminated.
+(`bus.last_event`), folded in stream order by the one fold (`events/fold.py` `cluster_after`,
+whose answer depends only on the newest event of each type); the set of live clusters is the
+same fold over every ClusterProvisioned and ClusterTerminated.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
+from skypurza.events.fold import CLUSTER_LIVE, ClusterStatus, cluster_after
 from skypurza.events.models import (
     CapacityError,
     ClusterProvisioned,
@@ -36,15 +38,16 @@ class ClusterState:
     stopped_seq: int = 0
     started_seq: int = 0
     started_nodes: tuple[EventNode, ...] = ()
+    status: ClusterStatus | None = None  # the one fold's, of the newest lifecycle events
 
     @property
     def live(self) -> bool:
         """Provisioned and not terminated since (stopped clusters are live: they hold disks)."""
-        return self.provisioned is not None and self.provisioned_seq > self.terminated_seq
+        return self.provisioned is not None and self.status in CLUSTER_LIVE
 
     @property
     def stopped(self) -> bool:
-        return self.live and self.stopped_seq > max(self.started_seq, self.provisioned_seq)
+        return self.live and self.status == "STOPPED"
 
     @property
     def infra(self) -> str | None:
@@ -72,9 +75,12 @@ def cluster_state(cluster: str, provisioned: Stored | None, terminated: Stored |
 
     prov = provisioned.event if provisioned is not None and isinstance(provisioned.event, ClusterProvisioned) else None
     start_nodes = tuple(started.event.nodes) if started is not None and isinstance(started.event, ClusterStarted) else ()
+    status: ClusterStatus | None = None
+    for s in sorted((s for s in (provisioned, terminated, stopped, started) if seq(s)), key=seq):
+        status = cluster_after(status, s.event)  # type: ignore[union-attr]
     return ClusterState(cluster=cluster, provisioned=prov, provisioned_seq=seq(provisioned),
                         terminated_seq=seq(terminated), stopped_seq=seq(stopped), started_seq=seq(started),
-                        started_nodes=start_nodes)
+                        started_nodes=start_nodes, status=status)
 
 
 async def load_cluster_state(bus: Bus, cluster: str) -> ClusterState:
@@ -87,16 +93,17 @@ async def load_cluster_state(bus: Bus, cluster: str) -> ClusterState:
 
 
 def fold_live(events: Iterable[Stored]) -> dict[str, ClusterProvisioned]:
-    """Pure: clusters whose newest ClusterProvisioned is newer than their newest ClusterTerminated."""
-    live: dict[str, tuple[int, ClusterProvisioned]] = {}
-    ended: dict[str, int] = {}
-    for s in events:
+    """Pure: clusters whose newest ClusterProvisioned is newer than their newest ClusterTerminated
+    (the one fold over both, in stream order), with that ClusterProvisioned."""
+    status: dict[str, ClusterStatus | None] = {}
+    newest: dict[str, ClusterProvisioned] = {}
+    for s in sorted((s for s in events if isinstance(s.event, (ClusterProvisioned, ClusterTerminated))),
+                    key=lambda s: s.seq):
+        c = s.event.cluster  # type: ignore[union-attr]
+        status[c] = cluster_after(status.get(c), s.event)
         if isinstance(s.event, ClusterProvisioned):
-            if s.seq > live.get(s.event.cluster, (0, None))[0]:  # type: ignore[comparison-overlap]
-                live[s.event.cluster] = (s.seq, s.event)
-        elif isinstance(s.event, ClusterTerminated):
-            ended[s.event.cluster] = max(ended.get(s.event.cluster, 0), s.seq)
-    return {c: ev for c, (seq, ev) in live.items() if seq > ended.get(c, 0)}
+            newest[c] = s.event
+    return {c: ev for c, ev in newest.items() if status.get(c) in CLUSTER_LIVE}
 
 
 async def live_clusters(bus: Bus) -> dict[str, ClusterProvisioned]:

@@ -10,7 +10,7 @@ back, so the log alone says what each launch was for:
     preempted   spot preemption -> new cluster          node_lost   node or cluster lost -> new cluster
     restart     user-code failure, counted restart      exit_code   failure with a recover_on_exit_codes code
     fallback    the strategy's first try found no place; the task's own constraints now
-    succeeded / failed / failed_setup / no_resource / cancelling / cancelled
+    succeeded / failed / failed_setup / failed_controller / no_resource / cancelling / cancelled
 
 Every launch (task start or recovery) gets a cluster of its own, named from the job and the
 launch number; the previous one is torn down. Facts about any cluster but the current one
@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Union
 
 from skypurza.events.envelope import derive_id
+from skypurza.events.fold import job_status_of_failure, managed_status_of_job
 from skypurza.events.managed_events import (
     TERMINAL_STATUSES,
     ManagedJobCancelRequested,
@@ -38,7 +39,8 @@ ACTIVE = frozenset({"STARTING", "RUNNING", "RECOVERING"})
 LAUNCHING = frozenset({"STARTING", "RECOVERING"})
 LAUNCH_WHYS = frozenset({"launch", "preempted", "node_lost", "restart", "exit_code", "fallback"})
 LOSS_WHYS = frozenset({"preempted", "node_lost"})
-WHYS = LAUNCH_WHYS | {"started", "succeeded", "failed", "failed_setup", "no_resource", "cancelling", "cancelled"}
+WHYS = LAUNCH_WHYS | {"started", "succeeded", "failed", "failed_setup", "failed_controller", "no_resource",
+                      "cancelling", "cancelled"}
 
 
 # ---------------------------------------------------------------------------------- state
@@ -313,7 +315,9 @@ def _after_failure(s: JobState, fact: JobFailedF) -> Transition:
     counted = s.recovery.restart_counted(fact.exit_code, s.task_restarts)
     what = f"{fact.phase} exited with {fact.exit_code}" + (f" ({fact.detail})" if fact.detail else "")
     if counted is None:
-        status = "FAILED_SETUP" if fact.phase in ("setup", "agent") else "FAILED"
+        # The one fold's job status, as SkyPilot's jobs controller maps it: FAILED_SETUP stays,
+        # FAILED_DRIVER (the process was lost with its agent) is FAILED_CONTROLLER, else FAILED.
+        status = managed_status_of_job(job_status_of_failure(fact.phase))
         return _to(s, status, status.lower(), what)
     if counted:
         n = s.task_restarts + 1

@@ -12,6 +12,10 @@ Emits: ManagedJobStatusChanged (optimistic concurrency on the job's subject), Ta
        (kind="managed", one per launch, id derived from the job and launch number),
        DownRequested (every cluster of the job but the current one; all of them at the end),
        SpotPreempted / NodeLost (from EC2 and heartbeats, with the evidence).
+       Declared in `CONTRACT`; the runner refuses anything else. A handler's transitions and
+       effects are published inside its optimistic-concurrency retry loop, so they go through
+       the handler's `EmitContext` bus (recorded by the runner); the detectors and
+       reconciliation loops publish on the service's own bus, checked against the same contract.
 
 How a decision is made (`_act`): load the job's state (a fold of its `mjob` events, cached and
 checked against the subject's last sequence), `machine.decide(state, fact)`, publish the
@@ -32,7 +36,7 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any
 
 from skypurza.events import deadletters, naming
 from skypurza.events.bus import Bus, ConcurrencyConflict, Stored
@@ -55,7 +59,7 @@ from skypurza.events.models import (
     SpotPreempted,
     TaskSubmitted,
 )
-from skypurza.events.service import Emit
+from skypurza.events.service import EmitContext, Reactions, ServiceContract, handles
 
 from . import buckets, detect, machine
 from .history import history
@@ -65,14 +69,31 @@ from .strategy import LaunchPlan, Placed, recovery_launch
 
 log = logging.getLogger("skypurza.recovery")
 
-_CLUSTER_EVENTS = (ClusterProvisioned, ClusterTerminated, JobStarted, JobSucceeded, JobFailed, JobCancelled,
-                   SpotPreempted, NodeLost)
-_TASK_EVENTS = (PlacementFailed, ProvisionFailed)
 _REMEMBER = 10_000  # own transition ids kept to recognise them when they come back
+
+CONTRACT = ServiceContract(
+    name="recovery",
+    consumes=(ManagedJobSubmitted, ManagedJobCancelRequested, ManagedJobStatusChanged,
+              PlacementFailed, ProvisionFailed,
+              ClusterProvisioned, ClusterTerminated, JobStarted, JobSucceeded, JobFailed, JobCancelled,
+              SpotPreempted, NodeLost),
+    emits=(ManagedJobStatusChanged, TaskSubmitted, DownRequested, SpotPreempted, NodeLost),
+    consume_notes={ManagedJobSubmitted: "runs the pipeline", ManagedJobCancelRequested: "cancels",
+                   ManagedJobStatusChanged: "another recovery's decision: sees it through",
+                   PlacementFailed: "fallback launch or FAILED_NO_RESOURCE", ProvisionFailed: "FAILED_NO_RESOURCE",
+                   ClusterProvisioned: "tears down clusters a job no longer uses",
+                   JobSucceeded: "next task or SUCCEEDED", JobFailed: "restarts or FAILED",
+                   SpotPreempted: "recovers the managed job", NodeLost: "recovers the managed job",
+                   ClusterTerminated: "recovers the managed job"},
+    emit_notes={ManagedJobStatusChanged: "with optimistic concurrency on the job",
+                TaskSubmitted: "each task of a managed job", DownRequested: "the clusters a job no longer uses",
+                SpotPreempted: "EC2 polling", NodeLost: "EC2 polling, heartbeats"},
+)
 
 
 class RecoveryService:
-    name = "recovery"
+    contract = CONTRACT
+    name = CONTRACT.name
 
     def __init__(self, settings: RecoverySettings | None = None, *, aws_session: Any = None,
                  endpoint_url: str | None = None, bucket_store: str | None = None):
@@ -93,11 +114,6 @@ class RecoveryService:
         self._parked: set[int] = set()  # seqs of events the state machine could not take
 
     # ------------------------------------------------------------------ Service protocol
-
-    def subjects(self, stage: str) -> list[str]:
-        return ([naming.aggregate_events_subject(stage, "mjob")]
-                + [naming.event_filter(stage, "task", e.EVENT_NAME) for e in _TASK_EVENTS]
-                + [naming.event_filter(stage, "cluster", e.EVENT_NAME) for e in _CLUSTER_EVENTS])
 
     @property
     def bus(self) -> Bus:
@@ -132,42 +148,81 @@ class RecoveryService:
             await self._ec2.close()
             self._ec2 = None
 
-    async def handle(self, stored: Stored) -> Sequence[Event | Emit]:
+    @handles(ManagedJobSubmitted)
+    async def on_submitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, ManagedJobSubmitted)
+        await self._act(ctx.bus, stored.event.managed_job_id, machine.Kick(), _cause(stored))
+        return []
+
+    @handles(ManagedJobCancelRequested)
+    async def on_cancel(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, ManagedJobCancelRequested)
+        await self._act(ctx.bus, stored.event.managed_job_id, machine.Cancel(), _cause(stored))
+        return []
+
+    @handles(ManagedJobStatusChanged)
+    async def on_status_changed(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert isinstance(stored.event, ManagedJobStatusChanged)
+        if _cause(stored) not in self._published:  # another recovery service's decision: see it through
+            await self._realize(ctx.bus, stored.event.managed_job_id)
+        return []
+
+    @handles(PlacementFailed)
+    async def on_placement_failed(self, stored: Stored, ctx: EmitContext) -> Reactions:
         ev = stored.event
-        cause = stored.envelope.id if stored.envelope else ""
-        if isinstance(ev, ManagedJobSubmitted):
-            await self._act(ev.managed_job_id, machine.Kick(), cause)
-        elif isinstance(ev, ManagedJobCancelRequested):
-            await self._act(ev.managed_job_id, machine.Cancel(), cause)
-        elif isinstance(ev, ManagedJobStatusChanged):
-            if cause not in self._published:  # another recovery service's decision: see it through
-                await self._realize(ev.managed_job_id)
-        elif isinstance(ev, PlacementFailed):
-            job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
-            if job is not None:
-                await self._act(job, machine.PlacementFailedF(ev.cluster, await self._placement_detail(job, ev)),
-                                cause)
-        elif isinstance(ev, ProvisionFailed):
-            job = await self._job_of_cluster(ev.cluster)
-            if job is not None:
-                await self._act(job, machine.ProvisionFailedF(ev.cluster, f"{ev.code}: {ev.message}"), cause)
-        elif isinstance(ev, ClusterProvisioned):
-            job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
-            if job is not None:
-                self._placed[ev.cluster] = ev
-                await self._realize(job)
-        elif isinstance(ev, ClusterTerminated):
-            job = await self._job_of_cluster(ev.cluster)
-            if job is not None:
-                await self._act(job, machine.TerminatedF(ev.cluster, f"cluster terminated ({ev.reason})"), cause)
-        elif isinstance(ev, (SpotPreempted, NodeLost)):
-            job = await self._job_of_cluster(ev.cluster)
-            if job is not None:
-                await self._act(job, _lost_fact(ev), cause)
-        elif isinstance(ev, (JobStarted, JobSucceeded, JobFailed, JobCancelled)):
-            job = await self._job_of_cluster(ev.cluster)
-            if job is not None and await self._is_managed_job(ev.cluster, ev.job_id, job):
-                await self._act(job, await self._job_fact(ev), cause)
+        assert isinstance(ev, PlacementFailed)
+        job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
+        if job is not None:
+            await self._act(ctx.bus, job, machine.PlacementFailedF(ev.cluster, await self._placement_detail(job, ev)),
+                            _cause(stored))
+        return []
+
+    @handles(ProvisionFailed)
+    async def on_provision_failed(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        ev = stored.event
+        assert isinstance(ev, ProvisionFailed)
+        job = await self._job_of_cluster(ev.cluster)
+        if job is not None:
+            await self._act(ctx.bus, job, machine.ProvisionFailedF(ev.cluster, f"{ev.code}: {ev.message}"),
+                            _cause(stored))
+        return []
+
+    @handles(ClusterProvisioned)
+    async def on_provisioned(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        ev = stored.event
+        assert isinstance(ev, ClusterProvisioned)
+        job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
+        if job is not None:
+            self._placed[ev.cluster] = ev
+            await self._realize(ctx.bus, job)
+        return []
+
+    @handles(ClusterTerminated)
+    async def on_terminated(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        ev = stored.event
+        assert isinstance(ev, ClusterTerminated)
+        job = await self._job_of_cluster(ev.cluster)
+        if job is not None:
+            await self._act(ctx.bus, job, machine.TerminatedF(ev.cluster, f"cluster terminated ({ev.reason})"),
+                            _cause(stored))
+        return []
+
+    @handles(SpotPreempted, NodeLost)
+    async def on_lost(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        ev = stored.event
+        assert isinstance(ev, (SpotPreempted, NodeLost))
+        job = await self._job_of_cluster(ev.cluster)
+        if job is not None:
+            await self._act(ctx.bus, job, _lost_fact(ev), _cause(stored))
+        return []
+
+    @handles(JobStarted, JobSucceeded, JobFailed, JobCancelled)
+    async def on_job(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        ev = stored.event
+        assert isinstance(ev, (JobStarted, JobSucceeded, JobFailed, JobCancelled))
+        job = await self._job_of_cluster(ev.cluster)
+        if job is not None and await self._is_managed_job(ev.cluster, ev.job_id, job):
+            await self._act(ctx.bus, job, await self._job_fact(ev), _cause(stored))
         return []
 
     # ------------------------------------------------------------------ state
@@ -228,9 +283,10 @@ class RecoveryService:
                 return replace(state, last_seq=max(state.last_seq, s.seq))
             return None
 
-    async def _act(self, job_id: int, fact: machine.Fact, cause: str = "") -> None:
-        """Decide on one fact and publish the transition (with optimistic concurrency), then see
-        the new state's effects through."""
+    async def _act(self, out: Bus, job_id: int, fact: machine.Fact, cause: str = "") -> None:
+        """Decide on one fact and publish the transition (with optimistic concurrency) on `out`
+        (a handler's context bus, or the service's own from its loops), then see the new state's
+        effects through."""
         async with self._locks[job_id]:
             for _ in range(25):
                 state = await self.load(job_id)
@@ -244,7 +300,7 @@ class RecoveryService:
                 env = self.bus.envelope(event, id=derive_id(f"mjob:{job_id}:{state.last_seq}", self.name,
                                                             f"{transition.status}|{transition.cluster}"))
                 try:
-                    ack = await self.bus.publish(env, expected_last_seq=state.last_seq)
+                    ack = await out.publish(env, expected_last_seq=state.last_seq)
                 except ConcurrencyConflict:
                     log.info("job %s changed under us; deciding again", job_id)
                     await asyncio.sleep(0)
@@ -257,18 +313,18 @@ class RecoveryService:
                 if new is not None and not ack.duplicate:
                     self.jobs[job_id] = new
                 break
-        await self._realize(job_id)
+        await self._realize(out, job_id)
 
     # ------------------------------------------------------------------ effects
 
-    async def _realize(self, job_id: int) -> None:
+    async def _realize(self, out: Bus, job_id: int) -> None:
         async with self._locks[job_id]:
             state = await self.load(job_id)
             if state is None:
                 return
             gone: dict[str, str] = {}
             for cluster in machine.clusters_to_tear_down(state):
-                gone[cluster] = await self._ensure_down(state, cluster)
+                gone[cluster] = await self._ensure_down(out, state, cluster)
             launch = machine.wanted_launch(state)
             if launch is not None:
                 waiting = [c for c in state.clusters if c != state.cluster and gone.get(c) == "going"]
@@ -276,14 +332,14 @@ class RecoveryService:
                     log.info("job %s: waiting for %s to be torn down before launching %s", job_id,
                              ", ".join(waiting), launch.cluster)
                 else:
-                    await self._ensure_launch(state, launch)
+                    await self._ensure_launch(out, state, launch)
             done = machine.NothingToCancel(state.cluster)
             cancel_done = (state.status == "CANCELLING" and (state.cluster is None or gone.get(state.cluster) == "absent")
                            and machine.decide(state, done) is not None)
             if state.terminal and all(g in ("gone", "absent") for g in gone.values()):
                 self._forget(state)
         if cancel_done:
-            await self._act(job_id, done)
+            await self._act(out, job_id, done)
 
     def _forget(self, state: machine.JobState) -> None:
         """An ended job whose clusters are all gone leaves the cache (the log still has it: a
@@ -292,7 +348,7 @@ class RecoveryService:
         for cluster in state.clusters:
             self._placed.pop(cluster, None)
 
-    async def _ensure_down(self, state: machine.JobState, cluster: str) -> str:
+    async def _ensure_down(self, out: Bus, state: machine.JobState, cluster: str) -> str:
         """'gone' (terminated), 'going' (teardown asked), or 'absent' (never provisioned, so far)."""
         prov = await self._last(cluster, ClusterProvisioned)
         if prov is None:
@@ -307,11 +363,11 @@ class RecoveryService:
         reason = "managed_job_done" if state.terminal or state.status == "CANCELLING" else "recovery"
         env = self.bus.envelope(DownRequested(cluster=cluster, reason=reason, requested_by=f"recovery:job {state.job_id}"),
                                 id=derive_id(prov.envelope.id, self.name, "down"))
-        await self.bus.publish(env)
+        await out.publish(env)
         log.info("job %s: tearing down %s (%s)", state.job_id, cluster, reason)
         return "going"
 
-    async def _ensure_launch(self, state: machine.JobState, launch: machine.Launch) -> None:
+    async def _ensure_launch(self, out: Bus, state: machine.JobState, launch: machine.Launch) -> None:
         task_id = launch.task_id(state.job_id)
         subject = naming.event_subject(self.bus.stage, "task", task_id, TaskSubmitted.EVENT_NAME)
         if await self.bus.last_event(subject) is not None:
@@ -334,7 +390,7 @@ class RecoveryService:
             initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
             managed_task_ids=list(state.skypilot_task_ids),
         )
-        await self.bus.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted")))
+        await out.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted")))
         log.info("job %s: launch %d of task %d on %s (%s)", state.job_id, launch.number, launch.task_index,
                  launch.cluster, plan.note or launch.episode)
 
@@ -545,13 +601,17 @@ class RecoveryService:
                 continue
             try:
                 if state.status == "PENDING" or state.cancel_requested:
-                    await self._act(job_id, machine.Kick())
+                    await self._act(self.bus, job_id, machine.Kick())
                 else:
-                    await self._realize(job_id)
+                    await self._realize(self.bus, job_id)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("reconciling job %s failed", job_id)
+
+
+def _cause(stored: Stored) -> str:
+    return stored.envelope.id if stored.envelope else ""
 
 
 def _lost_fact(ev: SpotPreempted | NodeLost) -> machine.LostF:

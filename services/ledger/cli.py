@@ -1,5 +1,11 @@
-"""Ledger commands: `spz cost-report`, `spz ledger billing|settle|settlements`, `spz audit`,
-`spz events export`, and `spz events replay --into` (dispatched here by cmd_events).
+"""The accounting commands of `spz`, a CLI plugin of the platform: `spz cost-report`,
+`spz ledger billing|settle|settlements`, `spz audit`, `spz events export`, and what
+`spz events replay --into` does.
+
+This module is platform code (the ledger's accounting: billing, showback, settlement, export,
+replay): the open CLI never imports it. It joins `spz` through the `skypurza.cli_plugins`
+entry point (pyproject.toml), which `cli/plugins.py` loads; without it the open broker's CLI
+still runs and says these commands are not installed (docs/DESIGN.md, *Open and platform*).
 
 Queries go to the ledger service over NATS request-reply (`skypurza.events.ledger_queries`): the
 projections file has one writer, the ledger. Replay and export read the log themselves.
@@ -15,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from .bounds import DAYS
-from .context import check_output, fail, print_json, run_async, stage
+from skypurza.cli.bounds import DAYS
+from skypurza.cli.context import check_output, fail, print_json, run_async, stage
 
 if TYPE_CHECKING:
     from decimal import Decimal
@@ -93,7 +99,7 @@ def billing_command(
 
 
 async def _bus(source: str) -> Any:
-    from .control import connect_bus
+    from skypurza.cli.control import connect_bus
 
     return await connect_bus(stage(), source)
 
@@ -122,7 +128,7 @@ def _ask(source: str, call: Any) -> Any:
     except _NoLedger:
         from skypurza.events import naming
 
-        from .health import why_not_answering
+        from skypurza.cli.health import why_not_answering
 
         why = why_not_answering(naming.services_health_file(stage()), "ledger")
         raise fail(why or "the ledger service is not running; start it with `spz api start`")
@@ -291,7 +297,7 @@ def audit_command(
 
 
 def _seq_or_time(value: str | None, flag: str) -> tuple[int | None, datetime | None]:
-    from .cmd_events import parse_since
+    from skypurza.cli.cmd_events import parse_since
 
     return parse_since(value, flag)
 
@@ -342,7 +348,9 @@ def export_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `cost-report`, `audit` and the `ledger` sub-app to ``app``."""
+    """The `skypurza.cli_plugins` entry point: add `cost-report`, `audit` and the `ledger`
+    sub-app to ``app``; where ``app`` has the `events` sub-app, add `events export` to it and
+    provide `events replay --into`."""
     ledger = typer.Typer(name="ledger", help="Usage, billing and settlement.", no_args_is_help=True)
     ledger.command("billing")(billing_command)
     ledger.command("settle")(settle_command)
@@ -350,8 +358,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(ledger, name="ledger")
     app.command("cost-report")(cost_report_command)
     app.command("audit")(audit_command)
+    events_app = next((g.typer_instance for g in app.registered_groups if g.name == "events"), None)
+    if events_app is not None:
+        from skypurza.cli import cmd_events
 
-
-def register_events(events_app: typer.Typer) -> None:
-    """Add `export` to the `events` sub-app (`replay --into` calls replay_into_command)."""
-    events_app.command("export")(export_command)
+        events_app.command("export")(export_command)
+        cmd_events.provide_replay_into(replay_into_command)

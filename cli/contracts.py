@@ -1,0 +1,88 @@
+"""Every declared contract, for `docs/events.md`: the services' (by import path, as `serve.py`
+names them), the node agent's and the CLI's own.
+
+    python -m skypurza.cli.contracts > docs/events.md
+
+The contracts are looked up by path, not imported here by name, so this module adds no import
+of a service to the CLI (a service module that is not installed is left out of the table).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from skypurza.events.contract import Contract
+from skypurza.events.docgen import render
+from skypurza.events.models import (
+    AutostopSet,
+    CancelRequested,
+    CapacityError,
+    CleanupFailed,
+    DownRequested,
+    JobCancelled,
+    JobFailed,
+    JobQueued,
+    JobStarted,
+    JobSucceeded,
+    ManagedJobCancelRequested,
+    ManagedJobStatusChanged,
+    ManagedJobSubmitted,
+    PlacementChosen,
+    PlacementFailed,
+    ProvisionFailed,
+    StartRequested,
+    StopRequested,
+    TaskSubmitted,
+)
+
+# What `spz` itself publishes (its commands) and watches (progress, exit codes).
+CLI = Contract(
+    name="CLI",
+    emits=(TaskSubmitted, DownRequested, StopRequested, StartRequested, AutostopSet, JobQueued, CancelRequested,
+           ManagedJobSubmitted, ManagedJobCancelRequested),
+    consumes=(PlacementChosen, PlacementFailed, CapacityError, ProvisionFailed, CleanupFailed, JobStarted,
+              JobSucceeded, JobFailed, JobCancelled, ManagedJobStatusChanged),
+    emit_notes={TaskSubmitted: "`spz launch`", DownRequested: "`spz down`", StopRequested: "`spz stop`",
+                StartRequested: "`spz start`", AutostopSet: "`spz autostop`", JobQueued: "`spz exec`, relaunch",
+                CancelRequested: "`spz cancel`", ManagedJobSubmitted: "`spz jobs launch`",
+                ManagedJobCancelRequested: "`spz jobs cancel`"},
+    consume_notes={PlacementChosen: "progress", CapacityError: "progress", PlacementFailed: "exit 1",
+                   CleanupFailed: "`spz down` warns, exit 3", JobSucceeded: "exit 0", JobFailed: "exit 1"},
+)
+
+# In the order the docs name them.
+CONTRACTS: dict[str, str] = {
+    "optimizer": "skypurza.services.optimizer.service:CONTRACT",
+    "provisioner": "skypurza.services.provisioner.service:CONTRACT",
+    "agent": "skypurza.services.agent.agent:CONTRACT",
+    "recovery": "skypurza.services.recovery.service:CONTRACT",
+    "ledger": "skypurza.services.ledger.service:CONTRACT",
+}
+
+
+def load_contract(path: str) -> Contract:
+    module_name, _, attr = path.partition(":")
+    contract = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(contract, Contract):
+        raise TypeError(f"{path} is not a Contract")
+    return contract
+
+
+def all_contracts() -> list[Contract]:
+    out = [CLI]
+    for path in CONTRACTS.values():
+        try:
+            out.append(load_contract(path))
+        except ModuleNotFoundError:  # a service this install does not have: not in the table
+            continue
+    return out
+
+
+def main() -> int:
+    sys.stdout.write(render(all_contracts()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
