@@ -16,10 +16,10 @@ from .context import print_json
 
 def dryrun_command(task: Any, overrides: Any = None, output: str = "table", limit: int = 10) -> int:
     """Print the ranked candidates for `task` (a taskspec Task); return the exit code (1: infeasible)."""
-    from skypurza.events.config import load_config
     from skypurza.services.optimizer.catalog import load_catalog
-    from skypurza.services.optimizer.decide import enabled_infras
     from skypurza.services.optimizer.placement import place
+    from skypurza.services.optimizer.settings import OptimizerSettings
+    from skypurza.services.optimizer.world import enabled_infras_here
     from skypurza.services.optimizer.render import dryrun_json, dryrun_rows
 
     if overrides is not None:
@@ -27,7 +27,7 @@ def dryrun_command(task: Any, overrides: Any = None, output: str = "table", limi
 
         task = apply_overrides(task, overrides)
     catalog = load_catalog()
-    enabled = enabled_infras(load_config().allowed_infras)
+    enabled = enabled_infras_here(OptimizerSettings.load())
     local = None
     if "local" in enabled or _asks_local(task):
         from skypurza.services.optimizer.local import detect_local_resources

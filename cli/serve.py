@@ -18,6 +18,7 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus
+from skypurza.events.config import ConfigError
 from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
 
 from .health import HealthRecorder
@@ -75,6 +76,11 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     for name in names:
         try:
             load_service(name)  # fail fast on a missing module
+        except ConfigError as exc:  # a bad setting (events/settings.py): one line, here, then exit
+            log.error("service %s cannot start: %s", name, exc)
+            health.died(name, exc)
+            await bus.close()
+            raise
         except ModuleNotFoundError as exc:
             if explicit:
                 raise
@@ -168,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         await serve(args.nats, args.stage, names, stop, explicit=args.services != "all",
                     health_file=naming.services_health_file(args.stage))
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except ConfigError:
+        return 2  # already said, once, by serve()
     return 0
 
 

@@ -25,7 +25,6 @@ from .models import Event, all_event_types
 
 if TYPE_CHECKING:
     from .bus import Stored
-    from .service import EmitContext
 
 
 # ---------------------------------------------------------------- delivery options
@@ -159,7 +158,8 @@ class Emit:
 
 
 Reactions = Sequence[Event | Emit]
-Handler = Callable[["Stored", "EmitContext"], Awaitable[Reactions]]
+# `async (stored, ctx: events.service.EmitContext) -> Reactions`, bound to its service.
+Handler = Callable[..., Awaitable[Reactions]]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HANDLES = "__skypurza_handles__"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from skypurza.events import naming
+from skypurza.events.awsconfig import aws_config_files, aws_configured
 
 from .mounts import remote_path
 
@@ -157,16 +158,17 @@ class S3Store:
         self.s3.delete_object(Bucket=bucket, Key=key)
 
 
-def store_kind(infra: str, env: dict[str, str] | None = None) -> str:
+def store_kind(infra: str, env: dict[str, str] | None = None, aws_files: tuple[Path, ...] | None = None) -> str:
+    """Where buckets live: the rule of recovery's `buckets.store_kind` (events/awsconfig.py)."""
     env = dict(os.environ) if env is None else env
     forced = (env.get("SKYPURZA_BUCKET_STORE") or "").lower()
     if forced in ("s3", "dir"):
         return forced
     if infra == "aws":
         return "s3"  # the instance profile's credentials are not in the environment
-    aws = any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_ENDPOINT_URL",
-                                   "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
-    return "s3" if aws else "dir"
+    if aws_files is None:
+        aws_files = tuple(p for p in aws_config_files(env, Path.home()) if p.is_file())
+    return "s3" if aws_configured(env, aws_files) else "dir"
 
 
 def store_for(infra: str, stage: str) -> Store:

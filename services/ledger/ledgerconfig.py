@@ -7,7 +7,7 @@
       flags: MAX_TRES                                # PriorityFlags (billing formula)
     teams: {alice: ml-research}                      # user -> team, when a task names none
     team: platform                                   # the team of everyone else
-    metering_tick_s: 60                              # SKYPURZA_METERING_TICK_S overrides
+    metering_tick_s: 60                              # SKYPURZA_METERING_TICK_S overrides; 0-86400, 0: off
 
 `billing.weights` may also be a plain string: the default weights. Weights and flags are parsed
 when the config is read, so a typo is reported at start, with the file's path.
@@ -16,15 +16,18 @@ when the config is read, so a typo is reported at start, with the file's path.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from skypurza.events.config import ConfigError, load_config
+from skypurza.events.settings import Sources
 
 from .billing import BillingWeights, billing, billing_mode, parse_weights, weights_for_team
 
 DEFAULT_TICK_S = 60.0
 TICK_ENV = "SKYPURZA_METERING_TICK_S"
+TICK_MAX_S = 86400.0
 
 
 @dataclass
@@ -54,7 +57,8 @@ class LedgerConfig:
         return value
 
 
-def parse_ledger_config(data: dict[str, Any], where: str = "config") -> LedgerConfig:
+def parse_ledger_config(data: dict[str, Any], where: str = "config",
+                        env: Mapping[str, str] | None = None) -> LedgerConfig:
     bill = data.get("billing") or {}
     if not isinstance(bill, dict):
         raise ConfigError(f"{where}: billing must be a mapping (weights, flags)")
@@ -70,11 +74,10 @@ def parse_ledger_config(data: dict[str, Any], where: str = "config") -> LedgerCo
         billing_mode(flags)
     except ValueError as exc:
         raise ConfigError(f"{where}: billing: {exc}") from None
-    tick = os.environ.get(TICK_ENV) or data.get("metering_tick_s") or DEFAULT_TICK_S
-    try:
-        tick_s = float(tick)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: metering_tick_s must be a number of seconds, got {tick!r}") from None
+    # The env/config part goes through the one settings pattern (events/settings.py): the
+    # environment, then the file's `metering_tick_s`, then the default; 0 turns the tick off.
+    tick_s = Sources(os.environ if env is None else env, data, where).seconds(
+        TICK_ENV, DEFAULT_TICK_S, high=TICK_MAX_S, key="metering_tick_s")
     return LedgerConfig(
         default_weights=default, team_weights=teams, flags=flags,
         user_teams={str(u): str(t) for u, t in (data.get("teams") or {}).items()},

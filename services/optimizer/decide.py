@@ -5,15 +5,19 @@ Gives: PlacementChosen (attempt n, the candidate, the ranked remainder) or Place
 
 Nothing is remembered between calls: the blocks of a task are the CapacityErrors in its own
 history, so an optimizer restarted mid-failover decides exactly what it would have decided.
+
+Every input is an argument: the task's events and the `World` (catalog, enabled infras, this
+machine's resources, the attempt limit). Nothing here reads the environment, the disk or the
+clock; the service's setup (world.py, settings.py) does, once, and passes plain values in.
+The one memory is a bounded cache of plans keyed by content (the catalog's fingerprint, never
+an object's identity), which only saves work: a hit returns what a miss would compute.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
@@ -22,9 +26,17 @@ from skypurza.events.types import Candidate as EventCandidate
 
 from .catalog import Catalog
 from .local import LocalResources
-from .placement import Block, Candidate, PlacementPlan, block_for_error, next_placement, place
+from .placement import (
+    Block,
+    Candidate,
+    PlacementPlan,
+    block_for_error,
+    default_enabled_infras,
+    next_placement,
+    place,
+)
 
-MAX_ATTEMPTS = int(os.environ.get("SKYPURZA_MAX_PLACEMENT_ATTEMPTS", "64"))
+DEFAULT_MAX_ATTEMPTS = 64  # SKYPURZA_MAX_PLACEMENT_ATTEMPTS (settings.py) sets World.max_attempts
 REMAINING_SHOWN = 10
 # Candidates ranked per request (exactly the best ones; see placement.place's `limit`): blocks
 # are applied before ranking, so after any number of failures the next choice is still exact.
@@ -33,11 +45,12 @@ PLAN_LIMIT = 32
 
 @dataclass(frozen=True)
 class World:
-    """What the optimizer knows besides the task: prices and where it may place."""
+    """What the optimizer knows besides the task: prices, where it may place, when it gives up."""
 
     catalog: Catalog
     enabled_infras: frozenset[str]
     local: LocalResources | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
 
 def to_event_candidate(c: Candidate) -> EventCandidate:
@@ -57,59 +70,65 @@ def from_event_candidate(c: EventCandidate) -> Candidate:
 
 
 # Placement is a pure function of (resources, nodes, blocks, world): equal requests (the 200
-# copies of one managed job, a sweep) are placed once. Keyed by content, bounded in size.
-_PLAN_CACHE: OrderedDict[tuple[Any, ...], PlacementPlan] = OrderedDict()
+# copies of one managed job, a sweep) are placed once. Keyed by content (the catalog by its
+# fingerprint: a refreshed catalog is a new key even where its object reuses an old id), bounded.
+@dataclass
+class _Planned:
+    plan: PlacementPlan
+    head: list[EventCandidate] | None = None  # the plan's head as event candidates, converted once
+
+
+_PLAN_CACHE: OrderedDict[tuple[Any, ...], _Planned] = OrderedDict()
 PLAN_CACHE_SIZE = 512
 
 
-def plan_for(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> PlacementPlan:
-    """The ranked plan for a task, with `blocks` (default: the task's initial blocks) applied."""
+def plan_key(submitted: TaskSubmitted, world: World, blocks: Sequence[Block]) -> tuple[Any, ...]:
+    """What a plan depends on, by content."""
+    return (world.catalog.fingerprint, world.enabled_infras, repr(world.local),
+            json.dumps(submitted.task.get("resources"), sort_keys=True, default=str),
+            submitted.num_nodes, json.dumps([b.to_dict() for b in blocks], sort_keys=True, default=str))
+
+
+def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> _Planned:
     blocks = [Block.from_dict(b) for b in submitted.initial_blocks] if blocks is None else list(blocks)
-    key = (id(world.catalog), world.enabled_infras, repr(world.local),
-           json.dumps(submitted.task.get("resources"), sort_keys=True, default=str),
-           submitted.num_nodes, json.dumps([b.to_dict() for b in blocks], sort_keys=True, default=str))
-    plan = _PLAN_CACHE.get(key)
-    if plan is not None:
+    key = plan_key(submitted, world, blocks)
+    hit = _PLAN_CACHE.get(key)
+    if hit is not None:
         _PLAN_CACHE.move_to_end(key)
-        return plan
+        return hit
     from skypurza.events.taskspec.task import Task
 
     task = Task.from_public_dict(submitted.task)
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
                  world.local, limit=PLAN_LIMIT)
-    _PLAN_CACHE[key] = plan
+    entry = _PLAN_CACHE[key] = _Planned(plan)
     if len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
         _PLAN_CACHE.popitem(last=False)
-    return plan
+    return entry
+
+
+def plan_for(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> PlacementPlan:
+    """The ranked plan for a task, with `blocks` (default: the task's initial blocks) applied."""
+    return _planned(submitted, world, blocks).plan
 
 
 def first_placement(submitted: TaskSubmitted, world: World) -> PlacementChosen | PlacementFailed:
-    plan = plan_for(submitted, world)
-    if plan.chosen is None:
+    entry = _planned(submitted, world)
+    if entry.plan.chosen is None:
         return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
-                               reason=plan.reason or "no feasible placement",
+                               reason=entry.plan.reason or "no feasible placement",
                                managed_job_id=submitted.managed_job_id)
-    return _chosen(submitted, plan, attempt=1)
-
-
-_EVENT_CANDIDATES: dict[int, tuple[PlacementPlan, list[EventCandidate]]] = {}
+    if entry.head is None:
+        entry.head = _event_candidates(entry.plan)
+    return _chosen(submitted, entry.head, attempt=1)
 
 
 def _event_candidates(plan: PlacementPlan) -> list[EventCandidate]:
-    """The head of a plan as event candidates (converted once per cached plan)."""
-    hit = _EVENT_CANDIDATES.get(id(plan))
-    if hit is not None and hit[0] is plan:
-        return hit[1]
-    converted = [to_event_candidate(c) for c in plan.candidates[:REMAINING_SHOWN + 1]]
-    if len(_EVENT_CANDIDATES) > PLAN_CACHE_SIZE * 2:
-        _EVENT_CANDIDATES.clear()
-    _EVENT_CANDIDATES[id(plan)] = (plan, converted)
-    return converted
+    """The head of a plan as event candidates."""
+    return [to_event_candidate(c) for c in plan.candidates[:REMAINING_SHOWN + 1]]
 
 
-def _chosen(submitted: TaskSubmitted, plan: PlacementPlan, attempt: int) -> PlacementChosen:
-    assert plan.chosen is not None
-    head = _event_candidates(plan)
+def _chosen(submitted: TaskSubmitted, head: list[EventCandidate], attempt: int) -> PlacementChosen:
     return PlacementChosen(
         task_id=submitted.task_id, cluster=submitted.cluster, attempt=attempt,
         candidate=head[0], remaining=head[1:], num_nodes=submitted.num_nodes,
@@ -126,13 +145,13 @@ def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityErro
     last = errors[-1]
     attempts = [Attempt(candidate=e.candidate, error_class=e.error_class, code=e.code, message=e.message)
                 for e in errors]
-    if last.attempt >= MAX_ATTEMPTS:
+    if last.attempt >= world.max_attempts:
         return _failed(submitted, attempts, f"gave up after {last.attempt} attempts")
     blocks = [Block.from_dict(b) for b in submitted.initial_blocks] + [block_of(e) for e in errors]
     plan = next_placement(plan_for(submitted, world, blocks), blocks, last=from_event_candidate(last.candidate))
     if plan.chosen is None:
         return _failed(submitted, attempts, plan.reason or "every candidate was tried")
-    return _chosen(submitted, plan, attempt=last.attempt + 1)
+    return _chosen(submitted, _event_candidates(plan), attempt=last.attempt + 1)
 
 
 def _failed(submitted: TaskSubmitted, attempts: list[Attempt], why: str) -> PlacementFailed:
@@ -145,28 +164,11 @@ def _failed(submitted: TaskSubmitted, attempts: list[Attempt], why: str) -> Plac
 
 # ---------------------------------------------------------------- which infras are enabled
 
-def aws_credentials_present(env: dict[str, str] | None = None, home: Path | None = None) -> bool:
-    """A cheap check (no network, no boto3 import): are there AWS credentials to try?
-
-    `spz check` makes the real call; placement only needs to know whether AWS is configured.
-    """
-    env = dict(os.environ) if env is None else env
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        return True
-    if env.get("AWS_PROFILE") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
-        return True
-    aws_dir = Path(env.get("HOME", str(home or Path.home()))) / ".aws"
-    return (aws_dir / "credentials").exists() or (aws_dir / "config").exists()
-
-
-def enabled_infras(allowed: Iterable[str] | None = None, env: dict[str, str] | None = None) -> frozenset[str]:
-    """SKYPURZA_ENABLED_INFRAS wins; else AWS when credentials are present, and `local` only while
-    no cloud is enabled (or when `allowed_infras` in the config names it)."""
-    from .placement import default_enabled_infras
-
-    env = dict(os.environ) if env is None else env
-    forced = env.get("SKYPURZA_ENABLED_INFRAS")
+def enabled_infras(forced: Iterable[str] | None, aws_is_configured: bool,
+                   allowed: Iterable[str] | None = None) -> frozenset[str]:
+    """Pure: `forced` (SKYPURZA_ENABLED_INFRAS) wins; else AWS when it is configured
+    (events/awsconfig.py), and `local` only while no cloud is enabled (or when `allowed`,
+    config's `allowed_infras`, names it). The looking is world.py's."""
     if forced:
-        return frozenset(x.strip().lower() for x in forced.split(",") if x.strip())
-    clouds = ["aws"] if aws_credentials_present(env) else []
-    return default_enabled_infras(clouds, allowed)
+        return frozenset(x.strip().lower() for x in forced if x.strip())
+    return default_enabled_infras(["aws"] if aws_is_configured else [], allowed)

@@ -22,6 +22,7 @@ import difflib
 import heapq
 import math
 import re
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -292,7 +293,8 @@ def default_enabled_infras(clouds_enabled: Iterable[str], allowed_infras: Iterab
 
 def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
           blocks: Sequence[Block] = (), enabled_infras: Iterable[str] = ("aws",),
-          local_resources: LocalResources | None = None, limit: int | None = None) -> PlacementPlan:
+          local_resources: LocalResources | None = None, limit: int | None = None,
+          index: CatalogIndex | None = None) -> PlacementPlan:
     """Rank every feasible candidate for `requests` (alternatives of one task) over `catalog`.
 
     With `limit`, only the `limit` best candidates of each request are guaranteed to be in the
@@ -300,15 +302,20 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
     and the expansion stops once no type left can beat the limit-th price found. The optimizer
     service uses this (with the task's blocks applied up front) so a failover plan costs the
     same as a first one; `--dryrun` ranks everything.
+
+    Pure: the result depends on the arguments only, and none of them is written to. `index`
+    is the catalog's precomputation (default: `index_for(catalog)`, shared by equal catalogs).
     """
     if num_nodes < 1:
         raise ValueError("num_nodes must be at least 1")
+    if index is None or index.fingerprint != catalog.fingerprint:
+        index = index_for(catalog)
     reqs = list(requests) or [ResourceRequest()]
     enabled = frozenset(normalize_infra(e) for e in enabled_infras) - {None}
     cands: list[Candidate] = []
     failures: list[tuple[int, str]] = []
     for i, req in enumerate(reqs):
-        got, why = _expand(i, req, num_nodes, catalog, blocks, enabled, local_resources, limit)
+        got, why = _expand(i, req, num_nodes, catalog, index, blocks, enabled, local_resources, limit)
         if got:
             cands.extend(got)
         else:
@@ -354,7 +361,7 @@ def _fmt_count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence[Block],
+def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, index: CatalogIndex, blocks: Sequence[Block],
             enabled: frozenset[str], local: LocalResources | None,
             limit: int | None = None) -> tuple[list[Candidate], str]:
     cloud = normalize_infra(req.cloud)
@@ -374,7 +381,7 @@ def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, blocks: Sequence
         if "aws" not in enabled:
             whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
         else:
-            got, why = _aws_candidates(i, req, n, cat, blocks, limit)
+            got, why = _aws_candidates(i, req, n, cat, index, blocks, limit)
             out.extend(got)
             if not got:
                 whys.insert(0, why)
@@ -609,26 +616,70 @@ def _region_of_zone_name(zone: str, regions: Iterable[str]) -> str | None:
     return best
 
 
-def _floor_price(cat: Catalog, name: str, spot: bool) -> int | None:
-    """The lowest price of a type anywhere (per market), cached on the catalog: a lower bound
-    for every candidate of that type, which is what makes top-K pruning exact."""
-    cache = cat.__dict__.setdefault("_floor_prices", {})
-    key = (name, spot)
-    if key not in cache:
-        prices = [z.spot_micros for o in cat.offerings(name) for z in o.zones if z.spot_micros is not None] if spot \
-            else [o.ondemand_micros for o in cat.offerings(name) if o.ondemand_micros is not None]
-        cache[key] = min(prices) if prices else None
-    return cache[key]
+class CatalogIndex:
+    """What placement precomputes per catalog, as a value of its own: the catalog is an input
+    and is never written to. Built from a catalog (`index_for` keeps the last few, keyed by the
+    catalog's content fingerprint, so an equal catalog shares one); filled lazily, per instance
+    type, because a placement touches a few types, not all.
+
+    - `floor_price(type, spot)`: the lowest price of a type anywhere in that market, a lower
+      bound for every candidate of the type, which is what makes top-K pruning exact;
+    - `regular_zones(type)`: per offering of the type (in `catalog.offerings` order), its zones
+      without Local Zones (which need an opt-in).
+    """
+
+    __slots__ = ("catalog", "fingerprint", "_floors", "_regular")
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self.fingerprint = catalog.fingerprint
+        self._floors: dict[tuple[str, bool], int | None] = {}
+        self._regular: dict[str, tuple[tuple[Any, ...], ...]] = {}
+
+    def floor_price(self, name: str, spot: bool) -> int | None:
+        key = (name, spot)
+        try:
+            return self._floors[key]
+        except KeyError:
+            pass
+        offs = self.catalog.offerings(name)
+        prices = [z.spot_micros for o in offs for z in o.zones if z.spot_micros is not None] if spot \
+            else [o.ondemand_micros for o in offs if o.ondemand_micros is not None]
+        floor = self._floors[key] = min(prices) if prices else None
+        return floor
+
+    def regular_zones(self, name: str) -> tuple[tuple[Any, ...], ...]:
+        got = self._regular.get(name)
+        if got is None:
+            is_local_zone = self.catalog.is_local_zone
+            got = self._regular[name] = tuple(tuple(z for z in o.zones if not is_local_zone(z.zone))
+                                              for o in self.catalog.offerings(name))
+        return got
 
 
-def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
+_INDEXES: OrderedDict[str, CatalogIndex] = OrderedDict()
+INDEX_CACHE_SIZE = 4  # a spot refresh makes a new catalog every few minutes; older ones go
+
+
+def index_for(catalog: Catalog) -> CatalogIndex:
+    """The CatalogIndex of `catalog`'s content (shared by every catalog with its fingerprint)."""
+    key = catalog.fingerprint
+    index = _INDEXES.get(key)
+    if index is None:
+        index = _INDEXES[key] = CatalogIndex(catalog)
+        if len(_INDEXES) > INDEX_CACHE_SIZE:
+            _INDEXES.popitem(last=False)
+    return index
+
+
+def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog, index: CatalogIndex,
                     blocks: Sequence[Block], limit: int | None = None) -> tuple[list[Candidate], str]:
     types, what, why = _aws_types(req, cat)
     if not types:
         return [], why
     if limit is not None:
         # Cheapest types first; a type without any price in this market cannot produce a candidate.
-        floors = {t.name: _floor_price(cat, t.name, req.use_spot) for t in types}
+        floors = {t.name: index.floor_price(t.name, req.use_spot) for t in types}
         types = sorted((t for t in types if floors[t.name] is not None), key=lambda t: (floors[t.name], t.name)) \
             or types
     region = req.region
@@ -668,18 +719,16 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
     cheapest_seen: int | None = None
     out: list[Candidate] = []
     append = out.append
-    is_local_zone = cat.is_local_zone
-    # An offering's zones without Local Zones (which need an opt-in), computed once per catalog.
-    regular: dict[int, tuple[Any, ...]] = cat.__dict__.setdefault("_regular_zones", {})
     best: list[int] = []  # max-heap (negated) of the `limit` lowest one-node prices found so far
     for t in types:
         if limit is not None and len(out) >= limit:
-            floor = _floor_price(cat, t.name, spot)
+            floor = index.floor_price(t.name, spot)
             if floor is not None and floor > -best[0]:
                 break  # this type and every later one cost more than the limit-th candidate
         accs = {t.accelerator: float(t.accelerator_count)} if t.accelerator else None
         name = t.name
-        for off in cat.offerings(name):
+        # Each offering's zones without Local Zones (which need an opt-in), from the index.
+        for off, regular in zip(cat.offerings(name), index.regular_zones(name)):
             r = off.region
             if region is not None and r != region:
                 continue
@@ -690,9 +739,7 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog,
             elif zone_name is not None:
                 zs = ()
             else:
-                zs = regular.get(id(off))  # offerings are decoded once and kept: ids are stable
-                if zs is None:
-                    zs = regular[id(off)] = tuple(z for z in off.zones if not is_local_zone(z.zone))
+                zs = regular
             if not zs and zone_name is None:
                 continue
             n_loc += 1

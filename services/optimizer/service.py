@@ -19,17 +19,18 @@ minutes), so a lagging catalog does not decide.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import os
 import time
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
-from skypurza.events.config import load_config
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.service import EmitContext, Emit, Pipelined, Reactions, ServiceContract, handles
 
 from . import decide
-from .catalog import Catalog, load_catalog
+from .catalog import Catalog
+from .settings import OptimizerSettings
+from .world import load_world
 
 log = logging.getLogger("skypurza.optimizer")
 
@@ -52,25 +53,19 @@ class OptimizerService:
     name = CONTRACT.name
 
     def __init__(self, catalog: Catalog | None = None, enabled: frozenset[str] | None = None,
-                 live_spot_prices: bool | None = None):
+                 live_spot_prices: bool | None = None, settings: OptimizerSettings | None = None):
         self._catalog = catalog
         self._enabled = enabled
-        self._live_spot = (os.environ.get("SKYPURZA_LIVE_SPOT_PRICES") == "1") if live_spot_prices is None \
-            else live_spot_prices
+        self.settings = settings or OptimizerSettings.load()  # a bad value stops it here, with its name
+        self._live_spot = self.settings.live_spot_prices if live_spot_prices is None else live_spot_prices
         self._spot_refreshed: dict[str, float] = {}
         self.world: decide.World | None = None
         self.bus: Bus | None = None
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
-        catalog = self._catalog or await asyncio.to_thread(load_catalog)
-        enabled = self._enabled or decide.enabled_infras(load_config().allowed_infras)
-        local = None
-        if "local" in enabled:
-            from .local import detect_local_resources
-
-            local = await asyncio.to_thread(detect_local_resources, catalog.accelerators())
-        self.world = decide.World(catalog, enabled, local)
+        self.world = await asyncio.to_thread(load_world, self.settings, self._catalog, self._enabled)
+        enabled = self.world.enabled_infras
         log.info("optimizer: infras enabled: %s", ", ".join(sorted(enabled)))
 
     async def close(self) -> None:
@@ -128,4 +123,4 @@ class OptimizerService:
                 self._spot_refreshed[region] = now
             except Exception as exc:  # a price refresh must never stop a placement
                 log.warning("live spot prices for %s unavailable: %s", region, exc)
-        self.world = decide.World(catalog, self.world.enabled_infras, self.world.local)
+        self.world = dataclasses.replace(self.world, catalog=catalog)

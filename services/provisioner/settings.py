@@ -9,6 +9,7 @@
     SKYPURZA_PROVISIONER_CONCURRENCY=8          # launches/terminations handled at once
     SKYPURZA_PROVISIONER_ACK_WAIT_S=30          # redelivery delay after a provisioner died
     SKYPURZA_PROVISIONER_TRANSIENT_ATTEMPTS=3   # launch tries on transient failures
+    SKYPURZA_PROVISIONER_TRANSIENT_BACKOFF_S=2  # wait between those tries
     SKYPURZA_RECONCILE_INTERVAL_S=300           # 0 turns periodic reconciliation off
     SKYPURZA_RECONCILE_GRACE_S=600              # younger nodes are never orphans (launching)
     SKYPURZA_RECONCILE_TERMINATE=0              # 1: the periodic pass also terminates orphans
@@ -20,18 +21,23 @@
     SKYPURZA_AGENT_NATS_URL=nats://host:4222    # the NATS address EC2 nodes can reach
     SKYPURZA_NODE_INSTALL='skypurza==0.1.0'     # pip requirement installed on EC2 nodes
 
+Each value is checked where it is read (events/settings.py): a number outside its range, or a
+word where a number belongs, stops the provisioner with one line naming the variable, the value
+and what it accepts (docs/provisioner.md lists the ranges). A config.yaml that is not valid YAML
+is ignored here, as before: the environment and the defaults still apply.
+
 AWS credentials and the endpoint are botocore's own (AWS_ACCESS_KEY_ID, AWS_PROFILE,
 AWS_ENDPOINT_URL ...): the adapter passes nothing, so botocore reads them.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from skypurza import __version__
+from skypurza.events.settings import Sources
 
 
 @dataclass(frozen=True)
@@ -59,61 +65,46 @@ class ProvisionerSettings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> ProvisionerSettings:
-        env = os.environ if env is None else env
-        if config is None:
-            try:
-                from skypurza.events.config import load_config
-
-                config = load_config().data
-            except Exception:  # a broken config file must not stop the provisioner
-                config = {}
-        aws = dict(config.get("aws") or {})
-        prov = dict(config.get("provisioner") or {})
-
-        def pick(var: str, *keys: tuple[Mapping[str, Any], str]) -> Any:
-            if env.get(var) not in (None, ""):
-                return env[var]
-            for section, key in keys:
-                if section.get(key) not in (None, ""):
-                    return section[key]
-            return None
-
-        def num(var: str, default: float, *keys: tuple[Mapping[str, Any], str]) -> float:
-            value = pick(var, *keys)
-            return default if value is None else float(value)
-
-        def names(value: Any) -> tuple[str, ...]:
-            if value is None:
-                return ()
-            items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(str(v).strip() for v in items if str(v).strip())
-
+        """Every value through events/settings.py: environment, then config.yaml (`aws.*`,
+        `provisioner.*`), then the default; a value out of its range is a SettingsError."""
+        # A config file that is not valid YAML must not stop the provisioner (env and defaults apply).
+        src = Sources.load(env, config, tolerate_broken_config=True)
         base = cls()
+        day = 86400.0
         return cls(
-            aws_regions=names(pick("SKYPURZA_AWS_REGIONS", (aws, "regions"))),
-            aws_poll_s=num("SKYPURZA_AWS_POLL_S", base.aws_poll_s, (aws, "poll_s")),
-            aws_launch_timeout_s=num("SKYPURZA_AWS_LAUNCH_TIMEOUT_S", base.aws_launch_timeout_s,
-                                     (aws, "launch_timeout_s")),
-            aws_retry_base_s=num("SKYPURZA_AWS_RETRY_BASE_S", base.aws_retry_base_s, (aws, "retry_base_s")),
-            aws_max_attempts=int(num("SKYPURZA_AWS_MAX_ATTEMPTS", base.aws_max_attempts, (aws, "max_attempts"))),
-            concurrency=int(num("SKYPURZA_PROVISIONER_CONCURRENCY", base.concurrency, (prov, "concurrency"))),
-            ack_wait_s=num("SKYPURZA_PROVISIONER_ACK_WAIT_S", base.ack_wait_s, (prov, "ack_wait_s")),
-            transient_attempts=int(num("SKYPURZA_PROVISIONER_TRANSIENT_ATTEMPTS", base.transient_attempts,
-                                       (prov, "transient_attempts"))),
-            transient_backoff_s=num("SKYPURZA_PROVISIONER_TRANSIENT_BACKOFF_S", base.transient_backoff_s,
-                                    (prov, "transient_backoff_s")),
-            reconcile_interval_s=num("SKYPURZA_RECONCILE_INTERVAL_S", base.reconcile_interval_s,
-                                     (prov, "reconcile_interval_s")),
-            reconcile_grace_s=num("SKYPURZA_RECONCILE_GRACE_S", base.reconcile_grace_s, (prov, "reconcile_grace_s")),
-            reconcile_terminate=str(pick("SKYPURZA_RECONCILE_TERMINATE", (prov, "reconcile_terminate")) or "")
-            .lower() in ("1", "true", "yes"),
-            reconcile_infras=names(pick("SKYPURZA_RECONCILE_INFRAS", (prov, "reconcile_infras"))),
-            agent_nats_url=pick("SKYPURZA_AGENT_NATS_URL", (prov, "agent_nats_url")),
-            node_install=str(pick("SKYPURZA_NODE_INSTALL", (prov, "node_install")) or base.node_install),
-            local_root=pick("SKYPURZA_LOCAL_ROOT", (prov, "local_root")),
-            cleanup_interval_s=num("SKYPURZA_CLEANUP_INTERVAL_S", base.cleanup_interval_s,
-                                   (prov, "cleanup_interval_s")),
-            cleanup_attempts=int(num("SKYPURZA_CLEANUP_ATTEMPTS", base.cleanup_attempts, (prov, "cleanup_attempts"))),
-            cleanup_backoff_s=num("SKYPURZA_CLEANUP_BACKOFF_S", base.cleanup_backoff_s, (prov, "cleanup_backoff_s")),
-            cleanup_wait_s=num("SKYPURZA_CLEANUP_WAIT_S", base.cleanup_wait_s, (prov, "cleanup_wait_s")),
+            aws_regions=src.names("SKYPURZA_AWS_REGIONS", key="aws.regions"),
+            aws_poll_s=src.seconds("SKYPURZA_AWS_POLL_S", base.aws_poll_s, low=0.001, high=600, key="aws.poll_s"),
+            aws_launch_timeout_s=src.seconds("SKYPURZA_AWS_LAUNCH_TIMEOUT_S", base.aws_launch_timeout_s,
+                                             low=1, high=day, key="aws.launch_timeout_s"),
+            aws_retry_base_s=src.seconds("SKYPURZA_AWS_RETRY_BASE_S", base.aws_retry_base_s, high=600,
+                                         key="aws.retry_base_s"),
+            aws_max_attempts=src.integer("SKYPURZA_AWS_MAX_ATTEMPTS", base.aws_max_attempts, low=1, high=100,
+                                         key="aws.max_attempts"),
+            concurrency=src.integer("SKYPURZA_PROVISIONER_CONCURRENCY", base.concurrency, low=1, high=1024,
+                                    key="provisioner.concurrency"),
+            ack_wait_s=src.seconds("SKYPURZA_PROVISIONER_ACK_WAIT_S", base.ack_wait_s, low=1, high=day,
+                                   key="provisioner.ack_wait_s"),
+            transient_attempts=src.integer("SKYPURZA_PROVISIONER_TRANSIENT_ATTEMPTS", base.transient_attempts,
+                                           low=1, high=100, key="provisioner.transient_attempts"),
+            transient_backoff_s=src.seconds("SKYPURZA_PROVISIONER_TRANSIENT_BACKOFF_S", base.transient_backoff_s,
+                                            high=3600, key="provisioner.transient_backoff_s"),
+            reconcile_interval_s=src.seconds("SKYPURZA_RECONCILE_INTERVAL_S", base.reconcile_interval_s,
+                                             high=day, key="provisioner.reconcile_interval_s"),
+            reconcile_grace_s=src.seconds("SKYPURZA_RECONCILE_GRACE_S", base.reconcile_grace_s, high=7 * day,
+                                          key="provisioner.reconcile_grace_s"),
+            reconcile_terminate=src.flag("SKYPURZA_RECONCILE_TERMINATE", base.reconcile_terminate,
+                                         key="provisioner.reconcile_terminate"),
+            reconcile_infras=src.names("SKYPURZA_RECONCILE_INFRAS", key="provisioner.reconcile_infras"),
+            agent_nats_url=src.text("SKYPURZA_AGENT_NATS_URL", key="provisioner.agent_nats_url"),
+            node_install=src.text("SKYPURZA_NODE_INSTALL", base.node_install, key="provisioner.node_install")
+            or base.node_install,
+            local_root=src.text("SKYPURZA_LOCAL_ROOT", key="provisioner.local_root"),
+            cleanup_interval_s=src.seconds("SKYPURZA_CLEANUP_INTERVAL_S", base.cleanup_interval_s, high=day,
+                                           key="provisioner.cleanup_interval_s"),
+            cleanup_attempts=src.integer("SKYPURZA_CLEANUP_ATTEMPTS", base.cleanup_attempts, low=1, high=100,
+                                         key="provisioner.cleanup_attempts"),
+            cleanup_backoff_s=src.seconds("SKYPURZA_CLEANUP_BACKOFF_S", base.cleanup_backoff_s, high=day,
+                                          key="provisioner.cleanup_backoff_s"),
+            cleanup_wait_s=src.seconds("SKYPURZA_CLEANUP_WAIT_S", base.cleanup_wait_s, high=3600,
+                                       key="provisioner.cleanup_wait_s"),
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from skypurza.events import naming
+from skypurza.events.awsconfig import aws_config_files, aws_configured
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -60,14 +61,16 @@ def _is_local(source: Any) -> bool:
     return isinstance(source, str) and "://" not in source
 
 
-def store_kind(env: dict[str, str] | None = None) -> str:
+def store_kind(env: dict[str, str] | None = None, aws_files: tuple[Path, ...] | None = None) -> str:
+    """`s3` when AWS is configured (events/awsconfig.py: the agent's `storage.store_kind` uses the
+    same rule, so the bucket is where the agent syncs), else `dir`; SKYPURZA_BUCKET_STORE forces."""
     env = dict(os.environ) if env is None else env
     forced = (env.get("SKYPURZA_BUCKET_STORE") or "").lower()
     if forced in ("s3", "dir"):
         return forced
-    aws = any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_ENDPOINT_URL",
-                                   "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
-    return "s3" if aws else "dir"
+    if aws_files is None:
+        aws_files = tuple(p for p in aws_config_files(env, Path.home()) if p.is_file())
+    return "s3" if aws_configured(env, aws_files) else "dir"
 
 
 def dir_root(stage: str) -> Path:

@@ -29,12 +29,17 @@ class History:
         self.t = t0
         self.source = source
         self.prefix = prefix
+        self.named = 0
 
-    def add(self, event: Event, *, at: datetime | None = None, advance: timedelta = timedelta(seconds=1)) -> Envelope:
+    def add(self, event: Event, *, at: datetime | None = None, advance: timedelta = timedelta(seconds=1),
+            name: str | None = None) -> Envelope:
+        """`name` gives an event added to an existing history an id of its own, so that the
+        numbered ids of the events after it (and the golden log's bytes) do not move."""
         if at is not None:
             self.t = at
-        env = make_envelope(event, source=self.source, id=str(uuid.uuid5(NS, f"{self.prefix}-{len(self.envs)}")),
-                            time=self.t)
+        key = f"{self.prefix}-{name}" if name else f"{self.prefix}-{len(self.envs) - self.named}"
+        self.named += 1 if name else 0
+        env = make_envelope(event, source=self.source, id=str(uuid.uuid5(NS, key)), time=self.t)
         self.envs.append(env)
         self.t = self.t + advance
         return env
@@ -101,7 +106,7 @@ def scripted() -> History:
     # A teardown's warning comes before its ClusterTerminated and changes nothing billed.
     h.add(CleanupFailed(cluster="c1", region="us-east-2", resource_type="placement-group",
                         resource=naming.placement_group("dev", "c1"), code="NotImplemented", message="not implemented here",
-                        will_retry=False, failed_at=end), at=end)
+                        will_retry=False, failed_at=end), at=end, name="c1-cleanup-warning")
     h.add(ClusterTerminated(cluster="c1", terminated_at=end, reason="user", instance_ids=["i-0", "i-1"]), at=end)
     # --- t2: no placement at all; t3: fatal provisioning error
     h.add(TaskSubmitted(task_id="t2", cluster="c2", task={"run": "x"}, user="bob", team="infra"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .model import Catalog, InstanceType
+from .model import Catalog, InstanceType, digest
 
 FORMAT = "spz-catalog"
 VERSION = 1
@@ -73,7 +73,8 @@ def dumps(cat: Catalog) -> str:
     return "\n".join(lines) + "\n"
 
 
-def from_dict(d: dict[str, Any]) -> Catalog:
+def from_dict(d: dict[str, Any], fingerprint: str = "") -> Catalog:
+    """`fingerprint`: the digest of the bytes `d` was decoded from (`loads`); empty: of the content."""
     if d.get("format") != FORMAT:
         raise CatalogFormatError(f"not a catalog file (format={d.get('format')!r})")
     if d.get("version") != VERSION:
@@ -93,8 +94,10 @@ def from_dict(d: dict[str, Any]) -> Catalog:
         local_zones=frozenset(d.get("local_zones", ())),
         images=dict(d.get("images", {})),
         spot_refreshed_at=dict(d.get("spot_refreshed_at", {})),
+        fingerprint=fingerprint,
     )
 
 
 def loads(text: str | bytes) -> Catalog:
-    return from_dict(json.loads(text))
+    data = text.encode() if isinstance(text, str) else text
+    return from_dict(json.loads(data), fingerprint=digest(data))

@@ -5,14 +5,18 @@ Prices are integer micro-dollars per hour (1 USD = 1,000,000). On-demand prices 
 ID (`use1-az4`), because zone names (`us-east-1a`) differ between AWS accounts.
 
 The catalog is built for lookups, not for editing: `offerings(type)` returns tuples sorted by
-region, and the indexes (by accelerator, zone -> region) are computed once, lazily.
+region, and its own indexes (by accelerator, zone -> region) are computed once, lazily. Nothing
+outside it writes to it: what placement precomputes per catalog is placement's `CatalogIndex`,
+keyed by the catalog's `fingerprint`.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
-import functools
 from typing import Iterable, NamedTuple
 
 MICROS_PER_DOLLAR = 1_000_000
@@ -76,10 +80,20 @@ class Catalog:
     images: dict[str, str] = field(default_factory=dict)
     # When spot prices of a region were last refreshed live (region -> ISO time).
     spot_refreshed_at: dict[str, str] = field(default_factory=dict)
+    # What the catalog holds, as a digest fixed when it is made (never recomputed): equal
+    # fingerprints mean equal content, so caches of derived values (the optimizer's plans,
+    # placement's CatalogIndex) key on it instead of on the object's identity. Built from parts
+    # or derived (`with_offerings`): a digest of the content; decoded from a file (codec.loads):
+    # a digest of the file's bytes, which is cheaper and just as exact.
+    fingerprint: str = ""
     _by_accelerator: dict[str, tuple[InstanceType, ...]] | None = field(default=None, repr=False)
     _zone_region: dict[str, str] | None = field(default=None, repr=False)
     _canonical: dict[str, str] | None = field(default=None, repr=False)
     _regions: tuple[str, ...] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint:
+            self.fingerprint = content_fingerprint(self)
 
     # ------------------------------------------------------------------ lookups
 
@@ -177,6 +191,21 @@ class Catalog:
                    types={t.name: t for t in types},
                    _offerings={k: tuple(sorted(v, key=lambda o: o.region)) for k, v in by_type.items()},
                    **kw)  # type: ignore[arg-type]
+
+
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def content_fingerprint(cat: Catalog) -> str:
+    """A digest of everything a catalog holds (the lazily decoded file rows and decoded
+    Offerings are written the same way, so the digest does not depend on what was looked at)."""
+    offerings = {name: [list(o) if o.__class__ is list else [o.region, o.ondemand_micros, o.zones]
+                        for o in offs]
+                 for name, offs in cat._offerings.items()}
+    body = [cat.cloud, cat.built_at, cat.source, cat.types, offerings, cat.accelerator_clouds, cat.notes,
+            cat.zone_names, sorted(cat.local_zones), cat.images, cat.spot_refreshed_at]
+    return digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def dollars_to_micros(value: str | float | int) -> int:
