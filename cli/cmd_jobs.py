@@ -127,7 +127,7 @@ def launch_command(
       spz jobs launch --use-spot --job-recovery FAILOVER 'python train.py'
     """
     check_output(output)
-    from .cmd_cluster import _config, _confirm, _overrides
+    from .verbs import _config, _confirm, _overrides
     from .submit import SubmitError
 
     overrides = _overrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
@@ -385,25 +385,20 @@ def queue_command(
     if output == "json":
         print_json(rows)
         return
-    from rich.console import Console
-    from rich.table import Table
-
     from .jobwatch import since
+    from .tables import parse_time, print_line, print_table
 
-    console = Console(highlight=False)
     if not rows:
-        console.print("No managed jobs.")
+        print_line("No managed jobs.")
         return
     now = datetime.now(timezone.utc)
-    table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "TASK", "SUBMITTED", "STATUS", "RECOVERIES", "CLUSTER"):
-        table.add_column(col)
-    for r in rows:
-        submitted = datetime.fromisoformat(r["submitted_at"].replace("Z", "+00:00")) if r["submitted_at"] else None
+
+    def line(r: dict[str, Any]) -> list[str]:
         task = f"{(r['task_index'] or 0) + 1}/{r['num_tasks']}" if (r["num_tasks"] or 1) > 1 else "-"
-        table.add_row(str(r["id"]), r["name"] or "-", task, since(submitted, now), r["status"] or "-",
-                      str(r["recoveries"] or 0), r["cluster"] or "-")
-    console.print(table)
+        return [str(r["id"]), r["name"] or "-", task, since(parse_time(r["submitted_at"]), now), r["status"] or "-",
+                str(r["recoveries"] or 0), r["cluster"] or "-"]
+
+    print_table(("ID", "NAME", "TASK", "SUBMITTED", "STATUS", "RECOVERIES", "CLUSTER"), [line(r) for r in rows])
 
 
 # ----------------------------------------------------------------------------------------- cancel
@@ -419,7 +414,7 @@ def cancel_command(
     chosen = sum(1 for x in (bool(job_ids), name is not None, all_) if x)
     if chosen != 1:
         raise fail("give job ids, or -n NAME, or --all (exactly one of them)")
-    from .cmd_cluster import WAIT_S, _confirm
+    from .verbs import WAIT_S, _confirm
 
     async def run() -> int:
         from skypurza.services.recovery.submit import read_jobs, request_cancel

@@ -8,7 +8,7 @@ TaskSubmitted) waits for the event that says it worked. It must also see the req
   error. `first_dead_letter` follows that stream and returns the dead letter that names the
   request (by the stream sequence of the parked event, or by its subject);
 - the failure events of the request's own aggregate (ProvisionFailed, PlacementFailed: see
-  jobwatch.py; CleanupFailed warnings for `spz down`: see cmd_cluster.py);
+  jobwatch.py; CleanupFailed warnings for `spz down`: see cmd_lifecycle.py);
 - and time: every wait has a bound (`--timeout`, a documented default).
 
 `unless_parked` runs any waiting coroutine and ends it with `failure(reason)` as soon as a

@@ -15,6 +15,7 @@ from typing import Any
 
 from .contract import Contract
 from .models import all_event_types
+from .registry import UPCASTERS
 
 
 NO_EMITTER = "nobody declares it"
@@ -53,6 +54,15 @@ def _type_text(schema: dict[str, Any]) -> str:
     return str(t)
 
 
+def _upcaster_line(name: str, version: int) -> str:
+    step = UPCASTERS.get((name, version))
+    if step is None:  # a test fails on this too (every chain must reach the current version)
+        return f"- v{version} -> v{version + 1}: NO UPCASTER"
+    doc = (step.__doc__ or "").strip().split("\n\n", 1)[0]
+    return f"- v{version} -> v{version + 1}: `{step.__module__.rsplit('.', 1)[-1]}.{step.__name__}`" + (
+        f" — {' '.join(doc.split())}" if doc else "")
+
+
 def render(contracts: Sequence[Contract]) -> str:
     table = roles(contracts)
     out = [
@@ -73,6 +83,14 @@ def render(contracts: Sequence[Contract]) -> str:
         "`skypurza.<stage>.dlq.<service>` in the dead-letter stream with the error's type and message, and",
         "the service goes on; `spz events dlq` lists them (see DESIGN.md, Consumers).",
         "",
+        "Versions: adding an optional field needs no new version (readers default what is missing and",
+        "ignore what they do not know). A change old readers could not read (a field required, renamed or",
+        "retyped) makes `v<n+1>` of the event, with an upcaster registered by `@upcaster(name, n)`",
+        "(`events/registry.py`): a pure `dict -> dict` step (the payload alone: no clock, no I/O) that decoding",
+        "runs on a stored `v<n>` payload before validating it, so every consumer sees the current model and",
+        "the log is never rewritten. An event newer than the reader's code is held, not guessed at. The",
+        "events below that have older versions name their upcasters.",
+        "",
     ]
     by_agg: dict[str, list[Any]] = {}
     for cls in all_event_types():
@@ -85,8 +103,9 @@ def render(contracts: Sequence[Contract]) -> str:
             out += [f"### {cls.__name__} — `{cls.type_name()}`", ""]
             if doc:
                 out += [doc, ""]
-            out += [f"- emitted by: {emit}", f"- reacted to by: {react}", "", "| field | type | required |",
-                    "|---|---|---|"]
+            out += [f"- emitted by: {emit}", f"- reacted to by: {react}"]
+            out += [_upcaster_line(cls.EVENT_NAME, v) for v in range(1, cls.VERSION)]
+            out += ["", "| field | type | required |", "|---|---|---|"]
             schema = cls.model_json_schema()
             required = set(schema.get("required", []))
             for name, prop in schema.get("properties", {}).items():

@@ -20,7 +20,7 @@ from ledger_history import History, scripted, settlement_tail, unknown_and_poiso
 from nats_fixtures import connect_bus
 
 from skypurza.events import naming
-from skypurza.events.envelope import make_envelope
+from skypurza.events.envelope import make_envelope, split_type
 from skypurza.events.models import all_event_types
 from skypurza.services.ledger.ledgerconfig import parse_ledger_config
 from skypurza.services.ledger.meter import due_usage
@@ -108,7 +108,10 @@ def test_golden_log_replays_to_the_committed_tables(nats_server, tmp_path):
 
 
 def test_golden_log_has_every_event_type():
-    types = {json.loads(line)["type"] for line in EVENTS.read_bytes().splitlines() if line.strip()}
-    missing = {cls.type_name() for cls in all_event_types()} - types
+    # The golden log is history: an event stored at an older version counts (it reaches the current
+    # one through its upcasters, which decoding runs; managed_job_status_changed is stored at v1).
+    stored = {split_type(json.loads(line)["type"]) for line in EVENTS.read_bytes().splitlines() if line.strip()}
+    missing = {cls.type_name() for cls in all_event_types()
+               if not any(name == cls.EVENT_NAME and 0 < v <= cls.VERSION for name, v in stored)}
     assert not missing, f"add these to the golden log (SKYPURZA_REGEN_GOLDEN_EVENTS=1): {sorted(missing)}"
 

@@ -116,7 +116,7 @@ def test_cancel_paths():
     assert step(s, m.NothingToCancel("train-7-1")).status == "CANCELLED"
     # CANCELLING is the cancel's, whoever's fact comes next (a foreign writer's CANCELLING included).
     foreign = m.apply(step(step(submitted(), m.Kick()), m.JobStartedF("train-7-1")),
-                      ManagedJobStatusChanged(managed_job_id=7, status="CANCELLING", cluster="train-7-1",
+                      ManagedJobStatusChanged(managed_job_id=7, status="CANCELLING", kind="cancelling", cluster="train-7-1",
                                               reason="cancelling: x"), seq=9)
     assert not foreign.cancel_requested and m.decide(foreign, m.LostF("train-7-1", "preempted")) is None
     assert step(foreign, m.NothingToCancel("train-7-1")).status == "CANCELLED"
@@ -129,9 +129,9 @@ def test_current_cluster_terminated_under_a_running_job_is_a_loss():
 
 def test_fold_of_foreign_writer_and_duplicate_terminal_events():
     s = step(step(submitted(), m.Kick()), m.JobStartedF("train-7-1"))
-    done = m.apply(s, ManagedJobStatusChanged(managed_job_id=7, status="SUCCEEDED", cluster="train-7-1",
+    done = m.apply(s, ManagedJobStatusChanged(managed_job_id=7, status="SUCCEEDED", kind="succeeded", cluster="train-7-1",
                                               reason="succeeded: x"), seq=10, at=T0)
-    again = m.apply(done, ManagedJobStatusChanged(managed_job_id=7, status="RECOVERING", cluster="train-7-9",
+    again = m.apply(done, ManagedJobStatusChanged(managed_job_id=7, status="RECOVERING", kind="preempted", cluster="train-7-9",
                                                   reason="preempted: late"), seq=11)
     assert again.status == "SUCCEEDED" and again.last_seq == 11 and "train-7-9" not in again.clusters
 

@@ -164,7 +164,7 @@ def test_killed_mid_recovery_a_new_service_completes_it_once(nats_server, spz_ho
         async with recovery(bus):
             await wait_status(bus, 2, "RUNNING")
         last = await bus.last_event(naming.aggregate_subjects(STAGE, "mjob", "2"))
-        await bus.publish(ManagedJobStatusChanged(managed_job_id=2, status="RECOVERING", cluster="eval-2-2",
+        await bus.publish(ManagedJobStatusChanged(managed_job_id=2, status="RECOVERING", kind="preempted", cluster="eval-2-2",
                                                   recoveries=1, reason="preempted: by hand"),
                           expected_last_seq=last.seq)
         async with recovery(bus):

@@ -3,14 +3,16 @@ and `decide(state, fact)` says which transition a fact causes. Pure: no bus, no 
 
 States are SkyPilot's (PENDING, STARTING, RUNNING, RECOVERING, SUCCEEDED, FAILED, FAILED_SETUP,
 FAILED_NO_RESOURCE, FAILED_CONTROLLER, CANCELLING, CANCELLED). Every transition is one
-ManagedJobStatusChanged; its `reason` starts with a tag (`preempted: ...`) that the fold reads
-back, so the log alone says what each launch was for:
+ManagedJobStatusChanged; its typed `kind` (events/managed_events.py ManagedTransitionKind) is what
+the fold reads back, so the log alone says what each launch was for (its `reason` is prose for
+people; it begins with the kind, and stored v1 events, which had only that, are upcast from it):
 
     launch      a task's first launch (STARTING)       started     the job runs (RUNNING)
     preempted   spot preemption -> new cluster          node_lost   node or cluster lost -> new cluster
     restart     user-code failure, counted restart      exit_code   failure with a recover_on_exit_codes code
     fallback    the strategy's first try found no place; the task's own constraints now
     succeeded / failed / failed_setup / failed_controller / no_resource / cancelling / cancelled
+    unclassified   only from the v1 upcaster (a v1 reason naming no kind): not a launch
 
 Every launch (task start or recovery) gets a cluster of its own, named from the job and the
 launch number; the previous one is torn down. Facts about any cluster but the current one
@@ -22,25 +24,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from skypurza.events.envelope import derive_id
 from skypurza.events.fold import job_status_of_failure, managed_status_of_job
 from skypurza.events.managed_events import (
     TERMINAL_STATUSES,
     ManagedJobCancelRequested,
+    ManagedJobStatus,
     ManagedJobStatusChanged,
     ManagedJobSubmitted,
+    ManagedTransitionKind,
 )
 
 from .strategy import NONE, Recovery, recovery_of
 
 ACTIVE = frozenset({"STARTING", "RUNNING", "RECOVERING"})
 LAUNCHING = frozenset({"STARTING", "RECOVERING"})
-LAUNCH_WHYS = frozenset({"launch", "preempted", "node_lost", "restart", "exit_code", "fallback"})
-LOSS_WHYS = frozenset({"preempted", "node_lost"})
-WHYS = LAUNCH_WHYS | {"started", "succeeded", "failed", "failed_setup", "failed_controller", "no_resource",
-                      "cancelling", "cancelled"}
+LAUNCH_WHYS: frozenset[ManagedTransitionKind] = frozenset(
+    {"launch", "preempted", "node_lost", "restart", "exit_code", "fallback"})
+LOSS_WHYS: frozenset[ManagedTransitionKind] = frozenset({"preempted", "node_lost"})
+# The kind of a failure that ends the job, by the managed status it ends in.
+_END_OF_FAILURE: dict[str, ManagedTransitionKind] = {
+    "FAILED": "failed", "FAILED_SETUP": "failed_setup", "FAILED_CONTROLLER": "failed_controller"}
 
 
 # ---------------------------------------------------------------------------------- state
@@ -64,8 +70,8 @@ class JobState:
     restarts_on_errors: int = 0
     task_restarts: int = 0  # counted restarts of the current task
     reason: str = ""
-    why: str = ""  # tag of the last transition
-    episode: str = ""  # why the current launch episode began (a LAUNCH_WHYS tag other than fallback)
+    why: ManagedTransitionKind | None = None  # kind of the last transition (None before any)
+    episode: str = ""  # why the current launch episode began (a LAUNCH_WHYS kind other than fallback)
     phase: int = 0  # launches in the current episode: 1 is the strategy's first try
     lost_cluster: str | None = None  # the cluster whose loss began the current episode
     cancel_requested: bool = False
@@ -106,11 +112,6 @@ class JobState:
         }
 
 
-def tag_of(reason: str) -> str:
-    head = reason.split(":", 1)[0].strip()
-    return head if head in WHYS else ""
-
-
 def new_state(ev: ManagedJobSubmitted, seq: int = 0, at: datetime | None = None) -> JobState:
     return JobState(job_id=ev.managed_job_id, name=ev.name, tasks=list(ev.tasks),
                     skypilot_task_ids=list(ev.skypilot_task_ids), user=ev.user, team=ev.team, project=ev.project,
@@ -129,7 +130,7 @@ def apply(state: JobState | None, event: Any, seq: int = 0, at: datetime | None 
     elif isinstance(event, ManagedJobStatusChanged):
         if s.terminal:
             return s  # nothing follows an end (a late duplicate from a second writer)
-        why = tag_of(event.reason)
+        why = event.kind
         previous = s.cluster
         if event.task_index != s.task_index:
             s.task_restarts = 0
@@ -192,7 +193,7 @@ class JobCancelledF:
 @dataclass(frozen=True)
 class LostF:
     cluster: str
-    kind: str  # "preempted" | "node_lost"
+    kind: Literal["preempted", "node_lost"]
     detail: str = ""
 
 
@@ -227,7 +228,8 @@ Fact = Union[Kick, Cancel, JobStartedF, JobSucceededF, JobFailedF, JobCancelledF
 
 @dataclass(frozen=True)
 class Transition:
-    status: str
+    status: ManagedJobStatus
+    kind: ManagedTransitionKind
     task_index: int
     cluster: str | None
     recoveries: int
@@ -235,8 +237,8 @@ class Transition:
     reason: str
 
     def event(self, job_id: int) -> ManagedJobStatusChanged:
-        return ManagedJobStatusChanged(managed_job_id=job_id, status=self.status, task_index=self.task_index,  # type: ignore[arg-type]
-                                       cluster=self.cluster, recoveries=self.recoveries,
+        return ManagedJobStatusChanged(managed_job_id=job_id, status=self.status, kind=self.kind,
+                                       task_index=self.task_index, cluster=self.cluster, recoveries=self.recoveries,
                                        restarts_on_errors=self.restarts_on_errors, reason=self.reason)
 
 
@@ -318,7 +320,7 @@ def _after_failure(s: JobState, fact: JobFailedF) -> Transition:
         # The one fold's job status, as SkyPilot's jobs controller maps it: FAILED_SETUP stays,
         # FAILED_DRIVER (the process was lost with its agent) is FAILED_CONTROLLER, else FAILED.
         status = managed_status_of_job(job_status_of_failure(fact.phase))
-        return _to(s, status, status.lower(), what)
+        return _to(s, status, _END_OF_FAILURE.get(status, "failed"), what)
     if counted:
         n = s.task_restarts + 1
         return _launch(s, "RECOVERING", s.task_index, "restart",
@@ -339,15 +341,17 @@ def _cancel(s: JobState, fact: Fact) -> Transition | None:
     return None
 
 
-def _to(s: JobState, status: str, why: str, text: str, *, cluster: str | None | bool = True) -> Transition:
-    return Transition(status, s.task_index, s.cluster if cluster is True else cluster,  # type: ignore[arg-type]
+def _to(s: JobState, status: ManagedJobStatus, why: ManagedTransitionKind, text: str, *,
+        cluster: str | None | bool = True) -> Transition:
+    # The reason still begins with the kind: people read it (`spz jobs queue`), code reads `kind`.
+    return Transition(status, why, s.task_index, s.cluster if cluster is True else cluster,  # type: ignore[arg-type]
                       s.recoveries, s.restarts_on_errors, f"{why}: {text}" if text else why)
 
 
-def _launch(s: JobState, status: str, task_index: int, why: str, text: str, *, recoveries: int | None = None,
-            restarts: int | None = None) -> Transition:
+def _launch(s: JobState, status: ManagedJobStatus, task_index: int, why: ManagedTransitionKind, text: str, *,
+            recoveries: int | None = None, restarts: int | None = None) -> Transition:
     cluster = cluster_name(s.name, s.job_id, s.launch_number + 1)
-    return Transition(status, task_index, cluster, s.recoveries if recoveries is None else recoveries,
+    return Transition(status, why, task_index, cluster, s.recoveries if recoveries is None else recoveries,
                       s.restarts_on_errors if restarts is None else restarts, f"{why}: {text}")
 
 

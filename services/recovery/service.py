@@ -17,6 +17,12 @@ Emits: ManagedJobStatusChanged (optimistic concurrency on the job's subject), Ta
        the handler's `EmitContext` bus (recorded by the runner); the detectors and
        reconciliation loops publish on the service's own bus, checked against the same contract.
 
+This module is the state machine's I/O: the job-state cache, the handlers and the effects. The
+loops beside it are modules of their own, wired in `start`: heartbeats.py (silent agents),
+instancewatch.py (EC2 polling; ec2watch.py asks, detect.py reads), losses.py (one
+SpotPreempted/NodeLost per lost node, for both), reconcile.py (every unfinished job again).
+A cluster's job is found from the events (`_job_of_cluster`), never from the cluster's name.
+
 How a decision is made (`_act`): load the job's state (a fold of its `mjob` events, cached and
 checked against the subject's last sequence), `machine.decide(state, fact)`, publish the
 transition with `expected_last_seq` = the state's sequence. A second recovery service that
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -61,9 +66,13 @@ from skypurza.events.models import (
 )
 from skypurza.events.service import EmitContext, Reactions, ServiceContract, handles
 
-from . import buckets, detect, machine
+from . import buckets, machine
+from .ec2watch import Ec2Watch
+from .heartbeats import HeartbeatWatch, Node
 from .history import history
-from .ec2watch import Ec2Watch, Target
+from .instancewatch import InstanceWatch
+from .losses import LossReporter
+from .reconcile import Reconciler
 from .settings import RecoverySettings
 from .strategy import LaunchPlan, Placed, recovery_launch
 
@@ -106,11 +115,10 @@ class RecoveryService:
         self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._placed: dict[str, ClusterProvisioned] = {}
         self._published: dict[str, None] = {}  # ids of the transitions this process published (newest last)
-        self._reported: set[tuple[str, str]] = set()  # (cluster, instance or rank) already reported lost
-        self._beats: dict[tuple[str, int], float] = {}
+        self._owners: dict[str, int | None] = {}  # cluster -> the managed job its ClusterProvisioned names
         self._tasks: list[asyncio.Task[Any]] = []
-        self._hb_sub: Any = None
-        self._ec2: Ec2Watch | None = None
+        self._heartbeats: HeartbeatWatch | None = None
+        self._instances: InstanceWatch | None = None
         self._parked: set[int] = set()  # seqs of events the state machine could not take
 
     # ------------------------------------------------------------------ Service protocol
@@ -121,32 +129,36 @@ class RecoveryService:
         return self._bus
 
     async def start(self, bus: Bus) -> None:
+        """Rebuild the jobs from the log, then start the detectors and reconciliation, each a
+        loop of its own publishing on `bus` (the runner's, checked against CONTRACT)."""
         self._bus = bus
         await self._rebuild()
-        if self.settings.heartbeat_timeout_s > 0 and self._hb_sub is None:
-            self._hb_sub = await bus.nc.subscribe(naming.heartbeats_filter(bus.stage), cb=self._on_beat)
-            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="recovery-heartbeats"))
-        if self.settings.ec2_poll_s > 0 and self._ec2 is None:
-            self._ec2 = Ec2Watch(session=self._aws_session, endpoint_url=self._endpoint_url,
-                                 missing_polls=self.settings.missing_polls)
-            self._tasks.append(asyncio.create_task(self._ec2_loop(), name="recovery-ec2"))
-        if not any(t.get_name() == "recovery-reconcile" and not t.done() for t in self._tasks):
-            self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="recovery-reconcile"))
+        if not self._tasks:
+            reporter = LossReporter(bus, service=self.name)
+            if self.settings.heartbeat_timeout_s > 0:
+                self._heartbeats = HeartbeatWatch(bus, reporter, self._watched_nodes,
+                                                  timeout_s=self.settings.heartbeat_timeout_s)
+                await self._heartbeats.start()
+                self._tasks.append(asyncio.create_task(self._heartbeats.run(), name="recovery-heartbeats"))
+            if self.settings.ec2_poll_s > 0:
+                ec2 = Ec2Watch(session=self._aws_session, endpoint_url=self._endpoint_url,
+                               missing_polls=self.settings.missing_polls)
+                self._instances = InstanceWatch(ec2, reporter, self._provisioned, self._watched,
+                                                poll_s=self.settings.ec2_poll_s)
+                self._tasks.append(asyncio.create_task(self._instances.run(), name="recovery-ec2"))
+            self._tasks.append(asyncio.create_task(self._reconciler().run(), name="recovery-reconcile"))
 
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._hb_sub is not None:
-            try:
-                await self._hb_sub.unsubscribe()
-            except Exception:
-                pass
-            self._hb_sub = None
-        if self._ec2 is not None:
-            await self._ec2.close()
-            self._ec2 = None
+        if self._heartbeats is not None:
+            await self._heartbeats.close()
+            self._heartbeats = None
+        if self._instances is not None:
+            await self._instances.close()
+            self._instances = None
 
     @handles(ManagedJobSubmitted)
     async def on_submitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -171,7 +183,7 @@ class RecoveryService:
     async def on_placement_failed(self, stored: Stored, ctx: EmitContext) -> Reactions:
         ev = stored.event
         assert isinstance(ev, PlacementFailed)
-        job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
+        job = await self._job_of_cluster(ev.cluster, ev.managed_job_id, ev.task_id)
         if job is not None:
             await self._act(ctx.bus, job, machine.PlacementFailedF(ev.cluster, await self._placement_detail(job, ev)),
                             _cause(stored))
@@ -181,7 +193,7 @@ class RecoveryService:
     async def on_provision_failed(self, stored: Stored, ctx: EmitContext) -> Reactions:
         ev = stored.event
         assert isinstance(ev, ProvisionFailed)
-        job = await self._job_of_cluster(ev.cluster)
+        job = await self._job_of_cluster(ev.cluster, task_id=ev.task_id)
         if job is not None:
             await self._act(ctx.bus, job, machine.ProvisionFailedF(ev.cluster, f"{ev.code}: {ev.message}"),
                             _cause(stored))
@@ -191,6 +203,7 @@ class RecoveryService:
     async def on_provisioned(self, stored: Stored, ctx: EmitContext) -> Reactions:
         ev = stored.event
         assert isinstance(ev, ClusterProvisioned)
+        self._remember_owner(ev.cluster, ev.managed_job_id)
         job = await self._job_of_cluster(ev.cluster, ev.managed_job_id)
         if job is not None:
             self._placed[ev.cluster] = ev
@@ -415,20 +428,47 @@ class RecoveryService:
                 self._placed[cluster] = prov
         return prov
 
-    async def _job_of_cluster(self, cluster: str, hint: int | None = None) -> int | None:
-        """The managed job a cluster belongs to: its name says which (`<name>-<job>-<launch>`),
-        and the job's own events confirm it."""
+    async def _job_of_cluster(self, cluster: str, hint: int | None = None, task_id: str | None = None) -> int | None:
+        """The managed job a cluster belongs to, from what the events say (never from the
+        cluster's name): the event's own `managed_job_id`, a cached job that lists the cluster,
+        else the job its launch names (`_owner`); the job's own events confirm it."""
         candidates = [hint] if hint is not None else []
-        parts = cluster.rsplit("-", 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            candidates.append(int(parts[1]))
-        for job_id in candidates:
+        candidates += [j.job_id for j in self.jobs.values() if cluster in j.clusters]
+        if not candidates:
+            owner = await self._owner(cluster, task_id)
+            if owner is None:
+                return None
+            candidates.append(owner)
+        for job_id in dict.fromkeys(candidates):
             state = self.jobs.get(job_id)
             if state is None or cluster not in state.clusters:
                 state = await self.load(job_id)
             if state is not None and cluster in state.clusters:
                 return job_id
         return None
+
+    async def _owner(self, cluster: str, task_id: str | None) -> int | None:
+        """The managed job named by the cluster's last ClusterProvisioned (kept from every one
+        this service sees, looked up in the log for those before it started), or, for a launch
+        that never came up, by its task's TaskSubmitted."""
+        if cluster in self._owners:
+            return self._owners[cluster]
+        prov = await self._last(cluster, ClusterProvisioned)
+        if prov is not None and isinstance(prov.event, ClusterProvisioned):
+            self._remember_owner(cluster, prov.event.managed_job_id)
+            return prov.event.managed_job_id
+        if task_id:
+            sub = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", task_id,
+                                                                 TaskSubmitted.EVENT_NAME))
+            if sub is not None and isinstance(sub.event, TaskSubmitted):
+                return sub.event.managed_job_id
+        return None
+
+    def _remember_owner(self, cluster: str, job_id: int | None) -> None:
+        self._owners.pop(cluster, None)
+        self._owners[cluster] = job_id
+        while len(self._owners) > _REMEMBER:
+            del self._owners[next(iter(self._owners))]
 
     async def _is_managed_job(self, cluster: str, job_id: int, managed_job_id: int) -> bool:
         """Whether job `job_id` of the cluster is the managed job (not an `spz exec` beside it)."""
@@ -468,51 +508,47 @@ class RecoveryService:
                 text = f"{text}\nbefore that, with the recovery strategy's constraints: {prev.event.reason}"
         return text
 
-    # ------------------------------------------------------------------ detection
+    # ------------------------------------------------------------------ detectors
 
-    def _watched(self) -> list[tuple[int, str]]:
-        return [(j.job_id, j.cluster) for j in self.jobs.values() if j.status in machine.ACTIVE and j.cluster]
+    def _watched(self) -> list[str]:
+        """The clusters the detectors watch: the current cluster of every active job."""
+        return [j.cluster for j in self.jobs.values() if j.status in machine.ACTIVE and j.cluster]
 
-    async def _aws_targets(self, clusters: list[str]) -> list[Target]:
-        targets = []
-        for cluster in clusters:
+    async def _watched_nodes(self) -> list[Node]:
+        nodes: list[Node] = []
+        for cluster in self._watched():
             prov = await self._provisioned(cluster)
-            if prov is None or prov.candidate.infra != "aws" or not prov.candidate.region:
-                continue
-            targets += [Target(cluster, n.rank, n.instance_id, prov.candidate.region) for n in prov.nodes]
-        return targets
-
-    async def _ec2_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.ec2_poll_s)
-            try:
-                await self.check_ec2([c for _, c in self._watched()])
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("EC2 check failed")
+            if prov is not None:
+                nodes += [(cluster, n.rank, n.instance_id) for n in prov.nodes]
+        return nodes
 
     async def check_ec2(self, clusters: list[str]) -> list[Event]:
         """Ask EC2 about these clusters' nodes; publish SpotPreempted/NodeLost for lost ones."""
-        if self._ec2 is None:
-            return []
-        targets = await self._aws_targets(clusters)
-        if not targets:
-            return []
-        out = []
-        for target, finding in await self._ec2.look(targets):
-            ev = await self._report_lost(target.cluster, target.rank, finding.instance_id, finding.kind,
-                                         finding.evidence)
-            if ev is not None:
-                out.append(ev)
-        return out
+        return await self._instances.check(clusters) if self._instances is not None else []
+
+    async def check_heartbeats(self) -> list[Event]:
+        return await self._heartbeats.check() if self._heartbeats is not None else []
+
+    async def reconcile(self, include_recently_ended: bool = False) -> None:
+        """Look at every unfinished job again (reconcile.py)."""
+        await self._reconciler().once(include_recently_ended)
+
+    def _reconciler(self) -> Reconciler:
+        async def kick(job_id: int) -> None:
+            await self._act(self.bus, job_id, machine.Kick())
+
+        async def realize(job_id: int) -> None:
+            await self._realize(self.bus, job_id)
+
+        return Reconciler(lambda: list(self.jobs.values()), kick, realize, period_s=self.settings.reconcile_s,
+                          recheck_ended_s=self.settings.recheck_ended_s)
 
     async def _check_cluster_now(self, cluster: str) -> machine.LostF | None:
         """EC2's word on one cluster right now (after a job failure), as a loss fact or None."""
-        if self._ec2 is None:
+        if self._instances is None:
             return None
         try:
-            found = await self.check_ec2([cluster])
+            found = await self._instances.check([cluster])
         except Exception as exc:
             log.warning("cannot check %s with EC2: %s", cluster, exc)
             return None
@@ -522,92 +558,6 @@ class RecoveryService:
         if prior is not None and isinstance(prior.event, SpotPreempted):
             return _lost_fact(prior.event)
         return None
-
-    async def _report_lost(self, cluster: str, rank: int | None, instance_id: str | None, kind: str,
-                           evidence: dict[str, Any], last_heartbeat: datetime | None = None) -> Event | None:
-        key = (cluster, instance_id or f"rank-{rank}")
-        if key in self._reported:
-            return None
-        cls: type[Event] = SpotPreempted if kind == "preempted" else NodeLost
-        prior = await self._last(cluster, cls)
-        if prior is not None and getattr(prior.event, "instance_id", None) == instance_id \
-                and getattr(prior.event, "rank", None) == rank:
-            self._reported.add(key)
-            return None
-        now = datetime.now(timezone.utc)
-        if cls is SpotPreempted:
-            event: Event = SpotPreempted(cluster=cluster, rank=rank, instance_id=instance_id or "", detected_at=now,
-                                         evidence=evidence)
-        else:
-            event = NodeLost(cluster=cluster, rank=rank if rank is not None else 0, instance_id=instance_id,
-                             last_heartbeat=last_heartbeat, detected_at=now, evidence=evidence)
-        await self.bus.publish(self.bus.envelope(event, id=derive_id(f"{cluster}|{key[1]}", self.name, kind)))
-        self._reported.add(key)
-        log.warning("%s: node %s (%s) %s: %s", cluster, rank, instance_id, kind, evidence)
-        return event
-
-    async def _on_beat(self, msg: Any) -> None:
-        parsed = detect.parse_heartbeat_subject(msg.subject, naming.subject_prefix(self.bus.stage))
-        if parsed is not None:
-            self._beats[parsed] = time.monotonic()
-
-    async def _heartbeat_loop(self) -> None:
-        timeout = self.settings.heartbeat_timeout_s
-        while True:
-            await asyncio.sleep(max(0.05, min(timeout / 4, 5.0)))
-            try:
-                await self.check_heartbeats(timeout)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("heartbeat check failed")
-
-    async def check_heartbeats(self, timeout: float) -> None:
-        watched = []
-        for _, cluster in self._watched():
-            prov = self._placed.get(cluster) or await self._provisioned(cluster)
-            if prov is not None:
-                watched += [(cluster, n.rank, n.instance_id) for n in prov.nodes]
-        now = time.monotonic()
-        for silent in detect.silent_nodes(self._beats, watched, now, timeout):
-            last = datetime.now(timezone.utc).timestamp() - silent.seconds
-            await self._report_lost(
-                silent.cluster, silent.rank, silent.instance_id, "node_lost",
-                {"source": "heartbeat", "silent_s": round(silent.seconds, 1), "timeout_s": timeout},
-                last_heartbeat=datetime.fromtimestamp(last, timezone.utc))
-            self._beats.pop((silent.cluster, silent.rank), None)
-
-    # ------------------------------------------------------------------ reconciliation
-
-    async def _reconcile_loop(self) -> None:
-        await self.reconcile(include_recently_ended=True)
-        while True:
-            await asyncio.sleep(self.settings.reconcile_s)
-            try:
-                await self.reconcile()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reconciliation failed")
-
-    async def reconcile(self, include_recently_ended: bool = False) -> None:
-        """Look at every unfinished job again: kick the pending ones, see every state's effects
-        through (a crash between a transition and its effects is repaired here)."""
-        now = datetime.now(timezone.utc)
-        for job_id, state in list(self.jobs.items()):
-            recent = (include_recently_ended and state.ended_at is not None
-                      and (now - state.ended_at).total_seconds() < self.settings.recheck_ended_s)
-            if state.terminal and not recent:
-                continue
-            try:
-                if state.status == "PENDING" or state.cancel_requested:
-                    await self._act(self.bus, job_id, machine.Kick())
-                else:
-                    await self._realize(self.bus, job_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reconciling job %s failed", job_id)
 
 
 def _cause(stored: Stored) -> str:

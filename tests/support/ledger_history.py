@@ -123,23 +123,23 @@ def scripted() -> History:
                         team="research", project="p1", managed_job_id=1))
     sc = cand(use_spot=True, hourly_price_micros=400_000, zone="us-east-1c")
     pc4 = h.add(PlacementChosen(task_id="t4", cluster="mj-1", attempt=1, candidate=sc))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="STARTING", cluster="mj-1"))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="STARTING", kind="launch", cluster="mj-1"))
     la = h.t
     h.add(ClusterProvisioned(cluster="mj-1", task_id="t4", placement_id=pc4.id, candidate=sc,
                              nodes=[NodeInfo(rank=0, instance_id="i-9", zone="us-east-1c")],
                              hourly_price_micros=400_000, launched_at=la, user="carol", team="research",
                              project="p1", managed_job_id=1, tres={"cpu": 4, "mem": 16384, "node": 1,
                                                                    "gres/gpu": 1, "gres/gpu:a10g": 1}))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", cluster="mj-1"))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", kind="started", cluster="mj-1"))
     pre = la + timedelta(minutes=70)
     h.add(SpotPreempted(cluster="mj-1", rank=0, instance_id="i-9", detected_at=pre, evidence={"imds": "terminate"}), at=pre)
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RECOVERING", cluster="mj-1"))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RECOVERING", kind="preempted", cluster="mj-1"))
     h.add(ClusterTerminated(cluster="mj-1", terminated_at=pre + timedelta(seconds=30), reason="recovery"))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", cluster="mj-1", recoveries=1))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", kind="started", cluster="mj-1", recoveries=1))
     h.add(ManagedJobCancelRequested(managed_job_id=1, requested_by="carol"))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="CANCELLING", cluster="mj-1", recoveries=1))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="CANCELLED", cluster="mj-1", recoveries=1))
-    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", cluster="mj-1", recoveries=2))  # ignored: ended
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="CANCELLING", kind="cancelling", cluster="mj-1", recoveries=1))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="CANCELLED", kind="cancelled", cluster="mj-1", recoveries=1))
+    h.add(ManagedJobStatusChanged(managed_job_id=1, status="RUNNING", kind="started", cluster="mj-1", recoveries=2))  # ignored: ended
     # --- a cluster that loses a node, and an orphan
     h.add(TaskSubmitted(task_id="t5", cluster="c5", task={"run": "x"}, user="dave"))
     pc5 = h.add(PlacementChosen(task_id="t5", cluster="c5", attempt=1, candidate=cand(instance_type="m6i.large",

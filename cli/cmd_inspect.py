@@ -1,0 +1,347 @@
+"""`spz status`, `queue`, `logs` and `cancel`: what the clusters and their jobs are doing.
+
+`status` and `queue` ask the ledger's projections (request-reply) and read the log directly when
+the ledger does not answer or with `--refresh`; `logs` and `cancel` always read the log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import typer
+
+from . import bounds
+from .context import check_output, fail, print_json, run_async, stage
+from .tables import parse_time, print_line, print_table
+from .verbs import WAIT_S, _clusters_from_log, _confirm, _config, _ledger, _report_job
+
+
+# -------------------------------------------------------------------------------------------- logs
+
+def logs_command(
+    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="The cluster."),
+    job_id: Optional[int] = typer.Argument(None, parser=bounds.JOB_ID, help="The job (default: the cluster's latest)."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow until the job ends, or print what there is."),
+    status_only: bool = typer.Option(False, "--status", help="Print the job's status and exit with it: 0 succeeded, "
+                                                            "100 failed, 101 not finished, 102 not found, 103 cancelled."),
+    tail: int = typer.Option(0, "--tail", parser=bounds.TAIL_LINES, help="Only the last N lines of what was already printed (0: all)."),
+    timestamps: bool = typer.Option(False, "--timestamps", help="Prefix each line with when it was printed."),
+) -> None:
+    """Print a job's output (every node, prefixed by rank when there are several).
+
+    Works after the job ended and after the control plane restarted: output is kept in the logs stream (30 days). Ctrl-C stops following; the job keeps running.
+    """
+    from .progress import StatusLine, echo_out
+
+    status = StatusLine()
+    try:
+        code = run_async(_logs(cluster, job_id, follow, status_only, tail, timestamps, status, echo_out))
+    except KeyboardInterrupt:
+        status.stop()
+        status.note("\nStopped following (Ctrl-C); the job keeps running.")
+        raise typer.Exit(130)
+    finally:
+        status.stop()
+    raise typer.Exit(code)
+
+
+async def _logs(cluster: str, job_id: int | None, follow: bool, status_only: bool, tail: int, timestamps: bool,
+                status: Any, out: Any) -> int:
+    from .clusterlog import EXIT_NOT_FOUND, exit_code_of, read_cluster
+    from .control import connect_bus
+    from .jobwatch import stream_job
+
+    bus = await connect_bus(stage(), "logs")
+    try:
+        c = await read_cluster(bus, cluster)
+        if not c.jobs and c.status is None:
+            status.note(f"[red]No cluster named {cluster}.[/red]")
+            return EXIT_NOT_FOUND
+        if job_id is None:
+            last = c.last_job()
+            if last is None:
+                status.note(f"Cluster {cluster} has no jobs yet.")
+                return EXIT_NOT_FOUND
+            job_id = last.job_id
+        job = c.jobs.get(job_id)
+        if status_only:
+            out(f"Job {job_id}: {job.status if job else 'NOT FOUND'}")
+            return exit_code_of(job.status if job else None)
+        if job is None:
+            status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
+            return EXIT_NOT_FOUND
+        done = await stream_job(bus, cluster, job_id, print_line=out, follow=follow, tail=tail,
+                                timestamps=timestamps, status=status.update if follow else None)
+        status.stop()
+        if done is not None and done.terminal and follow:
+            _report_job(status, cluster, done)
+        return exit_code_of(done.status) if done is not None and (follow or done.terminal) else 0
+    finally:
+        await bus.close()
+
+
+# ----------------------------------------------------------------------------------- status, queue
+
+def _fmt_price(micros: Any) -> str:
+    return "-" if micros in (None, 0) else f"${int(micros) / 1e6:.3f}"
+
+
+def cluster_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One cluster in `status -o json` form, from a ledger row or the log's fold (both give the
+    price per node as `hourly_price_micros`); `hourly_price` is the whole cluster's, in dollars."""
+    nodes = int(d.get("num_nodes") or 0)
+    node_micros = d.get("hourly_price_micros")
+    total = int(node_micros) * max(nodes, 1) if node_micros is not None else None
+    return {
+        "name": d.get("name") or d.get("cluster"),
+        "status": d.get("status"),
+        "infra": d.get("infra"),
+        "region": d.get("region"),
+        "zone": d.get("zone"),
+        "instance_type": d.get("instance_type"),
+        "num_nodes": nodes,
+        "accelerators": d.get("accelerators"),
+        "use_spot": bool(d.get("use_spot") or d.get("market") == "spot"),
+        "hourly_price": total / 1_000_000 if total is not None else None,
+        "hourly_price_micros": total,
+        "node_hourly_price_micros": int(node_micros) if node_micros is not None else None,
+        "launched_at": d.get("launched_at"),
+        "user": d.get("user"),
+        "autostop": d.get("autostop", d.get("autostop_minutes")),
+        "autodown": bool(d.get("autodown", d.get("autostop_down", False))),
+    }
+
+
+def job_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One job in `queue -o json` form (SkyPilot's status names: SETTING_UP, not the SETUP of
+    ledger files written before the one fold)."""
+    from skypurza.events.fold import LEGACY_JOB_STATUS
+
+    out = dict(d)
+    if out.get("status") in LEGACY_JOB_STATUS:
+        out["status"] = LEGACY_JOB_STATUS[out["status"]]
+    return out
+
+
+def status_command(
+    clusters: Optional[list[str]] = typer.Argument(None, help="Only these clusters (glob patterns allowed)."),
+    all_: bool = typer.Option(False, "-a", "--all", help="Also show terminated clusters."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json (a list of clusters)."),
+    refresh: bool = typer.Option(False, "-r", "--refresh", help="Reconcile first: list what the clouds hold with this "
+                                 "stage's tags, report orphans (instances no live cluster owns, recorded as OrphanFound "
+                                 "events) and clusters whose instances vanished; then read the event log itself "
+                                 "instead of the ledger's projection."),
+    terminate_orphans: bool = typer.Option(False, "--terminate-orphans", help="With --refresh: also terminate the "
+                                           "orphans found (only this stage's; other stages are never touched)."),
+) -> None:
+    """Show clusters: status, where they run, what they cost per hour, autostop."""
+    check_output(output)
+    if terminate_orphans and not refresh:
+        raise typer.BadParameter("--terminate-orphans goes with --refresh", param_hint="--terminate-orphans")
+    report: dict[str, Any] | None = None
+    if refresh:
+        from .cmd_provision import refresh_command
+
+        report = refresh_command(terminate_orphans=terminate_orphans)
+        _print_reconcile(report, to_stderr=output == "json")
+
+    async def run() -> list[dict[str, Any]]:
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "status")
+        try:
+            rows = None if refresh else await _ledger(bus, "status", all=all_)
+            if rows is None:
+                rows = [c.as_dict() for c in await _clusters_from_log(bus, all_)]
+            return [cluster_row(r) for r in rows]
+        finally:
+            await bus.close()
+
+    rows = run_async(run())
+    if not all_:
+        rows = [r for r in rows if r["status"] != "TERMINATED"]
+    if clusters:
+        rows = [r for r in rows if any(fnmatch.fnmatchcase(r["name"] or "", p) for p in clusters)]
+    if output == "json":
+        print_json(rows)
+        return
+    if not rows:
+        print_line("No existing clusters.")
+        return
+    now = datetime.now(timezone.utc)
+    from .jobwatch import since
+
+    def line(r: dict[str, Any]) -> list[str]:
+        where = "/".join(str(p) for p in (r["infra"], r["region"], r["zone"]) if p)
+        acc = ", ".join(f"{k}:{v:g}" for k, v in (r["accelerators"] or {}).items()) if isinstance(r["accelerators"], dict) else ""
+        res = f"{r['num_nodes']}x {r['instance_type'] or r['infra'] or ''}" + (f" ({acc})" if acc else "") + (
+            " [spot]" if r["use_spot"] else "")
+        auto = "-" if r["autostop"] is None else f"{r['autostop']}m" + (" (down)" if r["autodown"] else "")
+        return [r["name"], since(parse_time(r["launched_at"]), now), where, res, r["status"] or "-", auto,
+                _fmt_price(r["hourly_price_micros"])]
+
+    print_table(("NAME", "LAUNCHED", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "$/HOUR"), [line(r) for r in rows])
+
+
+def _print_reconcile(report: dict[str, Any], to_stderr: bool) -> None:
+    """What reconciliation found, in words (on stderr when stdout is JSON for a script)."""
+    from rich.console import Console
+
+    console = Console(highlight=False, stderr=to_stderr)
+    checked = ", ".join(f"{infra} ({', '.join(regions) or 'all regions'})" for infra, regions in
+                        (report.get("checked") or {}).items()) or "nothing"
+    console.print(f"Reconciled with: {checked}.")
+    for o in report.get("orphans") or []:
+        what = "terminated" if o.get("terminated") else "reported"
+        console.print(f"[yellow]Orphan[/yellow] {o.get('instance_id')} ({o.get('instance_type') or '?'}, "
+                      f"{o.get('region') or '?'}, tag cluster={o.get('cluster') or '-'}): {what}."
+                      + ("" if o.get("terminated") else " Terminate with: spz status --refresh --terminate-orphans"))
+    for cluster, ids in (report.get("vanished") or {}).items():
+        console.print(f"[yellow]Vanished[/yellow]: cluster {cluster} lost {', '.join(ids)}.")
+    for infra, message in (report.get("errors") or {}).items():
+        console.print(f"[red]Could not check {infra}[/red]: {message}")
+
+
+def queue_command(
+    clusters: Optional[list[str]] = typer.Argument(None, help="Clusters to show (default: every existing cluster)."),
+    skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only pending and running jobs."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Show the job queue of clusters: each job's id, name, user, times and status."""
+    check_output(output)
+
+    async def run() -> list[dict[str, Any]]:
+        from .clusterlog import read_cluster
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "queue")
+        try:
+            names = list(clusters or [])
+            for n in names:
+                c = await read_cluster(bus, n)
+                if c.status is None and not c.jobs:
+                    raise fail(f"no cluster named {n}")
+            if not names:
+                names = [c.name for c in await _clusters_from_log(bus, False)]
+            if not names:
+                return []
+            rows = await _ledger(bus, "queue", clusters=names)
+            if rows is None:
+                rows = []
+                for n in names:
+                    c = await read_cluster(bus, n)
+                    rows += [{"cluster": n, **j.as_dict()} for j in sorted(c.jobs.values(), key=lambda j: -j.job_id)]
+            return [job_row(r) for r in rows]
+        finally:
+            await bus.close()
+
+    rows = run_async(run())
+    if skip_finished:
+        from .clusterlog import TERMINAL_JOB
+
+        rows = [r for r in rows if r.get("status") not in TERMINAL_JOB]
+    if output == "json":
+        print_json(rows)
+        return
+    from .jobwatch import duration, since
+
+    now = datetime.now(timezone.utc)
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cluster.setdefault(r["cluster"], []).append(r)
+    if not by_cluster:
+        print_line("No jobs.")
+    for cname, jobs in by_cluster.items():
+        print_table(("ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "NODES", "STATUS"),
+                    [[str(r.get("job_id")), r.get("name") or "-", r.get("user") or "-",
+                      since(parse_time(r.get("submitted_at")), now), since(parse_time(r.get("started_at")), now),
+                      duration(parse_time(r.get("started_at")), parse_time(r.get("ended_at")), now),
+                      str(r.get("num_nodes") or 1), str(r.get("status"))]
+                     for r in sorted(jobs, key=lambda r: -int(r.get("job_id") or 0))],
+                    title=f"[bold]Job queue of cluster {cname}[/bold]")
+
+
+# ------------------------------------------------------------------------------------------ cancel
+
+def cancel_command(
+    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="The cluster."),
+    job_ids: Optional[list[int]] = typer.Argument(None, parser=bounds.JOB_ID, help="Jobs to cancel (default: the latest unfinished one)."),
+    all_: bool = typer.Option(False, "-a", "--all", help="Cancel every unfinished job on the cluster."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    async_: bool = typer.Option(False, "--async", help="Do not wait for the jobs to stop."),
+) -> None:
+    """Cancel jobs: their whole process groups get SIGTERM, then SIGKILL after a grace period."""
+    if all_ and job_ids:
+        raise fail("give job ids or --all, not both")
+
+    async def run() -> int:
+        from skypurza.events.job_events import CancelRequested
+
+        from .clusterlog import read_cluster
+        from .control import connect_bus
+        from .jobwatch import merged_follow
+
+        bus = await connect_bus(stage(), "cancel")
+        try:
+            c = await read_cluster(bus, cluster)
+            if c.status is None and not c.jobs:
+                raise fail(f"no cluster named {cluster}")
+            open_jobs = [j for j in c.jobs.values() if not j.terminal]
+            if all_:
+                targets = open_jobs
+            elif job_ids:
+                missing = [j for j in job_ids if j not in c.jobs]
+                if missing:
+                    raise fail(f"no job {', '.join(map(str, missing))} on cluster {cluster}")
+                done = [j for j in job_ids if c.jobs[j].terminal]
+                for j in done:
+                    typer.echo(f"Job {j} already ended ({c.jobs[j].status}).")
+                targets = [c.jobs[j] for j in job_ids if not c.jobs[j].terminal]
+            else:
+                running = [j for j in open_jobs if j.status != "PENDING"] or open_jobs
+                targets = running[-1:]
+            if not targets:
+                typer.echo(f"No unfinished jobs to cancel on cluster {cluster}.")
+                return 0
+            ids = [j.job_id for j in targets]
+            _confirm(f"Cancel job(s) {', '.join(map(str, ids))} on cluster {cluster}?", yes or bool(job_ids))
+            cfg = _config()
+            for j in ids:
+                await bus.publish(CancelRequested(cluster=cluster, job_id=j, requested_by=cfg.user))
+            if async_:
+                typer.echo(f"Cancellation of job(s) {', '.join(map(str, ids))} requested.")
+                return 0
+            from skypurza.events import naming
+            import asyncio
+
+            pending = set(ids)
+            results: dict[int, str] = {}
+
+            async def watch() -> None:
+                from .clusterlog import apply
+
+                async for s in merged_follow(bus, [naming.aggregate_subjects(bus.stage, "cluster", cluster)],
+                                             c.last_seq + 1):
+                    if s.event is None or s.envelope is None:
+                        continue
+                    apply(c, s.event, s.envelope.time)
+                    for j in list(pending):
+                        if c.jobs[j].terminal:
+                            results[j] = c.jobs[j].status
+                            pending.discard(j)
+                    if not pending:
+                        return
+
+            try:
+                await asyncio.wait_for(watch(), WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+            for j in ids:
+                typer.echo(f"Job {j}: {results.get(j, 'cancellation requested, not confirmed yet')}")
+            return 0 if not pending else 1
+        finally:
+            await bus.close()
+
+    raise typer.Exit(run_async(run()))
