@@ -45,18 +45,46 @@ async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str,
 
 
 async def _launching_clusters(bus: Any) -> list[Any]:
-    """Clusters the ledger shows INIT that the log has not seen come up (a launch in flight)."""
+    """Clusters with a launch in flight (INIT: submitted or placed, not yet up, not failed).
+
+    The log decides (a submission without an outcome), so a ledger that is busy or behind can
+    not hide one; the ledger's INIT rows are added (a cluster whose nodes were lost)."""
     from .clusterlog import read_cluster
 
+    submitted_at = await _in_flight_from_log(bus)
     rows = await _ledger(bus, "status", all=False) or []
+    ledger_init = {row["name"] for row in rows if row.get("status") == "INIT" and row.get("name")}
     out = []
-    for row in rows:
-        if row.get("status") != "INIT" or not row.get("name"):
+    for name in sorted(set(submitted_at) | ledger_init):
+        c = await read_cluster(bus, name)
+        if c.status in ("UP", "STOPPED"):
             continue
-        c = await read_cluster(bus, row["name"])
-        if c.status not in ("UP", "STOPPED"):
-            c.status = "INIT"
-            out.append(c)
+        if c.status == "TERMINATED" and name not in ledger_init and c.last_seq > submitted_at.get(name, 0):
+            continue  # ended after that submission: nothing is launching
+        c.status = "INIT"
+        out.append(c)
+    return out
+
+
+async def _in_flight_from_log(bus: Any) -> dict[str, int]:
+    """Cluster -> stream seq of its newest TaskSubmitted that has no outcome yet
+    (ClusterProvisioned, JobQueued, PlacementFailed or ProvisionFailed for its task)."""
+    from skypurza.events import naming
+
+    pending: dict[str, tuple[str, int]] = {}
+    async for s in bus.replay(filter_subject=naming.event_filter(bus.stage, "task", "task_submitted")):
+        if s.event is not None:
+            pending[s.event.task_id] = (s.event.cluster, s.seq)
+    if not pending:
+        return {}
+    for aggregate, event_name in (("cluster", "cluster_provisioned"), ("cluster", "job_queued"),
+                                  ("task", "placement_failed"), ("task", "provision_failed")):
+        async for s in bus.replay(filter_subject=naming.event_filter(bus.stage, aggregate, event_name)):
+            if s.event is not None:
+                pending.pop(getattr(s.event, "task_id", None) or "", None)
+    out: dict[str, int] = {}
+    for cluster, seq in pending.values():
+        out[cluster] = max(seq, out.get(cluster, 0))
     return out
 
 
