@@ -65,13 +65,13 @@ def read_argv(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _zombie(pid: int) -> bool:
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a live process, or None."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    fields = stat.rsplit(")", 1)[-1].split()
-    return bool(fields) and fields[0] == "Z"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        return fields[0], int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def find(state_dir: Path, nats_conf: Path, stage: str, nats_url: str | None = None) -> list[PlaneProcess]:
@@ -79,12 +79,16 @@ def find(state_dir: Path, nats_conf: Path, stage: str, nats_url: str | None = No
     me = os.getpid()
     sd = str(state_dir)
     conf = str(nats_conf)
-    found = []
+    found: dict[int, tuple[str, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)
         role = classify(read_argv(pid), sd, conf, stage, nats_url)
-        if role and not _zombie(pid):
-            found.append(PlaneProcess(pid, role))
-    return found
+        stat = _stat(pid) if role else None
+        if role and stat is not None and stat[0] != "Z":
+            found[pid] = (role, stat[1])
+    # A child between fork and exec (the services process starting a node agent) still shows its
+    # parent's command line for a moment: it is not a second process of that role.
+    return [PlaneProcess(pid, role) for pid, (role, ppid) in found.items()
+            if found.get(ppid, ("", 0))[0] != role]

@@ -245,3 +245,26 @@ def test_a_start_whose_services_cannot_start_says_why_and_leaves_nothing(homes):
                           capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
     assert _stop(env).returncode == 0
+
+
+def test_a_child_between_fork_and_exec_is_not_a_second_process(tmp_path):
+    """The services process forking a node agent shows its own command line in the child until
+    the exec: counted once (a chaos round once saw 'two services' that way)."""
+    sd = tmp_path / "st"
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(30)\nelse:\n    time.sleep(30)\n"
+    parent = subprocess.Popen([sys.executable, "-c", code, "-m", "skypurza.cli.serve", "--control-plane", str(sd)],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        seen = []
+        while time.monotonic() < deadline:
+            children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+            seen = planeprocs.find(sd, sd / "jetstream" / "nats.conf", "locktest")
+            if children:
+                break
+            time.sleep(0.05)
+        assert children, "the fork did not happen"
+        assert [(p.pid, p.role) for p in seen] == [(parent.pid, "services")]
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # its own session: the forked child goes too
+        parent.wait(10)
