@@ -6,7 +6,8 @@ Consumes (durable consumer, see events/service.py):
                         | ProvisionFailed (auth, invalid, unknown)
                         | ClusterTerminated + ProvisionFailed (DownRequested) when a DownRequested
                           for the cluster is newer than the task's submission: never launched
-    DownRequested    -> terminate -> [CleanupFailed ...] ClusterTerminated
+    DownRequested    -> terminate -> [CleanupFailed ...] ClusterTerminated; for a cluster never up
+                        (a launch in flight) ClusterTerminated at once
     StopRequested    -> stop -> ClusterStopped         StartRequested -> start -> ClusterStarted
     ClusterIdle      -> stop, or terminate when down (or spot, which cannot stop)
 
@@ -189,11 +190,13 @@ class ProvisionerService:
             # `spz down` (or `down -a`) came while the task was still being placed: launching now
             # would leave a cluster nobody wants, running and billed. The cluster ends here.
             log.info("cluster %s: down requested before it came up; task %s not launched", pc.cluster, pc.task_id)
+            failed = plan.provision_failed(pc, placement_id, "DownRequested",
+                                           f"spz down was requested for cluster {pc.cluster} before it came up; "
+                                           "it was not launched")
+            if state.terminated_seq > state.provisioned_seq and state.terminated_seq > (await self._down_seq(pc)):
+                return [failed]  # the down was already answered with the cluster's end
             return [ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
-                                      reason="down requested before launch", instance_ids=[]),
-                    plan.provision_failed(pc, placement_id, "DownRequested",
-                                          f"spz down was requested for cluster {pc.cluster} before it came up; "
-                                          "it was not launched")]
+                                      reason="down requested before launch", instance_ids=[]), failed]
         try:
             backend = self.backends.get(pc.candidate.infra)
         except UnsupportedInfra as exc:
@@ -266,6 +269,11 @@ class ProvisionerService:
         except Exception:
             log.exception("cleaning up after launch %s failed; reconciliation will find the nodes", spec.launch_token)
 
+    async def _down_seq(self, pc: PlacementChosen) -> int:
+        down = await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", pc.cluster,
+                                                              DownRequested.EVENT_NAME))
+        return down.seq if down is not None else 0
+
     async def _down_requested_since(self, pc: PlacementChosen) -> bool:
         """Whether a DownRequested for the cluster is newer than the task's submission."""
         down = await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", pc.cluster,
@@ -318,8 +326,17 @@ class ProvisionerService:
         assert isinstance(stored.event, DownRequested)
         ev = stored.event
         state, backend = await self._state(ev.cluster)
-        if backend is None or stored.seq < state.terminated_seq:
-            return []  # not up, or this request was served by an earlier termination
+        if stored.seq < state.terminated_seq:
+            return []  # served by an earlier termination
+        if not state.live and state.provisioned is None:
+            # Never up: the request is for a launch still in flight (`spz down` sends no other
+            # for such a name). The cluster ends now, so the waiting command and `spz status` see
+            # it end; the placement, when it comes, is cancelled (on_placement). A cluster that
+            # was up and has ended needs nothing: a new launch under its name is cancelled there.
+            return [ClusterTerminated(cluster=ev.cluster, terminated_at=datetime.now(timezone.utc),
+                                      reason="down requested before launch", instance_ids=[])]
+        if backend is None:
+            return []  # an infra this build cannot reach (logged by _state)
         await self._terminate(ctx, stored, state, backend, ev.reason)
         return []
 
