@@ -24,9 +24,11 @@ async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str,
     a launch racing `spz down -a` would leave a cluster running that nobody asked for."""
     from .clusterlog import read_cluster
 
+    # Launches in flight first, then the clusters that are up: a launch that comes up between
+    # the two reads is then in both (and kept as up), never in neither.
+    in_flight = await _launching_clusters(bus) if launching else []
     known = await _clusters_from_log(bus, False)
-    if launching:
-        known += [c for c in await _launching_clusters(bus) if c.name not in {k.name for k in known}]
+    known += [c for c in in_flight if c.name not in {k.name for k in known}]
     if all_:
         return [c for c in known if c.status in states]
     chosen: list[Any] = []
