@@ -12,7 +12,7 @@ import typer
 
 from . import bounds
 from .context import fail, run_async, stage
-from .verbs import EXIT_CLEANUP_INCOMPLETE, WAIT_S, _clusters_from_log, _config, _confirm, _ledger, _watched
+from .verbs import EXIT_CLEANUP_INCOMPLETE, WAIT_S, _clusters_from_log, _config, _confirm, _watched
 
 
 # --------------------------------------------------------------------------- stop, start, down
@@ -20,15 +20,19 @@ from .verbs import EXIT_CLEANUP_INCOMPLETE, WAIT_S, _clusters_from_log, _config,
 async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str, ...],
                    launching: bool = False) -> list[Any]:
     """The clusters named (globs allowed) or all, in `states`. With `launching`, clusters whose
-    launch is still in flight (INIT: placed, not yet up) count too — `down` must reach them, or
-    a launch racing `spz down -a` would leave a cluster running that nobody asked for."""
+    launch is still in flight (INIT: submitted or placed, not yet up) count too — `down` must
+    reach them, or a launch racing `spz down -a` would leave a cluster running that nobody asked
+    for. Plain names read only their own cluster; the stage-wide reads are for `-a` and globs."""
     from .clusterlog import read_cluster
 
-    # Launches in flight first, then the clusters that are up: a launch that comes up between
-    # the two reads is then in both (and kept as up), never in neither.
-    in_flight = await _launching_clusters(bus) if launching else []
-    known = await _clusters_from_log(bus, False)
-    known += [c for c in in_flight if c.name not in {k.name for k in known}]
+    if all_ or any(any(ch in p for ch in "*?[") for p in patterns):
+        # Launches in flight first, then the clusters that are up: a launch that comes up between
+        # the two reads is then in both (and kept as up), never in neither.
+        in_flight = await _launching_clusters(bus) if launching else []
+        known = await _clusters_from_log(bus, False)
+        known += [c for c in in_flight if c.name not in {k.name for k in known}]
+    else:
+        known = []
     if all_:
         return [c for c in known if c.status in states]
     chosen: list[Any] = []
@@ -38,30 +42,29 @@ async def _resolve(bus: Any, patterns: list[str], all_: bool, states: tuple[str,
             if not matched:
                 raise fail(f"no cluster matches {p!r}")
             chosen += [c for c in matched if c not in chosen]
-        else:
-            c = next((k for k in known if k.name == p and k.status == "INIT"), None) or await read_cluster(bus, p)
-            if c.status not in ("UP", "STOPPED", "INIT"):
-                raise fail(f"no cluster named {p}" + (" (it was terminated)" if c.status == "TERMINATED" else ""))
-            chosen.append(c)
+            continue
+        c = await read_cluster(bus, p)
+        if c.status not in ("UP", "STOPPED", "INIT") and launching:
+            c = next((k for k in await _launching_clusters(bus, only=p)), None) or await read_cluster(bus, p)
+        if c.status not in ("UP", "STOPPED", "INIT"):
+            raise fail(f"no cluster named {p}" + (" (it was terminated)" if c.status == "TERMINATED" else ""))
+        chosen.append(c)
     return chosen
 
 
-async def _launching_clusters(bus: Any) -> list[Any]:
-    """Clusters with a launch in flight (INIT: submitted or placed, not yet up, not failed).
-
-    The log decides (a submission without an outcome), so a ledger that is busy or behind can
-    not hide one; the ledger's INIT rows are added (a cluster whose nodes were lost)."""
+async def _launching_clusters(bus: Any, only: str | None = None) -> list[Any]:
+    """Clusters with a launch in flight (INIT: a submission without an outcome yet, read from the
+    log itself, so a ledger that is busy or behind cannot hide one). Clusters whose nodes were
+    lost are INIT too, but they have come up: `_clusters_from_log` has them."""
     from .clusterlog import read_cluster
 
     submitted_at = await _in_flight_from_log(bus)
-    rows = await _ledger(bus, "status", all=False) or []
-    ledger_init = {row["name"] for row in rows if row.get("status") == "INIT" and row.get("name")}
     out = []
-    for name in sorted(set(submitted_at) | ledger_init):
+    for name in sorted(n for n in submitted_at if only is None or n == only):
         c = await read_cluster(bus, name)
-        if c.status in ("UP", "STOPPED"):
-            continue
-        if c.status == "TERMINATED" and name not in ledger_init and c.last_seq > submitted_at.get(name, 0):
+        if c.status in ("UP", "STOPPED", "INIT"):
+            continue  # it came up meanwhile: the caller reads it as it is
+        if c.status == "TERMINATED" and c.last_seq > submitted_at[name]:
             continue  # ended after that submission: nothing is launching
         c.status = "INIT"
         out.append(c)

@@ -37,7 +37,7 @@ def test_submissions_without_an_outcome_are_in_flight(nats_server) -> None:
                                                  launched_at=datetime.now(UTC)))
             await bus.publish(ClusterTerminated(cluster="ended", terminated_at=datetime.now(UTC), reason="user"))
             assert set(await _in_flight_from_log(bus)) == {"waiting"}
-            # No ledger answers here (none runs): the log alone still finds the launch in flight.
+            # No ledger runs here: the log alone finds the launch in flight.
             found = await _launching_clusters(bus)
             assert [(c.name, c.status) for c in found] == [("waiting", "INIT")]
             assert placed.id

@@ -32,7 +32,7 @@ from skypurza.events.jobqueue import queue_job
 from skypurza.events.models import (AutostopSet, Candidate, ClusterProvisioned, JobQueued, NodeInfo, UsageRecorded,
                                     all_event_types)
 from skypurza.events.service import ServiceContract, ServiceRunner, handles
-from skypurza.services.agent.view import MAX_IDLE_MINUTES
+from skypurza.services.agent.view import MAX_COUNTABLE_IDLE_MINUTES
 from skypurza.services.provisioner.local import LocalAdapter
 
 HUGE = 10**20  # what `-i 99999999999999999999` put in the log
@@ -388,4 +388,4 @@ def test_the_agent_parks_an_autostop_it_cannot_count_and_reports_the_job(nats_se
                                                       "io.skypurza.autostop_set.v1"]
         for e in entries:
             assert e["error_type"] == "RefusedEvent" and str(HUGE) in e["error"]
-            assert str(MAX_IDLE_MINUTES) in e["error"] and str(HUGE) in e["payload"]
+            assert str(MAX_COUNTABLE_IDLE_MINUTES) in e["error"] and str(HUGE) in e["payload"]

@@ -6,7 +6,7 @@ folds the same events, so every node reaches the same view.
 
 Event models are lenient (the log keeps old events readable), so the view checks the values it
 will act on before it changes anything: an autostop interval no clock can count
-(`idle_minutes` past `MAX_IDLE_MINUTES`) is refused with `RefusedEvent`, and the agent parks
+(`idle_minutes` past `MAX_COUNTABLE_IDLE_MINUTES`) is refused with `RefusedEvent`, and the agent parks
 that event instead of dying on it later. `apply_all_or_nothing` makes any other failure leave
 the view as it was.
 """
@@ -39,8 +39,10 @@ from skypurza.events.job_events import (
     JobSucceeded,
 )
 
-# The longest autostop interval a clock can count (datetime arithmetic overflows past it).
-MAX_IDLE_MINUTES = timedelta.max // timedelta(minutes=1)
+# The longest autostop interval a clock can count (datetime arithmetic overflows past it). Not
+# the user-facing bound (events/limits.MAX_IDLE_MINUTES, a year, checked at the edge): this one
+# guards the agent against an event that bypassed the edge.
+MAX_COUNTABLE_IDLE_MINUTES = timedelta.max // timedelta(minutes=1)
 
 
 class RefusedEvent(ValueError):
@@ -48,8 +50,8 @@ class RefusedEvent(ValueError):
 
 
 def _check_idle_minutes(value: int | None) -> None:
-    if value is not None and not -MAX_IDLE_MINUTES <= value <= MAX_IDLE_MINUTES:
-        raise RefusedEvent(f"idle_minutes {value} is out of range (at most {MAX_IDLE_MINUTES})")
+    if value is not None and not -MAX_COUNTABLE_IDLE_MINUTES <= value <= MAX_COUNTABLE_IDLE_MINUTES:
+        raise RefusedEvent(f"idle_minutes {value} is out of range (at most {MAX_COUNTABLE_IDLE_MINUTES})")
 
 
 @dataclass

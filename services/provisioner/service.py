@@ -186,14 +186,15 @@ class ProvisionerService:
             log.info("cluster %s is already up; queueing task %s on it", pc.cluster, pc.task_id)
             await self._queue_first_job(ctx, placement_id, pc.cluster, submitted)
             return []
-        if await self._down_requested_since(pc):
+        down_seq = await self._down_after_submission(pc)
+        if down_seq:
             # `spz down` (or `down -a`) came while the task was still being placed: launching now
             # would leave a cluster nobody wants, running and billed. The cluster ends here.
             log.info("cluster %s: down requested before it came up; task %s not launched", pc.cluster, pc.task_id)
             failed = plan.provision_failed(pc, placement_id, "DownRequested",
                                            f"spz down was requested for cluster {pc.cluster} before it came up; "
                                            "it was not launched")
-            if state.terminated_seq > state.provisioned_seq and state.terminated_seq > (await self._down_seq(pc)):
+            if state.terminated_seq > state.provisioned_seq and state.terminated_seq > down_seq:
                 return [failed]  # the down was already answered with the cluster's end
             return [ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
                                       reason="down requested before launch", instance_ids=[]), failed]
@@ -269,20 +270,16 @@ class ProvisionerService:
         except Exception:
             log.exception("cleaning up after launch %s failed; reconciliation will find the nodes", spec.launch_token)
 
-    async def _down_seq(self, pc: PlacementChosen) -> int:
-        down = await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", pc.cluster,
-                                                              DownRequested.EVENT_NAME))
-        return down.seq if down is not None else 0
-
-    async def _down_requested_since(self, pc: PlacementChosen) -> bool:
-        """Whether a DownRequested for the cluster is newer than the task's submission."""
+    async def _down_after_submission(self, pc: PlacementChosen) -> int:
+        """The stream seq of the cluster's newest DownRequested when it is newer than the task's
+        submission (the launch was cancelled before it started), else 0."""
         down = await self.bus.last_event(naming.event_subject(self.bus.stage, "cluster", pc.cluster,
                                                               DownRequested.EVENT_NAME))
         if down is None:
-            return False
+            return 0
         submitted = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", pc.task_id,
                                                                    TaskSubmitted.EVENT_NAME))
-        return submitted is not None and down.seq > submitted.seq
+        return down.seq if submitted is not None and down.seq > submitted.seq else 0
 
     async def _submitted(self, task_id: str) -> TaskSubmitted | None:
         found = await self.bus.last_event(naming.event_subject(self.bus.stage, "task", task_id,

@@ -61,6 +61,22 @@ def recorded_groups(root: Path) -> list[int]:
     return groups
 
 
+def kill_with_group(pid: int) -> None:
+    """SIGKILL a process and its process group (that process alone when it shares the test
+    runner's group)."""
+    try:
+        group = os.getpgid(pid)
+        if group != os.getpgid(0) and group > 1:
+            os.killpg(group, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_under(root: Path) -> list[int]:
     """SIGKILL (with their process groups) every process that belongs to `root`; returns pids."""
     if not root.exists():
@@ -75,13 +91,6 @@ def kill_under(root: Path) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
     for pid in processes_under(root):
-        try:
-            group = os.getpgid(pid)
-            if group != own_group and group > 1:
-                os.killpg(group, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_with_group(pid)
+        killed.append(pid)
     return killed

@@ -23,7 +23,8 @@ def kill_processes_using(url: str) -> list[int]:
     """A test that failed half-way may leave node agents (own sessions) behind: find every
     process whose command line names this server's URL and kill its process group."""
     import os
-    import signal
+
+    from leftovers import kill_with_group
 
     killed = []
     needle = url.encode()
@@ -35,19 +36,8 @@ def kill_processes_using(url: str) -> list[int]:
         except OSError:
             continue
         if needle in cmdline:
-            pid = int(entry.name)
-            try:
-                group = os.getpgid(pid)
-                if group == os.getpgid(0):  # in the test runner's own group: that process alone
-                    os.kill(pid, signal.SIGKILL)
-                else:
-                    os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            killed.append(pid)
+            kill_with_group(int(entry.name))
+            killed.append(int(entry.name))
     return killed
 
 
