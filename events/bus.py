@@ -51,6 +51,9 @@ LOGS_MAX_AGE_S = 30 * 24 * 3600.0
 LOGS_MAX_BYTES = 2 * 1024**3
 SECRETS_TTL_S = 30 * 24 * 3600.0
 WRONG_LAST_SEQUENCE = 10071
+# How long a pipelined append waits for its ack before it is retried with the same id: the
+# same as one attempt of `publish`.
+ACK_WAIT_S = 5.0
 
 
 def log_chunk_id(cluster: str, job_id: int | str, rank: int, stream: str, seq: int | None,
@@ -343,17 +346,29 @@ class Bus:
         acks: list[api.PubAck] = []
         for start in range(0, len(envs), window):
             chunk = envs[start:start + window]
-            futs = [await self.js.publish_async(self.subject_of(e), e.to_json(), headers={"Nats-Msg-Id": e.id})
-                    for e in chunk]
+            futs = [await self.send(e) for e in chunk]
             for env, fut in zip(chunk, futs):
-                try:
-                    ack = await fut
-                except Exception:  # same id: a stored copy is de-duplicated
-                    ack = await self._append(env, expected_last_seq=None, occ_subject=None)
+                ack = await self.settle(env, fut)
                 acks.append(ack)
                 if self._hooks is not None:
                     self._hooks.after(env, ack)
         return acks
+
+    async def send(self, env: Envelope) -> asyncio.Future:
+        """Start one append without waiting for its ack (no hooks run here: see `settle`)."""
+        return await self.js.publish_async(self.subject_of(env), env.to_json(), headers={"Nats-Msg-Id": env.id})
+
+    async def settle(self, env: Envelope, fut: asyncio.Future, *, timeout: float = ACK_WAIT_S) -> api.PubAck:
+        """The ack of a `send`, waited for at most `timeout`; otherwise the append is retried
+        with the same id (de-duplicated if the first copy was stored). Bounded because a server
+        killed between storing and answering never answers: an unbounded wait would hang its
+        caller for ever (and hold one of nats-py's pending-publish slots)."""
+        try:
+            return await asyncio.wait_for(fut, timeout)  # cancelling on timeout frees the slot
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return await self._append(env, expected_last_seq=None, occ_subject=None)
 
     # ------------------------------------------------------------ reading
 

@@ -451,9 +451,7 @@ class ServiceRunner:
                         await ctx.bus.publish(env, expected_last_seq=emit.expected_last_seq,
                                               occ_subject=emit.occ_subject)
                         continue
-                    fut = await self.bus.js.publish_async(self.bus.subject_of(env), env.to_json(),
-                                                          headers={"Nats-Msg-Id": env.id})
-                    futures.append((env, fut))
+                    futures.append((env, await self.bus.send(env)))
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
@@ -461,10 +459,7 @@ class ServiceRunner:
         for msg, stored, ctx, futures in pending:
             try:
                 for env, fut in futures:
-                    try:
-                        ctx.after(env, await fut)
-                    except Exception:
-                        await ctx.bus.publish(env)  # same id: de-duplicated if it was stored
+                    ctx.after(env, await self.bus.settle(env, fut))
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue

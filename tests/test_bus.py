@@ -247,6 +247,31 @@ def test_server_sigkill_loses_no_acked_event_and_client_resumes(nats_server):
     asyncio.run(main())
 
 
+def test_a_pipelined_append_the_server_never_answers_is_retried_not_waited_for_ever(nats_server):
+    """A server killed after it read an append but before it answered never answers: the
+    pipelined ack is waited for a bounded time, then the append is retried with the same id
+    (this hung the optimizer for ever in a chaos campaign)."""
+    import os
+    import signal
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish(submitted(0))
+        env = bus.envelope(submitted(1))
+        os.kill(nats_server.process.pid, signal.SIGSTOP)  # reads nothing, answers nothing
+        fut = await bus.send(env)
+        await asyncio.sleep(0.3)  # the client has written it to the socket
+        nats_server.kill()
+        nats_server.start()
+        ack = await asyncio.wait_for(bus.settle(env, fut, timeout=1.0), 40)
+        assert ack.seq >= 2
+        stored = [s.envelope.id for s in await all_events(bus)]
+        assert stored.count(env.id) == 1 and len(stored) == 2
+        await bus.close()
+
+    asyncio.run(main())
+
+
 def test_stream_settings(nats_server):
     async def main():
         bus = await connect_bus(nats_server)
