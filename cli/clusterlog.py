@@ -107,6 +107,8 @@ class Cluster:
     instance_type: str | None = None
     use_spot: bool = False
     accelerators: dict[str, float] | None = None
+    vcpus: float | None = None  # per node, as placed (None: not known)
+    memory_gib: float | None = None
     hourly_price_micros: int = 0  # per node
     launched_at: datetime | None = None
     user: str = ""
@@ -159,6 +161,7 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
         c.num_nodes = one_fold.cluster_nodes_of(event)
         c.infra, c.region, c.zone = cand.infra, cand.region, cand.zone
         c.instance_type, c.use_spot, c.accelerators = cand.instance_type, cand.use_spot, cand.accelerators
+        c.vcpus, c.memory_gib = cand.vcpus, cand.memory_gib
         c.hourly_price_micros, c.launched_at, c.user = event.hourly_price_micros, event.launched_at, event.user
         c.idle_minutes, c.idle_down, c.task_id = event.idle_minutes, event.down_when_idle, event.task_id
         c.ready_ranks = set()

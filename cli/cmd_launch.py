@@ -128,7 +128,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
     from .clusterlog import exit_code_of, read_cluster
     from .control import connect_bus
     from .jobwatch import SubmissionFailed, wait_for_job
-    from .launchplan import QueueOn, StartStopped, SubmitNew, TooFewNodes, Wanted, plan_launch
+    from .launchplan import Misfit, QueueOn, StartStopped, SubmitNew, TooFewNodes, Wanted, plan_launch
 
     labels = dict(task.resources.labels or {}) if task.resources is not None and task.resources.labels else {}
     status.update("Connecting to the control plane")
@@ -141,7 +141,8 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         secret_values = task.secret_values()
         if secret_values:
             await bus.put_secrets(task_id, secret_values)
-        wanted = Wanted(nodes=task.num_nodes or 1, setup=task.setup, no_setup=no_setup, idle_minutes=idle, down=down)
+        wanted = Wanted(nodes=task.num_nodes or 1, setup=task.setup, no_setup=no_setup, idle_minutes=idle, down=down,
+                        requests=tuple(task.resource_requests()))
         plan = plan_launch(existing, wanted)
         if isinstance(plan, StartStopped):
             # As sky launch does: a stopped cluster is started again, in the same place.
@@ -151,7 +152,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
             plan = plan_launch(existing, wanted)  # on the started cluster
             if isinstance(plan, StartStopped):
                 raise SubmissionFailed(f"cluster {cluster} did not come up")
-        if isinstance(plan, TooFewNodes):
+        if isinstance(plan, (TooFewNodes, Misfit)):
             raise fail(plan.message())
         if isinstance(plan, QueueOn):
             job, _ = await queue_job(bus, cluster=cluster, task_id=task_id, task=public, name=task.name,
@@ -280,6 +281,7 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
                 out: Any) -> int:
     from skypurza.events.jobqueue import queue_job
 
+    from .clusterfit import misfit
     from .clusterlog import read_cluster
     from .control import connect_bus
 
@@ -290,13 +292,9 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
             what = "does not exist" if c.status in (None, "TERMINATED") else f"is {c.status}"
             raise fail(f"cluster {cluster} {what}" + (f": spz start {cluster}" if c.status == "STOPPED" else
                                                        "; launch it with spz launch -c " + cluster))
-        nodes = task.num_nodes or 1
-        if nodes > c.num_nodes:
-            raise fail(f"the task needs {nodes} nodes; cluster {cluster} has {c.num_nodes}")
-        if task.resources is not None and task.resources.infra:
-            wanted = str(task.resources.infra).split("/")[0].lower()
-            if wanted not in ("*", (c.infra or "").lower()):
-                raise fail(f"the task asks for infra {task.resources.infra}; cluster {cluster} is on {c.infra}")
+        unfit = misfit(c, task.resource_requests(), task.num_nodes or 1)
+        if unfit is not None:
+            raise fail(unfit.message())
         task_id = str(uuid.uuid4())
         secret_values = task.secret_values()
         if secret_values:

@@ -5,8 +5,10 @@ for (`Wanted`); `cmd_launch._launch` does the I/O and the printing. As `sky laun
 - a STOPPED cluster is started again, in the same place (`StartStopped`), and the plan is then
   made again on the started cluster;
 - on a cluster that is UP, or INIT (a node was lost: it still takes jobs), the task is queued
-  as a job (`QueueOn`), unless it needs more nodes than the cluster has (`TooFewNodes`); setup
-  runs again only when it changed (or never, with --no-setup);
+  as a job (`QueueOn`), unless it needs more nodes than the cluster has (`TooFewNodes`) or
+  resources it was not launched with (`clusterfit.Misfit`: other accelerators, more CPUs or
+  memory, another infra/region/zone/instance type, spot); setup runs again only when it changed
+  (or never, with --no-setup);
 - anything else (no such cluster, or a terminated one) is a new task (`SubmitNew`).
 """
 
@@ -15,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from skypurza.events.taskspec.request import ResourceRequest
+
+from .clusterfit import Misfit, misfit
 from .clusterlog import Cluster
 from .submit import setup_changed
 
@@ -28,6 +33,7 @@ class Wanted:
     no_setup: bool = False
     idle_minutes: int | None = None  # -i, else the task's autostop
     down: bool = False  # --down, or the task's autostop with down
+    requests: tuple[ResourceRequest, ...] = ()  # the task's resource alternatives (none: any)
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class SubmitNew:
     num_nodes: int
 
 
-LaunchPlan = Union[StartStopped, TooFewNodes, QueueOn, SubmitNew]
+LaunchPlan = Union[StartStopped, TooFewNodes, Misfit, QueueOn, SubmitNew]
 
 TAKES_JOBS = ("UP", "INIT")  # INIT: a node was lost; the cluster still takes jobs
 
@@ -79,6 +85,9 @@ def plan_launch(cluster: Cluster, wanted: Wanted) -> LaunchPlan:
         return SubmitNew(cluster.name, wanted.nodes)
     if wanted.nodes > cluster.num_nodes:
         return TooFewNodes(cluster.name, wanted.nodes, cluster.num_nodes)
+    unfit = misfit(cluster, wanted.requests, wanted.nodes)
+    if unfit is not None:
+        return unfit
     last = cluster.last_setup()
     run_setup = not wanted.no_setup and (last is None or setup_changed(wanted.setup, last.setup))
     # `--down` alone on a cluster that has an autostop interval becomes "down as soon as idle".

@@ -107,3 +107,57 @@ def test_autostop_and_down_on_an_existing_cluster() -> None:
     assert with_autostop.idle_minutes == 10
     assert plan_launch(with_autostop, Wanted(nodes=1, setup=None, down=True)) == QueueOn(
         "c", run_setup=True, down_after=True, autostop=Autostop(0, True))
+
+
+# ---------------------------------------------------------------- does the task fit the cluster (clusterfit)
+
+
+def _requests(yaml_text: str):
+    from skypurza.events.taskspec import loader
+
+    return tuple(loader.load_tasks(yaml_text, filename="t.yaml").tasks[0].resource_requests())
+
+
+def gpu_cluster() -> Cluster:
+    provisioned = ClusterProvisioned(
+        cluster="c", task_id="t", placement_id="p",
+        candidate=Candidate(infra="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.12xlarge",
+                            accelerators={"A10G": 4}, vcpus=48, memory_gib=192, hourly_price_micros=5_672_000),
+        nodes=[NodeInfo(rank=0, instance_id="i-0")], hourly_price_micros=5_672_000, launched_at=T0)
+    return fold("c", [(provisioned, T0, 1)])
+
+
+@pytest.mark.parametrize("resources, fits", [
+    ("{}", True),
+    ("{accelerators: A10G:4}", True),
+    ("{accelerators: A10G:2, cpus: 8+}", True),
+    ("{accelerators: a10g:1, memory: 64+}", True),
+    ("{infra: aws/us-east-1}", True),
+    ("{any_of: [{accelerators: H100:8}, {accelerators: A10G:1}]}", True),  # one alternative fits
+    ("{accelerators: H100:8}", False),
+    ("{accelerators: A10G:8}", False),
+    ("{cpus: 64}", False),
+    ("{memory: 256+}", False),
+    ("{infra: aws/us-west-2}", False),
+    ("{infra: local}", False),
+    ("{instance_type: p4d.24xlarge}", False),
+    ("{use_spot: true}", False),
+])
+def test_a_task_is_queued_on_an_existing_cluster_only_when_it_fits(resources: str, fits: bool) -> None:
+    wanted = Wanted(nodes=1, setup=None, requests=_requests(f"resources: {resources}\nrun: x\n"))
+    plan = plan_launch(gpu_cluster(), wanted)
+    assert isinstance(plan, QueueOn) is fits, plan
+    if not fits:
+        from skypurza.cli.clusterfit import Misfit
+
+        assert isinstance(plan, Misfit)
+        assert "cluster c has" in plan.message() and "spz down c" in plan.message()
+
+
+def test_a_misfit_says_what_was_asked_and_what_the_cluster_has() -> None:
+    from skypurza.cli.clusterfit import misfit
+
+    m = misfit(gpu_cluster(), _requests("resources: {accelerators: H100:8}\nrun: x\n"), 1)
+    assert m is not None and m.asked == "H100:8 per node" and m.has == "A10G:4 per node"
+    m = misfit(gpu_cluster(), _requests("resources: {cpus: 64+}\nrun: x\n"), 1)
+    assert m is not None and (m.asked, m.has) == ("64+ CPUs per node", "48 CPUs per node")

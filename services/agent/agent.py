@@ -34,7 +34,7 @@ from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
 
-from . import mounts, storage
+from . import mounts, storage, userenv
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -129,6 +129,7 @@ class Agent:
         self.home = Path(spec.home).expanduser() if spec.home else Path.home()
         self.state = self.home / STATE_DIRNAME
         self.workdir = self.home / mounts.SKY_WORKDIR
+        self.runtime = userenv.Runtime.current()  # taken out of every job's environment
         self.view = ClusterView(spec.cluster, spec.num_nodes)
         self.local = LocalState()
         self.heartbeat_s = heartbeat_s
@@ -363,11 +364,11 @@ class Agent:
             self.local.done[(job.job_id, phase)] = 0
             await self._report(job, phase, 0, files)
             return
-        env = {**os.environ, **job_environment(self._context(job, prepared), phase)}  # type: ignore[arg-type]
-        env.pop("SKYPURZA_NATS_URL", None)
-        if self.spec.infra == "local":
-            env["HOME"] = str(self.home)  # each local node is a machine with its own home
-        proc = await asyncio.to_thread(spawn, files, script, self.workdir, env)
+        job_env = job_environment(self._context(job, prepared), phase)  # type: ignore[arg-type]
+        env = userenv.job_process_environment(os.environ, self.runtime, job_env,
+                                              home=self.home if self.spec.infra == "local" else None)
+        proc = await asyncio.to_thread(spawn, files, userenv.phase_script(script, self.workdir, job_env),
+                                       self.workdir, env)
         self.local.running = (job.job_id, phase)
         self.local.killing = False
         self._pgids[(job.job_id, phase)] = proc.pid
@@ -397,6 +398,12 @@ class Agent:
                 hint = "" if self.spec.infra == "local" else (
                     " (on cloud nodes, name a bucket (s3://...) or a path that exists on the node image)")
                 raise RuntimeError(f"cannot put {step.source} in place at {step.dest}: {exc}{hint}") from None
+        if self.spec.infra == "local":  # this machine's Python is shared: the task gets its own
+            try:
+                await asyncio.to_thread(userenv.ensure_user_env, self.home)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise RuntimeError(f"cannot make the node's user environment (~/{userenv.USER_ENV_DIRNAME}): "
+                                   f"{exc}") from None
         synced.parent.mkdir(parents=True, exist_ok=True)
         synced.touch()
         prepared = _Prepared(task, secrets)

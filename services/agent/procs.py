@@ -29,13 +29,13 @@ from typing import NamedTuple
 
 from skypurza.events.processes import group_alive, pid_alive  # noqa: F401  (used by the agent)
 
-# bash's own argument limit is ~128 KiB per argument; longer scripts run from their file.
-_MAX_INLINE_SCRIPT = 100_000
 MAX_LINE_BYTES = 64 * 1024
 
+# The phase's script always runs from its file (userenv.phase_script: the login prelude, then the
+# user's script) in a bash of its own, so that an `exit` in it still lets us record the status.
 _WRAPPER = (
     'cd "$1" || { echo "cannot cd to $1" >>"$3"; echo 1 >"$4"; exit 1; }; '
-    '{ if [ "$2" = "@file" ]; then bash "$5"; else bash -c "$2"; fi; } >>"$3" 2>&1 </dev/null; '
+    '{ bash "$5"; } >>"$3" 2>&1 </dev/null; '
     'c=$?; printf "%s\\n" "$c" >"$4.tmp" && mv -f "$4.tmp" "$4"; exit "$c"'
 )
 
@@ -148,9 +148,8 @@ def spawn(files: PhaseFiles, script: str, workdir: Path, env: dict[str, str]) ->
         stale.unlink(missing_ok=True)
     files.script.write_text(script)
     files.log.touch()
-    inline = script if len(script.encode()) < _MAX_INLINE_SCRIPT else "@file"
     proc = subprocess.Popen(
-        ["bash", "-c", _WRAPPER, "spz-job", str(workdir), inline, str(files.log), str(files.exit),
+        ["bash", "-c", _WRAPPER, "spz-job", str(workdir), "@file", str(files.log), str(files.exit),
          str(files.script)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=env, start_new_session=True, close_fds=True,
