@@ -1,4 +1,4 @@
-# One image for every SkyPurza service; compose.yaml picks the service with `spz serve --services`.
+# One image for every SkyPurza service; compose.yaml picks the service with `spz api serve --services`.
 FROM python:3.11-slim
 WORKDIR /opt/skypurza
 COPY pyproject.toml README.md ./
@@ -10,4 +10,4 @@ RUN pip install --no-cache-dir . && useradd --create-home skypurza
 USER skypurza
 ENV SKYPURZA_HOME=/home/skypurza/.skypurza
 ENTRYPOINT ["spz"]
-CMD ["serve", "--services", "all"]
+CMD ["api", "serve", "--services", "all"]

@@ -1,8 +1,8 @@
 """A cluster and its jobs as the event log tells them, read by the CLI itself.
 
-The ledger's projections answer `spz status` and `spz queue`; the commands that act on a
+The status service's projections answer `spz status` and `spz queue`; the commands that act on a
 cluster (launch on an existing cluster, exec, logs, cancel) read the cluster's own events
-instead, so they decide on the log as it is this instant, even while the ledger catches up.
+instead, so they decide on the log as it is this instant, even while the status service catches up.
 `fold()` is pure; `read_cluster()` replays one cluster's subject.
 """
 
@@ -16,6 +16,7 @@ from skypurza.events import fold as one_fold
 from skypurza.events.cluster_events import (
     AutostopSet,
     ClusterProvisioned,
+    ClusterStarted,
     NodeReady,
 )
 from skypurza.events.fold import (  # noqa: F401  (the names cli code imports from here)
@@ -28,6 +29,7 @@ from skypurza.events.fold import (  # noqa: F401  (the names cli code imports fr
     exit_code_of,
 )
 from skypurza.events.job_events import JobQueued
+from skypurza.events.payloads import TaskPayload
 
 # The final job states, as `spz queue --skip-finished` filters them (events/fold.py decides).
 TERMINAL_JOB = one_fold.JOB_TERMINAL_SQL
@@ -115,6 +117,8 @@ class Cluster:
     idle_minutes: int | None = None
     idle_down: bool = False
     task_id: str | None = None
+    head_ip: str | None = None  # rank 0's public address, else its private one (`status --ip`)
+    ports: tuple[str, ...] = ()  # the launching task's resources.ports (`status --endpoints`)
     jobs: dict[int, Job] = field(default_factory=dict)
     ready_ranks: set[int] = field(default_factory=set)
     last_seq: int = 0
@@ -136,7 +140,7 @@ class Cluster:
             "name": self.name, "status": self.status, "infra": self.infra, "region": self.region, "zone": self.zone,
             "instance_type": self.instance_type, "num_nodes": self.num_nodes, "use_spot": self.use_spot,
             "accelerators": self.accelerators,
-            "hourly_price_micros": self.hourly_price_micros,  # per node, as the ledger has it
+            "hourly_price_micros": self.hourly_price_micros,  # per node, as the status service has it
             "launched_at": self.launched_at.isoformat() if self.launched_at else None, "user": self.user,
             "autostop": self.idle_minutes, "autodown": self.idle_down, "market": "spot" if self.use_spot else "on-demand",
         }
@@ -165,6 +169,9 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
         c.hourly_price_micros, c.launched_at, c.user = event.hourly_price_micros, event.launched_at, event.user
         c.idle_minutes, c.idle_down, c.task_id = event.idle_minutes, event.down_when_idle, event.task_id
         c.ready_ranks = set()
+        c.head_ip, c.ports = _head_ip(event.nodes), ()
+    elif isinstance(event, ClusterStarted) and event.nodes:
+        c.head_ip = _head_ip(event.nodes) or c.head_ip  # a started instance may have a new address
     c.status = one_fold.cluster_after(c.status, event)
     if isinstance(event, NodeReady):
         c.ready_ranks.add(event.rank)
@@ -173,15 +180,31 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
     elif isinstance(event, JobQueued):
         if event.job_id in c.jobs:
             return  # the first JobQueued of an id is the job (ids are allocated once)
-        task = event.task if isinstance(event.task, dict) else {}
-        c.jobs[event.job_id] = Job(event.job_id, event.task_id, event.name or task.get("name"), event.user,
-                                   event.run_setup, task.get("setup"), at, one_fold.job_queued(event),
+        if event.task_id == c.task_id:
+            c.ports = _ports_of(event.task)
+        c.jobs[event.job_id] = Job(event.job_id, event.task_id, event.name or event.task.name, event.user,
+                                   event.run_setup, event.task.setup, at, one_fold.job_queued(event),
                                    max(c.num_nodes, 1))
     else:
         job = c.jobs.get(getattr(event, "job_id", -1))
         if job is not None:
             job.cluster_nodes = max(c.num_nodes, 1)
             job.state = one_fold.job_after(job.state, event, job.cluster_nodes)
+
+
+def _head_ip(nodes: Iterable[Any]) -> str | None:
+    for node in nodes:
+        if getattr(node, "rank", None) == 0:
+            return node.public_ip or node.private_ip
+    return None
+
+
+def _ports_of(task: TaskPayload) -> tuple[str, ...]:
+    """The task's resources.ports (one port, a range, or a list of them), as strings."""
+    ports = task.resources.ports if task.resources is not None else None
+    if ports is None:
+        return ()
+    return tuple(str(p) for p in (ports if isinstance(ports, list) else [ports]))
 
 
 async def read_cluster(bus: Any, name: str) -> Cluster:

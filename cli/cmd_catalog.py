@@ -49,9 +49,17 @@ def gpus_list_command(
     show_all: bool = typer.Option(False, "-a", "--all", help="Also accelerators that are not common GPUs."),
     all_regions: bool = typer.Option(False, "--all-regions", help="One row per region, not the cheapest only."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
+    cloud_: Optional[str] = typer.Option(None, "--cloud", hidden=True, help="Deprecated spelling of --infra CLOUD."),
+    region_: Optional[str] = typer.Option(None, "--region", hidden=True,
+                                          help="Deprecated spelling of --infra CLOUD/REGION."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show everything in full (every instance type)."),
 ) -> None:
     """Accelerators, counts, instance types, on-demand and spot prices, cheapest regions."""
     _check_output(output)
+    if cloud_ is not None or region_ is not None:
+        if infra is not None:
+            raise typer.BadParameter("give --infra or --cloud/--region, not both", param_hint="--infra")
+        infra = f"{cloud_ or 'aws'}/{region_}" if region_ else cloud_
     from skypurza.services.optimizer import render
     from skypurza.services.optimizer.catalog import load_catalog
 
@@ -96,7 +104,7 @@ def gpus_list_command(
         cols = ["accelerator", "count", "instance_type", "gpu_memory_gib", "vcpus", "memory_gib",
                 "hourly_price", "region", "hourly_spot_price", "spot_zone"]
         title = f"{cat.canonical_accelerator(name)} on AWS" + (f" in {region}" if region else "")
-    _print_rows(rows, output, title, cols)
+    _print_rows(rows, output, title, cols, full=verbose)
     if name is None and not show_all:
         typer.echo("Hint: use -a/--all to see all accelerators; NAME[:COUNT] for instance types and prices.")
 
@@ -109,11 +117,11 @@ def _compact_types(names: list[str]) -> str:
     return ", ".join(v[0] if len(v) == 1 else f"{f} ({len(v)} types)" for f, v in fams.items())
 
 
-def _cell(v: Any, col: str) -> str:
+def _cell(v: Any, col: str, full: bool = False) -> str:
     if col.startswith("hourly"):
         return _money(v)
     if col == "instance_types":
-        return _compact_types(list(v))
+        return ", ".join(v) if full else _compact_types(list(v))
     if isinstance(v, (list, tuple)):
         return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
     if isinstance(v, float):
@@ -121,11 +129,11 @@ def _cell(v: Any, col: str) -> str:
     return "-" if v is None else str(v)
 
 
-def _print_rows(rows: list[dict[str, Any]], output: str, title: str, cols: list[str]) -> None:
+def _print_rows(rows: list[dict[str, Any]], output: str, title: str, cols: list[str], full: bool = False) -> None:
     if output == "json":
         _echo_json({"rows": rows})
         return
-    from rich.console import Console
+    from .console import console as make_console
     from rich.table import Table
 
     headers = {"hourly_price": "ON-DEMAND $/h", "hourly_spot_price": "SPOT $/h", "gpu_memory_gib": "GPU MEM GiB",
@@ -135,8 +143,8 @@ def _print_rows(rows: list[dict[str, Any]], output: str, title: str, cols: list[
         table.add_column(headers.get(c, c.upper().replace("_", " ")),
                          justify="right" if c.startswith(("hourly", "vcpus", "memory", "gpu_mem", "count")) else "left")
     for r in rows:
-        table.add_row(*[_cell(r.get(c), c) for c in cols])
-    Console().print(table)
+        table.add_row(*[_cell(r.get(c), c, full) for c in cols])
+    make_console().print(table)
 
 
 # ------------------------------------------------------------------------------ catalog
@@ -218,9 +226,17 @@ def catalog_show_command(output: str = typer.Option("table", "-o", "--output", h
 def check_command(
     infras: Optional[list[str]] = typer.Argument(None, help="Infras to check (default: all)."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Also show the account each enabled infra is used "
+                                                                "with."),
+    workspace: Optional[str] = typer.Option(None, "-w", "--workspace",
+                                            help="SkyPilot workspace (spz: the stage is the namespace)."),
 ) -> None:
     """Which infras are enabled (AWS: credentials and an answering STS/EC2; local: always) and why not."""
     _check_output(output)
+    if workspace is not None:
+        from .options import workspace_note
+
+        workspace_note(workspace)
     from skypurza.services.optimizer.infras import check_infras
     from skypurza.services.optimizer.placement import default_enabled_infras
 
@@ -232,15 +248,16 @@ def check_command(
                     "enabled": [s.infra for s in statuses if s.enabled],
                     "default_for_tasks": default})
         return
-    from rich.console import Console
+    from .console import console as make_console
     from rich.table import Table
 
     table = Table(title="Infras")
     for c in ("INFRA", "ENABLED", "WHY", "DETAIL"):
         table.add_column(c)
     for s in statuses:
-        table.add_row(s.infra, "yes" if s.enabled else "no", s.reason, s.detail)
-    console = Console()
+        # The account an enabled infra is used with only with -v (as sky check -v); a disabled one's detail is why.
+        table.add_row(s.infra, "yes" if s.enabled else "no", s.reason, s.detail if verbose or not s.enabled else "")
+    console = make_console()
     console.print(table)
     if default is not None:
         console.print(f"Tasks without an explicit infra go to: {', '.join(default) or 'nothing'}")

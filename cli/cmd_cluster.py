@@ -3,8 +3,8 @@ autostop.
 
 Every verb is a client of the event log: it publishes what the user asks for (TaskSubmitted,
 JobQueued, CancelRequested, StopRequested ...) and watches the log for what happened. The
-embedded control plane is started on first use. `status` and `queue` ask the ledger's
-projections (request-reply) and read the log directly when the ledger does not answer or with
+embedded control plane is started on first use. `status` and `queue` ask the status
+service's projections (request-reply) and read the log directly when it does not answer or with
 `--refresh`; the verbs that act on one cluster always decide on the log itself.
 
 The verbs live by family: cmd_launch.py (launch, exec), cmd_inspect.py (status, queue, logs,

@@ -102,8 +102,8 @@ def tail_command(
 
     try:
         run_async(run())
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # the way to stop following: 130, as every command stopped by Ctrl-C
+        raise typer.Exit(130)
 
 
 @events.command("replay")

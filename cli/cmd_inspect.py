@@ -1,7 +1,7 @@
 """`spz status`, `queue`, `logs` and `cancel`: what the clusters and their jobs are doing.
 
-`status` and `queue` ask the ledger's projections (request-reply) and read the log directly when
-the ledger does not answer or with `--refresh`; `logs` and `cancel` always read the log.
+`status` and `queue` ask the status service's projections (request-reply) and read the log directly
+when it does not answer or with `--refresh`; `logs` and `cancel` always read the log.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 import typer
 
-from . import bounds
+from . import bounds, options
 from .context import check_output, fail, print_json, run_async, stage
 from .tables import parse_time, print_line, print_table
-from .verbs import WAIT_S, _clusters_from_log, _confirm, _config, _ledger, _report_job
+from .verbs import WAIT_S, _clusters_from_log, _confirm, _config, _report_job, _status_service
 
 
 # -------------------------------------------------------------------------------------------- logs
@@ -28,6 +28,15 @@ def logs_command(
                                                             "100 failed, 101 not finished, 102 not found, 103 cancelled."),
     tail: int = typer.Option(0, "--tail", parser=bounds.TAIL_LINES, help="Only the last N lines of what was already printed (0: all)."),
     timestamps: bool = typer.Option(False, "--timestamps", help="Prefix each line with when it was printed."),
+    worker: Optional[int] = typer.Option(None, "-w", "--worker", parser=bounds.BoundedInt(0, 1023, "node ranks"),
+                                         help="Only this node's output (0 is the head)."),
+    sync_down: bool = typer.Option(False, "-s", "--sync-down", help="Write the job's output to ~/sky_logs/CLUSTER/"
+                                                                    "JOB/rank-N.log (a file per node) and say where."),
+    provision: bool = typer.Option(False, "--provision", help="The cluster's provisioning history (placement, "
+                                                              "capacity errors, launch, nodes ready)."),
+    autostop: bool = typer.Option(False, "--autostop", help="The cluster's autostop history (settings, idle "
+                                                            "reports, stops and teardowns they made)."),
+    hook: Optional[str] = typer.Option(None, "--hook", help="A lifecycle hook's log (spz has no lifecycle hooks)."),
 ) -> None:
     """Print a job's output (every node, prefixed by rank when there are several).
 
@@ -35,9 +44,19 @@ def logs_command(
     """
     from .progress import StatusLine, echo_out
 
+    if hook is not None:
+        raise fail("--hook: spz has no lifecycle hooks, so there is no hook log; spz logs --provision shows "
+                   "how the cluster came up", 2)
+    if provision or autostop:
+        from .clusterhistory import AUTOSTOP_EVENTS, PROVISION_EVENTS
+
+        raise typer.Exit(_history(cluster, PROVISION_EVENTS if provision else AUTOSTOP_EVENTS,
+                                  "provisioning" if provision else "autostop"))
+    if sync_down:
+        raise typer.Exit(_sync_down(cluster, job_id))
     status = StatusLine()
     try:
-        code = run_async(_logs(cluster, job_id, follow, status_only, tail, timestamps, status, echo_out))
+        code = run_async(_logs(cluster, job_id, follow, status_only, tail, timestamps, status, echo_out, worker))
     except KeyboardInterrupt:
         status.stop()
         status.note("\nStopped following (Ctrl-C); the job keeps running.")
@@ -47,8 +66,61 @@ def logs_command(
     raise typer.Exit(code)
 
 
+def _history(cluster: str, kinds: set[str], what: str) -> int:
+    from .clusterhistory import history_lines
+
+    async def run() -> list[str]:
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "logs")
+        try:
+            return await history_lines(bus, cluster, kinds)
+        finally:
+            await bus.close()
+
+    lines = run_async(run())
+    if not lines:
+        print_line(f"No {what} history for cluster {cluster}.")
+        return 1 if what == "provisioning" else 0
+    for line in lines:
+        typer.echo(line)
+    return 0
+
+
+def _sync_down(cluster: str, job_id: int | None) -> int:
+    from .clusterhistory import sky_logs_dir, sync_down
+
+    async def run() -> tuple[int | None, list[Any]]:
+        from .clusterlog import read_cluster
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "logs")
+        try:
+            c = await read_cluster(bus, cluster)
+            job = c.jobs.get(job_id) if job_id is not None else c.last_job()
+            if job is None:
+                return None, []
+            return job.job_id, await sync_down(bus, cluster, job.job_id, sky_logs_dir() / cluster / str(job.job_id))
+        finally:
+            await bus.close()
+
+    from .clusterlog import EXIT_NOT_FOUND
+
+    found, files = run_async(run())
+    if found is None:
+        typer.echo(f"No job {job_id} on cluster {cluster}." if job_id else f"Cluster {cluster} has no jobs.", err=True)
+        return EXIT_NOT_FOUND
+    if not files:
+        typer.echo(f"Job {found} of cluster {cluster} has printed nothing yet.")
+        return 0
+    typer.echo(f"Job {found}'s logs of cluster {cluster} (a file per node): {files[0].parent}")
+    for f in files:
+        typer.echo(f"  {f}")
+    return 0
+
+
 async def _logs(cluster: str, job_id: int | None, follow: bool, status_only: bool, tail: int, timestamps: bool,
-                status: Any, out: Any) -> int:
+                status: Any, out: Any, worker: int | None = None) -> int:
     from .clusterlog import EXIT_NOT_FOUND, exit_code_of, read_cluster
     from .control import connect_bus
     from .jobwatch import stream_job
@@ -72,8 +144,12 @@ async def _logs(cluster: str, job_id: int | None, follow: bool, status_only: boo
         if job is None:
             status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
             return EXIT_NOT_FOUND
+        if worker is not None and worker >= max(job.num_nodes, 1):
+            status.note(f"[red]Job {job_id} runs on {job.num_nodes} node(s): there is no worker {worker}.[/red]")
+            return 1
         done = await stream_job(bus, cluster, job_id, print_line=out, follow=follow, tail=tail,
-                                timestamps=timestamps, status=status.update if follow else None)
+                                timestamps=timestamps, status=status.update if follow else None, rank=worker,
+                                progress=status.update if follow and getattr(status, "live", False) else None)
         status.stop()
         if done is not None and done.terminal and follow:
             _report_job(status, cluster, done)
@@ -89,7 +165,7 @@ def _fmt_price(micros: Any) -> str:
 
 
 def cluster_row(d: dict[str, Any]) -> dict[str, Any]:
-    """One cluster in `status -o json` form, from a ledger row or the log's fold (both give the
+    """One cluster in `status -o json` form, from a status row or the log's fold (both give the
     price per node as `hourly_price_micros`); `hourly_price` is the whole cluster's, in dollars."""
     nodes = int(d.get("num_nodes") or 0)
     node_micros = d.get("hourly_price_micros")
@@ -132,14 +208,36 @@ def status_command(
     refresh: bool = typer.Option(False, "-r", "--refresh", help="Reconcile first: list what the clouds hold with this "
                                  "stage's tags, report orphans (instances no live cluster owns, recorded as OrphanFound "
                                  "events) and clusters whose instances vanished; then read the event log itself "
-                                 "instead of the ledger's projection."),
+                                 "instead of the status service's projection."),
     terminate_orphans: bool = typer.Option(False, "--terminate-orphans", help="With --refresh: also terminate the "
                                            "orphans found (only this stage's; other stages are never touched)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show every column (user, head IP, ports)."),
+    ip: bool = typer.Option(False, "--ip", help="Print the head node's IP address of the one cluster named."),
+    endpoints: bool = typer.Option(False, "--endpoints", help="Print the cluster's open ports and their addresses."),
+    endpoint: Optional[int] = typer.Option(None, "--endpoint", parser=bounds.BoundedInt(1, 65535, "a TCP port"),
+                                           help="Print the address of this open port of the cluster."),
+    show_managed_jobs: bool = typer.Option(True, "--show-managed-jobs/--no-show-managed-jobs", show_default=False,
+                                           help="Also show the managed jobs in progress (default: yes)."),
+    show_services: Optional[bool] = typer.Option(None, "--show-services/--no-show-services", show_default=False,
+                                                 help="SkyServe services (spz has none yet)."),
+    show_pools: Optional[bool] = typer.Option(None, "--show-pools/--no-show-pools", show_default=False,
+                                              help="Pools (spz has none)."),
+    all_users: bool = options.all_users_option(),
 ) -> None:
-    """Show clusters: status, where they run, what they cost per hour, autostop."""
+    """Show clusters: status, where they run, what they cost per hour, autostop.
+
+    --ip, --endpoints and --endpoint PORT print one cluster's addresses and nothing else.
+    """
     check_output(output)
     if terminate_orphans and not refresh:
         raise typer.BadParameter("--terminate-orphans goes with --refresh", param_hint="--terminate-orphans")
+    options.all_users_note(all_users)
+    if show_services:
+        options.unused("--show-services", "SkyServe services are not supported yet; there are none to show")
+    if show_pools:
+        options.unused("--show-pools", "SkyPurza has no pools")
+    if ip or endpoints or endpoint is not None:
+        raise typer.Exit(_addresses(clusters or [], ip=ip, endpoint=endpoint))
     report: dict[str, Any] | None = None
     if refresh:
         from .cmd_provision import refresh_command
@@ -152,7 +250,7 @@ def status_command(
 
         bus = await connect_bus(stage(), "status")
         try:
-            rows = None if refresh else await _ledger(bus, "status", all=all_)
+            rows = None if refresh else await _status_service(bus, "status", all=all_)
             if rows is None:
                 rows = [c.as_dict() for c in await _clusters_from_log(bus, all_)]
             return [cluster_row(r) for r in rows]
@@ -167,8 +265,10 @@ def status_command(
     if output == "json":
         print_json(rows)
         return
+    managed = _managed_in_progress() if show_managed_jobs else []
     if not rows:
         print_line("No existing clusters.")
+        _print_managed(managed)
         return
     now = datetime.now(timezone.utc)
     from .jobwatch import since
@@ -182,14 +282,122 @@ def status_command(
         return [r["name"], since(parse_time(r["launched_at"]), now), where, res, r["status"] or "-", auto,
                 _fmt_price(r["hourly_price_micros"])]
 
-    print_table(("NAME", "LAUNCHED", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "$/HOUR"), [line(r) for r in rows])
+    columns = ("NAME", "LAUNCHED", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "$/HOUR")
+    if verbose:
+        details = run_async(_cluster_details([r["name"] for r in rows]))
+        print_table((*columns, "USER", "HEAD IP", "PORTS"),
+                    [[*line(r), r["user"] or "-", details.get(r["name"], ("-", "-"))[0],
+                      details.get(r["name"], ("-", "-"))[1]] for r in rows])
+    else:
+        print_table(columns, [line(r) for r in rows])
+    _print_managed(managed)
+
+
+async def _cluster_details(names: list[str]) -> dict[str, tuple[str, str]]:
+    """name -> (head IP, ports), from the log (`status -v`)."""
+    from .clusterlog import read_cluster
+    from .control import connect_bus
+
+    bus = await connect_bus(stage(), "status")
+    try:
+        out = {}
+        for n in names:
+            c = await read_cluster(bus, n)
+            out[n] = (c.head_ip or "-", ",".join(c.ports) or "-")
+        return out
+    finally:
+        await bus.close()
+
+
+def expand_ports(ports: tuple[str, ...]) -> list[int]:
+    """`8080`, `8000-8010` -> every port, in order, once."""
+    out: list[int] = []
+    for p in ports:
+        low, _, high = p.partition("-")
+        for port in range(int(low), int(high or low) + 1):
+            if port not in out:
+                out.append(port)
+    return out
+
+
+def _addresses(clusters: list[str], *, ip: bool, endpoint: int | None) -> int:
+    """`status --ip | --endpoints | --endpoint PORT` of exactly one cluster, as sky prints them."""
+    flag = "--ip" if ip else ("--endpoint" if endpoint is not None else "--endpoints")
+    if len(clusters) != 1 or any(ch in clusters[0] for ch in "*?["):
+        raise fail(f"{flag} needs exactly one cluster name (e.g. spz status {flag} mycluster)", 2)
+    name = clusters[0]
+
+    async def run() -> Any:
+        from .clusterlog import read_cluster
+        from .control import connect_bus
+
+        bus = await connect_bus(stage(), "status")
+        try:
+            return await read_cluster(bus, name)
+        finally:
+            await bus.close()
+
+    c = run_async(run())
+    if c.status not in ("UP", "INIT", "STOPPED"):
+        raise fail(f"cluster {name} not found" + (" (it was terminated)" if c.status == "TERMINATED" else ""))
+    if c.status != "UP" or not c.head_ip:
+        raise fail(f"cluster {name} is {c.status}: it has no address until it is UP")
+    if ip:
+        typer.echo(c.head_ip)
+        return 0
+    ports = expand_ports(c.ports)
+    if endpoint is not None:
+        if endpoint not in ports:
+            raise fail(f"port {endpoint} is not open on cluster {name}" +
+                       (f" (open: {', '.join(c.ports)})" if c.ports else " (it opens none: launch with --ports)"))
+        typer.echo(f"{c.head_ip}:{endpoint}")
+        return 0
+    if not ports:
+        typer.echo(f"Cluster {name} opens no ports (launch it with --ports, or resources.ports in the task).", err=True)
+        return 0
+    for port in ports:
+        typer.echo(f"{port}: {c.head_ip}:{port}")
+    return 0
+
+
+def _managed_in_progress() -> list[dict[str, Any]]:
+    """The managed jobs not yet ended (`status --show-managed-jobs`, sky's default), read from the log."""
+    async def run() -> list[dict[str, Any]]:
+        from skypurza.services.recovery.submit import read_jobs
+
+        from .control import connect_bus
+
+        from .cmd_jobs import _projected_jobs, queue_row
+
+        bus = await connect_bus(stage(), "status")
+        try:
+            rows = await _projected_jobs(bus, skip_finished=True)
+            if isinstance(rows, list):
+                from skypurza.events.managed_events import TERMINAL_STATUSES
+
+                return [queue_row(r) for r in rows if r.get("status") not in TERMINAL_STATUSES]
+            jobs = await read_jobs(bus)
+            return [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True) if not s.terminal]
+        finally:
+            await bus.close()
+
+    return run_async(run())
+
+
+def _print_managed(jobs: list[dict[str, Any]]) -> None:
+    if not jobs:
+        return
+    print_line("")
+    print_table(("ID", "NAME", "STATUS", "CLUSTER"),
+                [[str(j["id"]), j["name"] or "-", j["status"] or "-", j["cluster"] or "-"] for j in jobs[:10]],
+                title=f"[bold]Managed jobs in progress[/bold] ({len(jobs)}; spz jobs queue shows them all)")
 
 
 def _print_reconcile(report: dict[str, Any], to_stderr: bool) -> None:
     """What reconciliation found, in words (on stderr when stdout is JSON for a script)."""
-    from rich.console import Console
+    from .console import console as make_console
 
-    console = Console(highlight=False, stderr=to_stderr)
+    console = make_console(stderr=to_stderr)
     checked = ", ".join(f"{infra} ({', '.join(regions) or 'all regions'})" for infra, regions in
                         (report.get("checked") or {}).items()) or "nothing"
     console.print(f"Reconciled with: {checked}.")
@@ -208,9 +416,11 @@ def queue_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Clusters to show (default: every existing cluster)."),
     skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only pending and running jobs."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Show the job queue of clusters: each job's id, name, user, times and status."""
     check_output(output)
+    options.all_users_note(all_users)
 
     async def run() -> list[dict[str, Any]]:
         from .clusterlog import read_cluster
@@ -227,7 +437,7 @@ def queue_command(
                 names = [c.name for c in await _clusters_from_log(bus, False)]
             if not names:
                 return []
-            rows = await _ledger(bus, "queue", clusters=names)
+            rows = await _status_service(bus, "queue", clusters=names)
             if rows is None:
                 rows = []
                 for n in names:
@@ -270,9 +480,11 @@ def cancel_command(
     job_ids: Optional[list[int]] = typer.Argument(None, parser=bounds.JOB_ID, help="Jobs to cancel (default: the latest unfinished one)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Cancel every unfinished job on the cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    async_: bool = typer.Option(False, "--async", help="Do not wait for the jobs to stop."),
+    async_: bool = options.async_option("Do not wait for the jobs to stop."),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Cancel jobs: their whole process groups get SIGTERM, then SIGKILL after a grace period."""
+    options.all_users_note(all_users)
     if all_ and job_ids:
         raise fail("give job ids or --all, not both")
 

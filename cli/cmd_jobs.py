@@ -7,14 +7,14 @@ controller VM: the recovery service is part of the control plane, and its state 
 
 `launch` publishes ManagedJobSubmitted (the job id allocated by the log with optimistic
 concurrency), then follows the job's output across its clusters until it ends. `queue` asks
-the ledger's projection and reads the log itself when no ledger answers (or with -r).
+the status service's projection and reads the log itself when it does not answer (or with -r).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,14 +22,12 @@ import typer
 
 from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of
 
-from . import bounds
+from . import bounds, options
 from .context import check_output, fail, print_json, run_async, stage
 
 jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
                        no_args_is_help=True, rich_markup_mode="rich")
 
-_RES = "Resources (override the task YAML)"
-_TASK = "Task (override the task YAML)"
 POLL_S = 0.5
 
 
@@ -52,13 +50,16 @@ def load_job(entrypoint: list[str], overrides: Any, job_recovery: str | None, na
     try:
         if len(words) == 1 and is_yaml_entrypoint(text):
             loaded = load_tasks(text, env_overrides=dict(overrides.envs), secret_overrides=dict(overrides.secrets))
+            if loaded.at_launch:
+                raise TaskSpecError(loaded.at_launch)
             if loaded.is_job_group:
                 raise SubmitError(f"{text} is a job group (execution: parallel); spz runs pipelines (serial) only")
             tasks = list(loaded.tasks)
             header_name = loaded.name
             if len(tasks) == 1:
                 tasks = [apply_overrides(tasks[0], overrides)]
-            elif overrides.resource_overrides() or overrides.num_nodes or overrides.workdir:
+            elif (overrides.resource_overrides() or overrides.num_nodes or overrides.workdir or overrides.git_url
+                  or overrides.git_ref):
                 raise SubmitError("resource, --num-nodes and --workdir overrides apply to one task; "
                                   f"{text} is a pipeline of {len(tasks)} tasks: set them in the YAML")
         else:
@@ -93,27 +94,29 @@ def with_job_recovery(public: dict[str, Any], strategy: str) -> dict[str, Any]:
     return {**public, "resources": resources}
 
 
+@options.with_flags(res=options.ResourceFlags, task_flags=options.TaskFlags)
 def launch_command(
     entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD",
                                                      help="A task YAML (several documents: a pipeline) or a command."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Job name (default: the YAML's name)."),
+    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", hidden=True,
+                                          help="Alias of --name (as in sky jobs launch)."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     detach_run: bool = typer.Option(False, "-d", "--detach-run", help="Return once submitted; do not stream output."),
+    async_: bool = options.async_option("Return once the job is submitted (as -d)."),
     job_recovery: Optional[str] = typer.Option(None, "--job-recovery",
                                                help="EAGER_NEXT_REGION (default), FAILOVER or none."),
     output: str = typer.Option("table", "-o", "--output", help="table or json (a summary on stdout)."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION, aws/REGION/ZONE or local.", rich_help_panel=_RES),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. A100:8, or none.", rich_help_panel=_RES),
-    cpus: Optional[str] = typer.Option(None, "--cpus", help="vCPUs per node: 4 or 4+.", rich_help_panel=_RES),
-    memory: Optional[str] = typer.Option(None, "--memory", help="GiB per node: 16 or 16+.", rich_help_panel=_RES),
-    instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", help="e.g. g5.xlarge, or none.", rich_help_panel=_RES),
-    use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", help="Spot instances or not.", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Number of nodes.", rich_help_panel=_RES),
-    disk_size: Optional[int] = typer.Option(None, "--disk-size", parser=bounds.DISK_GB, help="OS disk size in GB.", rich_help_panel=_RES),
-    image_id: Optional[str] = typer.Option(None, "--image-id", help="Image (AMI) id, or none.", rich_help_panel=_RES),
-    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
-    secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret (never stored in the log).", rich_help_panel=_TASK),
-    workdir: Optional[str] = typer.Option(None, "--workdir", help="Directory synced to ~/sky_workdir.", rich_help_panel=_TASK),
+    priority: Optional[str] = options.priority_option(),
+    pool: Optional[str] = typer.Option(None, "-p", "--pool", help="SkyPilot pool (spz has none: clusters of the "
+                                                                  "job's own)."),
+    num_jobs: Optional[int] = typer.Option(None, "--num-jobs", parser=bounds.NODES,
+                                           help="Number of jobs to submit (a job group when more than 1)."),
+    job_group: Optional[str] = typer.Option(None, "--job-group", help="Attach to an existing job group."),
+    no_job_group: bool = typer.Option(False, "--no-job-group", help="A top-level job (spz's jobs always are)."),
+    workspace: Optional[str] = options.workspace_option(),
+    res: options.ResourceFlags = None,  # type: ignore[assignment]  (the options of options.with_flags)
+    task_flags: options.TaskFlags = None,  # type: ignore[assignment]
 ) -> None:
     """Launch a managed job: run to the end on clusters of its own, recovered from preemption.
 
@@ -127,12 +130,21 @@ def launch_command(
       spz jobs launch --use-spot --job-recovery FAILOVER 'python train.py'
     """
     check_output(output)
-    from .verbs import _config, _confirm, _overrides
+    from .verbs import _config, _confirm
     from .submit import SubmitError
 
-    overrides = _overrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
-                           use_spot=use_spot, num_nodes=num_nodes, disk_size=disk_size, image_id=image_id,
-                           env=env, secret=secret, name=None, workdir=workdir)
+    if name is not None and cluster is not None and name != cluster:
+        raise fail("-c/--cluster is an alias of -n/--name: give one of them", 2)
+    name = name if name is not None else cluster
+    if (num_jobs or 1) > 1 or job_group is not None:
+        raise fail("job groups (--num-jobs N, --job-group) are not run by spz yet: submit the jobs one by one", 2)
+    if pool is not None:
+        options.unused("-p/--pool", "SkyPurza has no pools; the job runs on clusters of its own")
+    if no_job_group:
+        options.unused("--no-job-group", "spz's managed jobs are always top-level")
+    options.workspace_note(workspace)
+    detach_run = detach_run or async_
+    overrides = options.overrides_of(res, task_flags, priority=priority)
     try:
         job_name, tasks, publics = load_job(entrypoint or [], overrides, job_recovery, name, Path.cwd())
     except SubmitError as exc:
@@ -146,6 +158,7 @@ def launch_command(
 
     status = StatusLine()
     out = echo_err if output == "json" else echo_out
+    submitted: list[int] = []  # the managed job's id once it is in the log (for a Ctrl-C)
 
     async def run() -> tuple[int, dict[str, Any]]:
         from skypurza.services.recovery.submit import submit_managed_job
@@ -162,6 +175,7 @@ def launch_command(
             job = await submit_managed_job(bus, name=job_name, tasks=publics, user=cfg.user,
                                            team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
                                            secrets=[t.secret_values() for t in tasks])
+            submitted.append(job.managed_job_id)
             summary: dict[str, Any] = {"id": job.managed_job_id, "name": job_name,
                                        "task_ids": job.skypilot_task_ids}
             status.note(f"Managed job {job.managed_job_id} ({job_name}) submitted.")
@@ -180,7 +194,12 @@ def launch_command(
         code, summary = run_async(run())
     except KeyboardInterrupt:
         status.stop()
-        status.note("\nDetached (Ctrl-C): the managed job keeps running. Cancel it: spz jobs cancel ID")
+        status.stop()
+        if submitted:
+            status.note(f"\nDetached (Ctrl-C): managed job {submitted[0]} keeps running. Follow it: spz jobs logs "
+                        f"{submitted[0]}; cancel it: spz jobs cancel {submitted[0]}")
+        else:
+            status.note("\nStopped (Ctrl-C) before the managed job was submitted: nothing runs.")
         raise typer.Exit(130)
     finally:
         status.stop()
@@ -191,9 +210,11 @@ def launch_command(
 
 # ------------------------------------------------------------------------------------------- logs
 
-async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: Any = None) -> str | None:
+async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: Any = None,
+                     tail: int = 0) -> str | None:
     """Print the job's output across its clusters (each launch under a header); with `follow`,
-    until the job ends. Returns the job's status (None: no such job).
+    until the job ends; with `tail`, only the last `tail` lines of what was printed already.
+    Returns the job's status (None: no such job).
 
     What was printed already comes from one replay per cluster; then one live follower per
     cluster (a recovery adds a cluster: a follower starts for it), and the job's state is
@@ -208,7 +229,7 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
         return None
     printed: dict[str, int] = {}  # cluster -> last logs-stream sequence printed
     chunks = ChunkFilter()  # a chunk stored twice prints once
-    nodes = int(state.task.get("num_nodes") or 1) if state.tasks else 1
+    nodes = state.task.nodes()
 
     def show(cluster: str, msg: Any) -> None:
         line = parse_log(msg)
@@ -220,10 +241,18 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
         if chunks.fresh(line):
             out(format_line(line, nodes))
 
+    history: list[str] = []
+    printing = out
+    if tail > 0:
+        out = history.append  # the lines so far, of which the last `tail` are printed
     for cluster in list(state.clusters):
         async for msg in bus.replay_raw(stream=bus.logs_stream,
                                         filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
             show(cluster, msg)
+    if tail > 0:
+        out = printing
+        for text in history[-tail:]:
+            out(text)
     if not follow or state.terminal:
         _final_note(status, job_id, state)
         return state.status
@@ -281,10 +310,21 @@ def logs_command(
     job_id: Optional[int] = typer.Argument(None, parser=bounds.JOB_ID, help="The managed job (default: the latest)."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="The job by name (the latest of that name)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow until the job ends, or print what there is."),
+    tail: int = typer.Option(0, "--tail", parser=bounds.TAIL_LINES, help="Only the last N lines already printed "
+                                                                         "(0: all)."),
+    controller: bool = typer.Option(False, "--controller", help="The job's recovery history (spz has no jobs "
+                                    "controller: its launches, preemptions and recoveries are events)."),
+    refresh: bool = typer.Option(False, "-r", "--refresh", help="Read the latest (spz always does)."),
+    sync_down: bool = typer.Option(False, "-s", "--sync-down", help="Write the job's output to "
+                                   "~/sky_logs/managed_jobs/ID/ (a file per cluster and node) and say where."),
 ) -> None:
     """Print a managed job's output, every launch of it (recoveries included), in order."""
     from .progress import StatusLine, echo_out
 
+    if refresh:
+        options.unused("-r/--refresh", "there is no jobs controller to restart; spz reads the event log as it is")
+    if controller or sync_down:
+        raise typer.Exit(run_async(_job_records(job_id, name, controller=controller)))
     status = StatusLine()
 
     async def run() -> int:
@@ -302,7 +342,8 @@ def logs_command(
                     status.note("No managed jobs" + (f" named {name}." if name else "."))
                     return EXIT_NOT_FOUND
                 target = matching[-1]
-            final = await follow_job(bus, target, echo_out, follow=follow, status=status if follow else None)
+            final = await follow_job(bus, target, echo_out, follow=follow, status=status if follow else None,
+                                     tail=tail)
             if final is None:
                 status.note(f"[red]No managed job {target}.[/red]")
                 return EXIT_NOT_FOUND
@@ -321,10 +362,51 @@ def logs_command(
     raise typer.Exit(code)
 
 
+async def _job_records(job_id: int | None, name: str | None, *, controller: bool) -> int:
+    """`jobs logs --controller` (the job's recovery events, oldest first) or `--sync-down` (its
+    output written under ~/sky_logs/managed_jobs/ID/, a directory per cluster)."""
+    from skypurza.events import naming
+    from skypurza.services.recovery.submit import read_jobs
+
+    from .clusterhistory import event_line, sky_logs_dir, sync_down
+    from .clusterlog import read_cluster
+    from .control import connect_bus
+
+    bus = await connect_bus(stage(), "jobs-logs")
+    try:
+        jobs = await read_jobs(bus, [job_id] if job_id is not None else None)
+        matching = sorted(j for j, s in jobs.items() if name is None or s.name == name)
+        if not matching:
+            typer.echo("No managed job" + (f" {job_id}" if job_id else (f" named {name}" if name else "s")) + ".",
+                       err=True)
+            return EXIT_NOT_FOUND
+        target = matching[-1]
+        if controller:
+            async for s in bus.replay(filter_subject=naming.aggregate_subjects(bus.stage, "mjob", str(target))):
+                if s.event is not None and s.envelope is not None:
+                    typer.echo(event_line(s.event, s.envelope.time))
+            return 0
+        base = sky_logs_dir() / "managed_jobs" / str(target)
+        written = []
+        for cluster in jobs[target].clusters:
+            c = await read_cluster(bus, cluster)
+            for job in sorted(c.jobs):
+                written += await sync_down(bus, cluster, job, base / cluster / str(job))
+        if not written:
+            typer.echo(f"Managed job {target} has printed nothing yet.")
+            return 0
+        typer.echo(f"Managed job {target}'s logs: {base}")
+        for f in written:
+            typer.echo(f"  {f}")
+        return 0
+    finally:
+        await bus.close()
+
+
 # ------------------------------------------------------------------------------------------ queue
 
 def queue_row(d: dict[str, Any]) -> dict[str, Any]:
-    """One job as `-o json` prints it, from the ledger's row or the log's fold alike."""
+    """One job as `-o json` prints it, from the status service's row or the log's fold alike."""
     return {
         "id": d.get("id", d.get("job_id")), "name": d.get("name"), "status": d.get("status"),
         "recoveries": d.get("recoveries", 0), "restarts_on_errors": d.get("restarts_on_errors", 0),
@@ -340,12 +422,13 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-async def _ledger_jobs(bus: Any, skip_finished: bool) -> list[dict[str, Any]] | None:
-    """The ledger's projection, up to date with the log as it is now; None when no ledger answers."""
-    from skypurza.events import ledger_queries
+async def _projected_jobs(bus: Any, skip_finished: bool) -> list[dict[str, Any]] | None:
+    """The status service's projection, up to date with the log as it is now; None when no
+    status service answers."""
+    from skypurza.events import status_queries
 
     try:
-        return await ledger_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
+        return await status_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
                                                timeout=3.0)
     except Exception:
         return None
@@ -355,11 +438,32 @@ def queue_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Every job (default: the latest 50)."),
     skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only unfinished jobs."),
     output: str = typer.Option("table", "-o", "--output", help="table or json (a list of jobs)."),
-    refresh: bool = typer.Option(False, "-r", "--refresh", help="Read the event log itself, not the ledger."),
+    refresh: bool = typer.Option(False, "-r", "--refresh", help="Read the event log itself, not the status service."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Every column: user, started, ended, reason."),
+    limit: int = typer.Option(50, "-l", "--limit", parser=bounds.BoundedInt(1, 1_000_000, "jobs"),
+                              help="Show at most this many, newest first (-a: all)."),
+    status_filter: Optional[str] = typer.Option(None, "--status", metavar="STATUS[,STATUS...]",
+                                                help="Only jobs in these statuses (e.g. FAILED,FAILED_SETUP)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only jobs submitted within this window: 30m, 48h, "
+                                                              "7d, 2w (a bare number: seconds)."),
+    after: Optional[str] = typer.Option(None, "--after", help="Only jobs submitted at or after this local time "
+                                                              "(2026-01-13 or 2026-01-13 15:30:00)."),
+    before: Optional[str] = typer.Option(None, "--before", help="Only jobs submitted at or before this local time."),
+    infra: Optional[str] = typer.Option(None, "--infra", help="Only jobs on this infra: aws, aws/REGION, local ..."),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Show managed jobs: id, name, status, recoveries, the cluster they run on."""
     check_output(output)
     from skypurza.events.managed_events import TERMINAL_STATUSES
+
+    options.all_users_note(all_users)
+    if since is not None and after is not None:
+        raise typer.BadParameter("give --since or --after, not both", param_hint="--since")
+    statuses = _statuses(status_filter)
+    now = datetime.now(timezone.utc)
+    low = now - timedelta(seconds=options.parse_window(since)) if since is not None else (
+        options.parse_local_time(after, "--after") if after is not None else None)
+    high = options.parse_local_time(before, "--before") if before is not None else None
 
     async def run() -> list[dict[str, Any]]:
         from skypurza.services.recovery.submit import read_jobs
@@ -368,20 +472,34 @@ def queue_command(
 
         bus = await connect_bus(stage(), "jobs-queue")
         try:
-            rows = None if refresh else await _ledger_jobs(bus, skip_finished)
+            rows = None if refresh else await _projected_jobs(bus, skip_finished)
             if isinstance(rows, list):
-                return [queue_row(r) for r in rows]
-            jobs = await read_jobs(bus)
-            return [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True)]
+                rows = [queue_row(r) for r in rows]
+            else:
+                jobs = await read_jobs(bus)
+                rows = [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True)]
+            if infra is not None:
+                rows = await _on_infra(bus, rows, infra)
+            return rows
         finally:
             await bus.close()
 
     rows = run_async(run())
     if skip_finished:
         rows = [r for r in rows if r["status"] not in TERMINAL_STATUSES]
+    if statuses:
+        rows = [r for r in rows if r["status"] in statuses]
+    if low is not None or high is not None:
+        from .tables import parse_time
+
+        def inside(r: dict[str, Any]) -> bool:
+            at = parse_time(r["submitted_at"])
+            return at is not None and (low is None or at >= low) and (high is None or at <= high)
+
+        rows = [r for r in rows if inside(r)]
     rows.sort(key=lambda r: -int(r["id"] or 0))
     if not all_:
-        rows = rows[:50]
+        rows = rows[:limit]
     if output == "json":
         print_json(rows)
         return
@@ -395,10 +513,54 @@ def queue_command(
 
     def line(r: dict[str, Any]) -> list[str]:
         task = f"{(r['task_index'] or 0) + 1}/{r['num_tasks']}" if (r["num_tasks"] or 1) > 1 else "-"
-        return [str(r["id"]), r["name"] or "-", task, since(parse_time(r["submitted_at"]), now), r["status"] or "-",
-                str(r["recoveries"] or 0), r["cluster"] or "-"]
+        cells = [str(r["id"]), r["name"] or "-", task, since(parse_time(r["submitted_at"]), now), r["status"] or "-",
+                 str(r["recoveries"] or 0), r["cluster"] or "-"]
+        if verbose:
+            cells += [r["user"] or "-", since(parse_time(r["started_at"]), now), since(parse_time(r["ended_at"]), now),
+                      r["reason"] or "-"]
+        return cells
 
-    print_table(("ID", "NAME", "TASK", "SUBMITTED", "STATUS", "RECOVERIES", "CLUSTER"), [line(r) for r in rows])
+    columns = ("ID", "NAME", "TASK", "SUBMITTED", "STATUS", "RECOVERIES", "CLUSTER")
+    print_table((*columns, "USER", "STARTED", "ENDED", "REASON") if verbose else columns, [line(r) for r in rows])
+
+
+def _statuses(value: str | None) -> set[str]:
+    """--status FAILED,FAILED_SETUP: each a managed-job status of sky's."""
+    if value is None:
+        return set()
+    from typing import get_args
+
+    from skypurza.events.managed_events import ManagedJobStatus
+
+    # sky's own list has three spz never reaches (no controller to submit to or wind down, no prechecks
+    # phase: a task spz refuses fails at submission); they are accepted and match nothing.
+    known = (*get_args(ManagedJobStatus), "SUBMITTED", "WINDING_DOWN", "FAILED_PRECHECKS")
+    wanted = {v.strip().upper() for v in value.split(",") if v.strip()}
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise typer.BadParameter(f"{', '.join(unknown)} is not a managed-job status; accepted: {', '.join(known)}",
+                                 param_hint="--status")
+    return wanted
+
+
+async def _on_infra(bus: Any, rows: list[dict[str, Any]], infra: str) -> list[dict[str, Any]]:
+    """The jobs whose current cluster runs on `infra` (aws, aws/REGION, aws/REGION/ZONE, local)."""
+    from .clusterlog import read_cluster
+
+    want = [p.lower() for p in infra.split("/") if p]
+    where: dict[str, list[str]] = {}
+    out = []
+    for r in rows:
+        name = r.get("cluster")
+        if not name:
+            continue
+        if name not in where:
+            c = await read_cluster(bus, name)
+            where[name] = [str(p).lower() for p in (c.infra, c.region, c.zone) if p]
+        have = where[name]
+        if len(have) >= len(want) and all(w in ("*", h) for w, h in zip(want, have)):
+            out.append(r)
+    return out
 
 
 # ----------------------------------------------------------------------------------------- cancel
@@ -408,13 +570,28 @@ def cancel_command(
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Every unfinished job of this name."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every unfinished managed job."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    async_: bool = typer.Option(False, "--async", help="Do not wait until they are cancelled."),
+    async_: bool = options.async_option("Do not wait until they are cancelled."),
+    pool: Optional[str] = typer.Option(None, "-p", "--pool", help="SkyPilot pool (spz has none)."),
+    task: Optional[str] = typer.Option(None, "--task", help="One dynamic task of a job group (spz has none)."),
+    graceful: bool = options.graceful_option(),
+    graceful_timeout: Optional[int] = options.graceful_timeout_option(),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Cancel managed jobs: their clusters are torn down and they end CANCELLED."""
+    if pool is not None:
+        raise fail("-p/--pool: SkyPurza has no pools; cancel the jobs by id, -n NAME or --all", 2)
+    if task is not None:
+        raise fail("--task: spz runs no job groups, so a job has no dynamic task to cancel alone; cancel the job", 2)
+    if graceful:
+        options.unused("--graceful", "spz has no MOUNT_CACHED uploads to wait for; jobs cancel waits until the jobs "
+                                     "have ended anyway")
+    options.all_users_note(all_users)
     chosen = sum(1 for x in (bool(job_ids), name is not None, all_) if x)
     if chosen != 1:
         raise fail("give job ids, or -n NAME, or --all (exactly one of them)")
     from .verbs import WAIT_S, _confirm
+
+    wait_s = float(graceful_timeout) if graceful_timeout is not None else WAIT_S
 
     async def run() -> int:
         from skypurza.services.recovery.submit import read_jobs, request_cancel
@@ -444,7 +621,7 @@ def cancel_command(
             if async_:
                 typer.echo(f"Cancellation requested for {', '.join(map(str, targets))}.")
                 return 0
-            deadline = asyncio.get_running_loop().time() + WAIT_S
+            deadline = asyncio.get_running_loop().time() + wait_s
             while True:
                 now = await read_jobs(bus, targets)
                 if all(now[j].terminal for j in targets):

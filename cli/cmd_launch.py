@@ -6,48 +6,51 @@ new task) is decided by `launchplan.plan_launch`; this module does the I/O and t
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any, Optional
 
 import typer
 
-from . import bounds
+from . import bounds, options
 from .context import check_output, fail, print_json, run_async, stage
-from .verbs import _RES, _TASK, _config, _confirm, _detached_hint, _overrides, _prepare, _stream, _watched
+from .verbs import _TASK, _config, _confirm, _detached_hint, _prepare, _stream, _watched
 
 
 # ------------------------------------------------------------------------------------------ launch
 
+@options.with_flags(res=options.ResourceFlags, task_flags=options.TaskFlags)
 def launch_command(
     entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD",
                                                      help="A task YAML file, or a command to run (quote it)."),
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", callback=bounds.cluster_option,
                                           help="Cluster name: reused when it is up, else launched under this name."),
-    detach_run: bool = typer.Option(False, "-d", "--detach-run",
+    detach_run: bool = typer.Option(False, "--detach-run/-no-d", "-d", show_default=False,
                                     help="Return once the job is queued on the cluster; do not stream its logs."),
-    async_: bool = typer.Option(False, "--async", help="Return as soon as the submission is in the event log."),
+    async_: bool = options.async_option("Return as soon as the submission is in the event log."),
     down: bool = typer.Option(False, "--down", help="Tear the cluster down when the job ends (with -i: when idle "
                                                     "that long)."),
     idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes-to-autostop", parser=bounds.IDLE_MINUTES,
                                                help="Stop the cluster after this many idle minutes."),
+    wait_for: Optional[str] = options.wait_for_option(),
+    retry_until_up: bool = typer.Option(False, "-r", "--retry-until-up",
+                                        help="When no place has capacity, submit again (with back-off) until the "
+                                             "cluster is up; Ctrl-C stops."),
     no_setup: bool = typer.Option(False, "--no-setup", help="On an existing cluster, do not run setup."),
+    fast: bool = typer.Option(False, "--fast", help="On a cluster that is up, skip setup (as --no-setup)."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     dryrun: bool = typer.Option(False, "--dryrun", help="Show where the task would run and what it costs; launch nothing."),
     output: str = typer.Option("table", "-o", "--output",
                                help="table, or json (a summary object on stdout; job output goes to stderr)."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION, aws/REGION/ZONE or local.", rich_help_panel=_RES),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. A100:8, or none.", rich_help_panel=_RES),
-    cpus: Optional[str] = typer.Option(None, "--cpus", help="vCPUs per node: 4 (exactly) or 4+ (at least).", rich_help_panel=_RES),
-    memory: Optional[str] = typer.Option(None, "--memory", help="GiB per node: 16 or 16+.", rich_help_panel=_RES),
-    instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", help="e.g. g5.xlarge, or none.", rich_help_panel=_RES),
-    use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", help="Spot instances or not.", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Number of nodes.", rich_help_panel=_RES),
-    disk_size: Optional[int] = typer.Option(None, "--disk-size", parser=bounds.DISK_GB, help="OS disk size in GB.", rich_help_panel=_RES),
-    image_id: Optional[str] = typer.Option(None, "--image-id", help="Image (AMI) id, or none.", rich_help_panel=_RES),
-    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
-    secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret (never stored in the log).", rich_help_panel=_TASK),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Task name.", rich_help_panel=_TASK),
-    workdir: Optional[str] = typer.Option(None, "--workdir", help="Directory synced to ~/sky_workdir.", rich_help_panel=_TASK),
+    priority: Optional[str] = options.priority_option(),
+    clone_disk_from: Optional[str] = typer.Option(None, "--clone-disk-from", "--clone", hidden=True,
+                                                  help="Not supported: spz cannot clone a cluster's disk."),
+    resize: bool = typer.Option(False, "--resize", hidden=True, help="Not supported yet: launch a new cluster."),
+    docker: bool = typer.Option(False, "--docker", hidden=True, help="Not supported: SkyPilot's local Docker backend."),
+    workspace: Optional[str] = options.workspace_option(),
+    res: options.ResourceFlags = None,  # type: ignore[assignment]  (the options of options.with_flags)
+    task_flags: options.TaskFlags = None,  # type: ignore[assignment]
 ) -> None:
     """Launch a cluster and run a task on it, streaming its output until it ends.
 
@@ -66,9 +69,16 @@ def launch_command(
     check_output(output)
     if idle_minutes is not None and idle_minutes < 0:
         raise fail(f"-i must be 0 or more minutes, found {idle_minutes}")
-    overrides = _overrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
-                           use_spot=use_spot, num_nodes=num_nodes, disk_size=disk_size, image_id=image_id,
-                           env=env, secret=secret, name=name, workdir=workdir)
+    for given, flag, why in ((clone_disk_from is not None, "--clone-disk-from", "spz cannot clone a cluster's disk "
+                              "yet; launch the new cluster and copy the data with file_mounts"),
+                             (resize, "--resize", "spz cannot resize a cluster yet; spz down it and launch it again "
+                              "with --num-nodes"),
+                             (docker, "--docker", "SkyPilot's local Docker backend is not supported; use "
+                              "--infra local (processes on this machine) or a docker image_id on a cloud")):
+        if given:
+            raise fail(f"{flag} is not supported: {why}", 2)
+    options.workspace_note(workspace)
+    overrides = options.overrides_of(res, task_flags, name=name, priority=priority)
     if dryrun:
         from .submit import SubmitError, load_task
 
@@ -76,6 +86,7 @@ def launch_command(
             task = load_task(entrypoint or [], overrides)
         except SubmitError as exc:
             raise fail(str(exc), exc.code)
+        _idle_and_wait_for(task, idle_minutes, wait_for)
         try:
             from .dryrun import dryrun_command
         except ImportError:
@@ -90,8 +101,7 @@ def launch_command(
     except SubmitError as exc:
         raise fail(str(exc))
     autostop = task.autostop()
-    idle = idle_minutes if idle_minutes is not None else (
-        autostop.idle_minutes if autostop is not None and autostop.enabled else None)
+    idle, wait_for = _idle_and_wait_for(task, idle_minutes, wait_for)
     down_ = down or bool(autostop is not None and autostop.enabled and autostop.down and idle_minutes is None)
     if not async_:
         _confirm(f"Launch task {task.name or '(unnamed)'} on cluster {name_}?", yes, destructive=False)
@@ -102,8 +112,9 @@ def launch_command(
     from .jobwatch import SubmissionFailed
 
     try:
-        code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_, no_setup=no_setup,
-                                          detach_run=detach_run, async_=async_, status=status, out=out))
+        code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_, no_setup=no_setup or fast,
+                                          detach_run=detach_run, async_=async_, status=status, out=out,
+                                          wait_for=wait_for, retry_until_up=retry_until_up))
     except SubmissionFailed as exc:
         status.stop()
         raise fail(str(exc))
@@ -120,7 +131,8 @@ def launch_command(
 
 
 async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, idle: int | None, down: bool,
-                  no_setup: bool, detach_run: bool, async_: bool, status: Any, out: Any) -> tuple[int, dict[str, Any]]:
+                  no_setup: bool, detach_run: bool, async_: bool, status: Any, out: Any, wait_for: str | None = None,
+                  retry_until_up: bool = False) -> tuple[int, dict[str, Any]]:
     from skypurza.events.cluster_events import AutostopSet, StartRequested
     from skypurza.events.jobqueue import queue_job
     from skypurza.events.task_events import TaskSubmitted
@@ -161,41 +173,63 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                                      down_after=plan.down_after)
             if plan.autostop is not None:  # after the job is queued, so the cluster is not idle in between
                 await bus.publish(AutostopSet(cluster=cluster, idle_minutes=plan.autostop.idle_minutes,
-                                              down=plan.autostop.down))
+                                              down=plan.autostop.down, wait_for=wait_for or "jobs_and_ssh"))
             status.note(f"Cluster {cluster} is up: job {job.job_id} queued "
                         f"({'setup runs again' if plan.run_setup else 'setup unchanged, skipped'}).")
             job_id = job.job_id
         else:
             assert isinstance(plan, SubmitNew)
-            ack = await bus.publish(TaskSubmitted(
-                task_id=task_id, cluster=cluster, task=public, num_nodes=plan.num_nodes, user=cfg.user,
-                team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
-                secrets_key=task_id if secret_values else None, down=down, idle_minutes=idle))
-            summary["submitted_seq"] = ack.seq
-            from .lostplane import still_running
+            if wait_for is not None and async_:
+                raise fail("--wait-for on a new cluster needs it up: leave out --async, or set it later with "
+                           f"spz autostop {cluster} -i {idle} --wait-for {wait_for}", 2)
+            attempt = 0
+            while True:
+                ack = await bus.publish(TaskSubmitted(
+                    task_id=task_id, cluster=cluster, task=public, num_nodes=plan.num_nodes, user=cfg.user,
+                    team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
+                    secrets_key=task_id if secret_values else None, down=down, idle_minutes=idle))
+                summary["task_id"] = task_id
+                summary["submitted_seq"] = ack.seq
+                from .lostplane import still_running
 
-            still_running(f"the submission is in the event log and goes on when the control plane is back; "
-                          f"follow it with spz logs {cluster}")
-            if async_:
-                status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; "
-                            f"see it: spz status")
-                summary["status"] = "SUBMITTED"
-                return 0, summary
-            try:
-                from .requestwatch import subject_prefix, unless_parked
+                still_running(f"the submission is in the event log and goes on when the control plane is back; "
+                              f"follow it with spz logs {cluster}")
+                if async_:
+                    status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; "
+                                f"see it: spz status")
+                    summary["status"] = "SUBMITTED"
+                    return 0, summary
+                try:
+                    from .requestwatch import subject_prefix, unless_parked
 
-                # A service that gave up on this task's events (parked them) fails the wait at once.
-                waiting = wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
-                                       status=status.update, note=status.note)
-                job_id, _ = await _watched(unless_parked(
-                    bus, waiting, failure=SubmissionFailed, min_seq=ack.seq,
-                    prefixes=[subject_prefix(bus.stage, "task", task_id), subject_prefix(bus.stage, "cluster", cluster)]))
-            except SubmissionFailed as exc:
-                status.stop()
-                status.note(f"[red]✗ {exc}[/red]")
-                summary["status"] = "FAILED"
-                summary["reason"] = str(exc)
-                return 1, summary
+                    # A service that gave up on this task's events (parked them) fails the wait at once.
+                    waiting = wait_for_job(bus, task_id=task_id, cluster=cluster, start_seq=ack.seq,
+                                           status=status.update, note=status.note)
+                    job_id, _ = await _watched(unless_parked(
+                        bus, waiting, failure=SubmissionFailed, min_seq=ack.seq,
+                        prefixes=[subject_prefix(bus.stage, "task", task_id),
+                                  subject_prefix(bus.stage, "cluster", cluster)]))
+                    break
+                except SubmissionFailed as exc:
+                    if retry_until_up and getattr(exc, "retryable", False):
+                        # -r: as `sky launch -r`, submit again after a back-off until some place has capacity.
+                        attempt += 1
+                        delay = retry_delay_s(attempt)
+                        status.note(f"[yellow]{exc}[/yellow]\nNo capacity anywhere yet (-r): submitting again in "
+                                    f"{delay:.0f} s (attempt {attempt + 1}); Ctrl-C stops.")
+                        await asyncio.sleep(delay)
+                        task_id = str(uuid.uuid4())
+                        if secret_values:
+                            await bus.put_secrets(task_id, secret_values)
+                        continue
+                    status.stop()
+                    status.note(f"[red]✗ {exc}[/red]")
+                    summary["status"] = "FAILED"
+                    summary["reason"] = str(exc)
+                    return 1, summary
+            if wait_for is not None and idle is not None:
+                # `sky launch -i N --wait-for X` is `sky launch` then `sky autostop -i N --wait-for X`.
+                await bus.publish(AutostopSet(cluster=cluster, idle_minutes=idle, down=down, wait_for=wait_for))
         summary["job_id"] = job_id
         if async_ or detach_run:
             status.note(f"Job {job_id} queued on cluster {cluster}. " + _detached_hint(cluster, job_id))
@@ -208,6 +242,23 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         return code, summary
     finally:
         await bus.close()
+
+
+def _idle_and_wait_for(task: Any, idle_minutes: int | None, wait_for: str | None) -> tuple[int | None, str | None]:
+    """-i (else the task's resources.autostop) and --wait-for (else the task's autostop.wait_for);
+    --wait-for without an idle interval is a usage error."""
+    autostop = task.autostop()
+    enabled = autostop is not None and autostop.enabled
+    idle = idle_minutes if idle_minutes is not None else (autostop.idle_minutes if enabled else None)
+    wait_for = wait_for or (getattr(autostop, "wait_for", None) if enabled else None)
+    if wait_for is not None and idle is None:
+        raise fail("--wait-for goes with -i/--idle-minutes-to-autostop (or the task's resources.autostop)", 2)
+    return idle, wait_for
+
+
+def retry_delay_s(attempt: int) -> float:
+    """-r/--retry-until-up: seconds before submission `attempt + 1` (10 s, doubling, at most 5 minutes)."""
+    return float(min(10 * 2 ** min(attempt - 1, 10), 300))
 
 
 async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:
@@ -232,21 +283,17 @@ async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:
 
 # -------------------------------------------------------------------------------------------- exec
 
+@options.with_flags(res=options.ResourceFlags, task_flags=options.TaskFlags)
 def exec_command(
-    cluster: str = typer.Argument(..., callback=bounds.cluster_argument, help="An existing cluster (spz status)."),
+    cluster_arg: Optional[str] = typer.Argument(None, metavar="CLUSTER", help="An existing cluster (spz status)."),
     entrypoint: Optional[list[str]] = typer.Argument(None, metavar="FILE|CMD", help="A task YAML file or a command."),
+    cluster_opt: Optional[str] = typer.Option(None, "-c", "--cluster", callback=bounds.cluster_option,
+                                              help="The cluster, as an option (then every argument is the task)."),
     detach_run: bool = typer.Option(False, "-d", "--detach-run", help="Return once queued; do not stream logs."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="Must match the cluster.", rich_help_panel=_RES),
-    gpus: Optional[str] = typer.Option(None, "--gpus", rich_help_panel=_RES),
-    cpus: Optional[str] = typer.Option(None, "--cpus", rich_help_panel=_RES),
-    memory: Optional[str] = typer.Option(None, "--memory", rich_help_panel=_RES),
-    instance_type: Optional[str] = typer.Option(None, "-t", "--instance-type", rich_help_panel=_RES),
-    use_spot: Optional[bool] = typer.Option(None, "--use-spot/--no-use-spot", rich_help_panel=_RES),
-    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", parser=bounds.NODES, help="Nodes to run on (at most the cluster's).", rich_help_panel=_RES),
-    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Set an env var (repeatable).", rich_help_panel=_TASK),
-    secret: list[str] = typer.Option([], "--secret", metavar="NAME[=VALUE]", help="Set a secret.", rich_help_panel=_TASK),
+    async_: bool = options.async_option("Return as soon as the job is queued in the event log."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Task name.", rich_help_panel=_TASK),
-    workdir: Optional[str] = typer.Option(None, "--workdir", help="Directory synced to ~/sky_workdir.", rich_help_panel=_TASK),
+    res: options.ResourceFlags = None,  # type: ignore[assignment]  (the options of options.with_flags)
+    task_flags: options.TaskFlags = None,  # type: ignore[assignment]
 ) -> None:
     """Run a task or command on an existing cluster: no provisioning, no setup.
 
@@ -258,9 +305,18 @@ def exec_command(
 
       spz exec mycluster task.yaml --env LR=0.01
     """
-    overrides = _overrides(infra=infra, gpus=gpus, cpus=cpus, memory=memory, instance_type=instance_type,
-                           use_spot=use_spot, num_nodes=num_nodes, disk_size=None, image_id=None,
-                           env=env, secret=secret, name=name, workdir=workdir)
+    words = list(entrypoint or [])
+    if cluster_opt is not None:
+        # `sky exec -c NAME CMD...`: the first argument is part of the task, not the cluster.
+        words = ([cluster_arg] if cluster_arg is not None else []) + words
+        cluster = cluster_opt
+    elif cluster_arg is not None:
+        cluster = bounds.check_cluster_name(cluster_arg, "CLUSTER", pattern=False) or cluster_arg
+    else:
+        raise fail("name the cluster: spz exec CLUSTER FILE|CMD (or -c CLUSTER)", 2)
+    entrypoint = words
+    detach_run = detach_run or async_
+    overrides = options.overrides_of(res, task_flags, name=name)
     task, public = _prepare(entrypoint or [], overrides)
     cfg = _config()
     from .progress import StatusLine, echo_out

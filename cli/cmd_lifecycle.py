@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from . import bounds
+from . import bounds, options
 from .context import fail, run_async, stage
 from .verbs import EXIT_CLEANUP_INCOMPLETE, WAIT_S, _clusters_from_log, _config, _confirm, _watched
 
@@ -93,8 +93,61 @@ async def _in_flight_from_log(bus: Any) -> dict[str, int]:
     return out
 
 
+async def _graceful(bus: Any, targets: list[Any], timeout: float, user: str) -> None:
+    """`--graceful`: cancel the clusters' unfinished jobs and wait (at most `timeout` s) until they
+    have ended, before the stop or the teardown."""
+    import asyncio
+
+    from skypurza.events.job_events import CancelRequested
+
+    from .clusterlog import read_cluster
+
+    open_jobs = {c.name: [j.job_id for j in c.jobs.values() if not j.terminal] for c in targets}
+    for name, ids in open_jobs.items():
+        for job_id in ids:
+            await bus.publish(CancelRequested(cluster=name, job_id=job_id, requested_by=user))
+        if ids:
+            typer.echo(f"Cluster {name}: cancelling job(s) {', '.join(map(str, ids))} first (--graceful).")
+    deadline = asyncio.get_running_loop().time() + timeout
+    for name, ids in open_jobs.items():
+        while ids:
+            c = await read_cluster(bus, name)
+            ids = [j for j in ids if j in c.jobs and not c.jobs[j].terminal]
+            if not ids:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                typer.echo(f"Cluster {name}: job(s) {', '.join(map(str, ids))} still running after {timeout:.0f} s "
+                           "(--graceful-timeout); going on.", err=True)
+                break
+            await asyncio.sleep(0.5)
+
+
+async def _purge(bus: Any, names: list[str]) -> None:
+    """`down --purge`: the clusters whose teardown failed or was not confirmed leave spz's records
+    (ClusterTerminated) all the same; their instances may still run."""
+    from datetime import datetime, timezone
+
+    from skypurza.events.cluster_events import ClusterTerminated
+
+    for name in names:
+        await bus.publish(ClusterTerminated(cluster=name, terminated_at=datetime.now(timezone.utc), reason="purged"))
+        typer.echo(f"Cluster {name}: purged from spz's records (--purge). Its instances may still run and cost "
+                   "money: check the cloud console (or spz status --refresh for orphans).", err=True)
+
+
 def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
-               timeout: float = WAIT_S) -> None:
+               timeout: float = WAIT_S, *, graceful: bool = False, graceful_timeout: float | None = None,
+               purge: bool = False, autostop: Any = None) -> None:
+    """stop / start / down of the clusters named. `graceful`: cancel their jobs first; `purge`
+    (down): what could not be torn down is dropped from the records anyway; `autostop` (start):
+    an AutostopSet (idle_minutes, down, wait_for) to publish with each start."""
+    raise typer.Exit(_lifecycle_code(verb, clusters, all_, yes, async_, timeout, graceful=graceful,
+                                     graceful_timeout=graceful_timeout, purge=purge, autostop=autostop))
+
+
+def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
+                    timeout: float = WAIT_S, *, graceful: bool = False, graceful_timeout: float | None = None,
+                    purge: bool = False, autostop: Any = None) -> int:
     if not clusters and not all_:
         raise fail(f"name the cluster(s) to {verb}, or use -a for all")
 
@@ -102,7 +155,7 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
         import asyncio
 
         from skypurza.events import naming
-        from skypurza.events.cluster_events import DownRequested, StartRequested, StopRequested
+        from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequested, StopRequested
 
         from .clusterlog import apply
         from .control import connect_bus
@@ -125,6 +178,8 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             what = {"stop": "Stop", "start": "Start", "down": "Tear down"}[verb]
             _confirm(f"{what} cluster(s) {names}?", yes or verb == "start")
             cfg = _config()
+            if graceful and verb in ("stop", "down"):
+                await _graceful(bus, targets, graceful_timeout if graceful_timeout is not None else timeout, cfg.user)
             request_seq: dict[int, str] = {}  # stream sequence of each request -> its cluster
             for c in targets:
                 if verb == "stop":
@@ -133,6 +188,8 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
                     ev: Any = StopRequested(cluster=c.name)
                 elif verb == "start":
                     ev = StartRequested(cluster=c.name)
+                    if autostop is not None:  # `start -i N`: as `sky start -i`, autostop set with the start
+                        await bus.publish(AutostopSet(cluster=c.name, **autostop))
                 else:
                     ev = DownRequested(cluster=c.name, reason="user", requested_by=cfg.user)
                 ack = await bus.publish(ev)
@@ -183,6 +240,9 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             except SubmissionFailed as exc:
                 status.stop()
                 typer.echo(f"{what} of {names} not confirmed: {exc}", err=True)
+                if purge:
+                    await _purge(bus, [n for n in pending if n not in failed] + list(failed))
+                    return 0
                 return 1
             finally:
                 status.stop()
@@ -194,6 +254,9 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
             for n in pending:
                 typer.echo(f"Cluster {n}: {what.lower()} requested, not confirmed within {timeout:.0f}s "
                            "(see spz status and spz events dlq).", err=True)
+            if purge and (failed or pending):
+                await _purge(bus, sorted(set(failed) | set(pending)))
+                failed, pending = {}, {}
             for n, lines in warnings.items():
                 for line in lines:
                     typer.echo(f"Cluster {n}: warning: not released: {line} (retried in the background)", err=True)
@@ -203,46 +266,90 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
         finally:
             await bus.close()
 
-    raise typer.Exit(run_async(run()))
+    return run_async(run())
 
 
 def stop_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Clusters to stop (glob patterns allowed)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Stop every running cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    async_: bool = typer.Option(False, "--async", help="Do not wait until they are stopped."),
+    async_: bool = options.async_option("Do not wait until they are stopped."),
     timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
                                   help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
+    graceful: bool = options.graceful_option(),
+    graceful_timeout: Optional[int] = options.graceful_timeout_option(),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Stop clusters: nodes (and running jobs) stop, disks and homes are kept; spz start resumes."""
-    _lifecycle("stop", clusters or [], all_, yes, async_, timeout)
+    options.all_users_note(all_users)
+    _lifecycle("stop", clusters or [], all_, yes, async_, timeout, graceful=graceful,
+               graceful_timeout=graceful_timeout)
 
 
 def start_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Clusters to start (glob patterns allowed)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Start every stopped cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    async_: bool = typer.Option(False, "--async", help="Do not wait until they are up."),
+    async_: bool = options.async_option("Do not wait until they are up."),
     timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
                                   help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
+    idle_minutes: Optional[int] = typer.Option(None, "-i", "--idle-minutes-to-autostop", parser=bounds.IDLE_MINUTES,
+                                               help="Set autostop: stop after this many idle minutes."),
+    wait_for: Optional[str] = options.wait_for_option(),
+    down: bool = typer.Option(False, "--down", help="With -i: tear down instead of stopping when idle."),
+    retry_until_up: bool = typer.Option(False, "-r", "--retry-until-up",
+                                        help="When the start fails or is not confirmed, ask again (with back-off) "
+                                             "until the cluster is up; Ctrl-C stops."),
+    force: bool = typer.Option(False, "-f", "--force", help="Start even a cluster that is UP (spz: nothing to do)."),
 ) -> None:
     """Start stopped clusters again, in the same place."""
-    _lifecycle("start", clusters or [], all_, yes, async_, timeout)
+    if down and idle_minutes is None:
+        raise fail("--down goes with -i/--idle-minutes-to-autostop (as sky start)", 2)
+    if wait_for is not None and idle_minutes is None:
+        raise fail("--wait-for goes with -i/--idle-minutes-to-autostop", 2)
+    if force:
+        options.unused("-f/--force", "a cluster that is UP is left as it is; spz's node agents run this install's "
+                                     "code and need no runtime upgrade")
+    autostop = None if idle_minutes is None else {"idle_minutes": idle_minutes, "down": down,
+                                                  "wait_for": wait_for or "jobs_and_ssh"}
+    attempt = 0
+    while True:
+        code = _lifecycle_code("start", clusters or [], all_, yes, async_, timeout, autostop=autostop)
+        if code == 0 or not retry_until_up or async_:
+            raise typer.Exit(code)
+        import time
+
+        from .cmd_launch import retry_delay_s
+
+        attempt += 1
+        delay = retry_delay_s(attempt)
+        typer.echo(f"Not up yet (-r): asking again in {delay:.0f} s (attempt {attempt + 1}); Ctrl-C stops.", err=True)
+        time.sleep(delay)
 
 
 def down_command(
     clusters: Optional[list[str]] = typer.Argument(None, help="Clusters to tear down (glob patterns allowed)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Tear down every cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    async_: bool = typer.Option(False, "--async", help="Do not wait until they are gone."),
+    async_: bool = options.async_option("Do not wait until they are gone."),
     timeout: float = typer.Option(WAIT_S, "--timeout", min=1, max=86400,
                                   help="Seconds to wait for the provisioner's confirmation (exit 1 after)."),
+    purge: bool = typer.Option(False, "-p", "--purge", help="(Advanced) When a teardown fails or is not confirmed, "
+                               "drop the cluster from spz's records anyway; leaked instances are yours to remove."),
+    graceful: bool = options.graceful_option(),
+    graceful_timeout: Optional[int] = options.graceful_timeout_option(),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Tear clusters down: every node is terminated and its disk (or local home) deleted; billing stops.
 
     Exit status: 0 gone; 1 a teardown failed or was not confirmed in time (the reason is printed);
     3 gone, but a security group, key pair or placement group is not released yet (retried in the background)."""
-    _lifecycle("down", clusters or [], all_, yes, async_, timeout)
+    options.all_users_note(all_users)
+    if purge and async_:
+        options.unused("--async", "--purge waits for the teardown's outcome, to know what to purge")
+        async_ = False
+    _lifecycle("down", clusters or [], all_, yes, async_, timeout, graceful=graceful,
+               graceful_timeout=graceful_timeout, purge=purge)
 
 
 # ---------------------------------------------------------------------------------------- autostop
@@ -254,8 +361,13 @@ def autostop_command(
     cancel: bool = typer.Option(False, "--cancel", help="Turn autostop off."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every running cluster."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    wait_for: Optional[str] = options.wait_for_option(),
+    async_: bool = options.async_option("Return once the setting is in the event log (autostop always does)."),
+    all_users: bool = options.all_users_option(),
 ) -> None:
     """Stop (or, with --down, tear down) a cluster after it has been idle for -i minutes.
+
+    --wait-for none makes it a hard limit: the cluster stops -i minutes after this, whatever runs.
 
     Idle means no job pending or running. The head node's agent measures it, so it works with your laptop closed. Setting autostop restarts the idle timer.
 
@@ -275,6 +387,9 @@ def autostop_command(
         raise fail(f"-i must be 0 or more minutes, found {idle_minutes}")
     if not clusters and not all_:
         raise fail("name the cluster(s), or use -a for all")
+    if wait_for is not None and cancel:
+        raise fail("--wait-for goes with -i MINUTES, not --cancel", 2)
+    options.all_users_note(all_users)
 
     async def run() -> int:
         from skypurza.events.cluster_events import AutostopSet
@@ -286,9 +401,12 @@ def autostop_command(
             targets = await _resolve(bus, clusters or [], all_, ("UP",))
             for c in targets:
                 await bus.publish(AutostopSet(cluster=c.name, idle_minutes=None if cancel else idle_minutes,
-                                              down=down))
+                                              down=down, wait_for=wait_for or "jobs_and_ssh"))
                 if cancel:
                     typer.echo(f"Autostop of {c.name}: off.")
+                elif wait_for == "none":
+                    typer.echo(f"Autostop of {c.name}: {'tear down' if down else 'stop'} in {idle_minutes} minute(s), "
+                               "whatever runs (--wait-for none).")
                 else:
                     typer.echo(f"Autostop of {c.name}: {'tear down' if down else 'stop'} after {idle_minutes} idle "
                                f"minute(s).")

@@ -86,10 +86,10 @@ def reconcile_cmd(
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
+    from .console import console as make_console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = make_console()
     checked = ", ".join(f"{i} ({', '.join(r) or 'all'})" for i, r in report["checked"].items()) or "nothing"
     console.print(f"Checked: {checked}; live clusters: {len(report['live_clusters'])}")
     if report["orphans"]:

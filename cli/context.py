@@ -40,10 +40,9 @@ def print_json(obj: Any) -> None:
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False).print(f"[red]error:[/red] {message}")
-    return typer.Exit(code)
+    """`error: <message>` on stderr, never wrapped (a pipe or a CI log gets whole lines) and never
+    read as markup (a message may hold `[...]`), and the Exit to raise."""
+    return error_line(message, code)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -1,10 +1,12 @@
-"""Every declared contract, for `docs/events.md`: the services' (by import path, as `serve.py`
-names them), the node agent's and the CLI's own.
+"""Every declared contract, for `docs/events.md`: the open services' (by import path), the node
+agent's, the CLI's own, and those of the platform services that joined through the
+`skypurza.services` entry points (as `serve.py` finds them).
 
     python -m skypurza.cli.contracts > docs/events.md
 
 The contracts are looked up by path, not imported here by name, so this module adds no import
-of a service to the CLI (a service module that is not installed is left out of the table).
+of a service to the CLI and names no platform module (a service that is not installed is left
+out of the table).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from skypurza.events.models import (
     CancelRequested,
     CapacityError,
     CleanupFailed,
+    ClusterTerminated,
     DownRequested,
     JobCancelled,
     JobFailed,
@@ -36,34 +39,39 @@ from skypurza.events.models import (
     TaskSubmitted,
 )
 
+from .plugins import service_entry_points
+
 # What `spz` itself publishes (its commands) and watches (progress, exit codes).
 CLI = Contract(
     name="CLI",
     emits=(TaskSubmitted, DownRequested, StopRequested, StartRequested, AutostopSet, JobQueued, CancelRequested,
-           ManagedJobSubmitted, ManagedJobCancelRequested),
+           ManagedJobSubmitted, ManagedJobCancelRequested, ClusterTerminated),
     consumes=(PlacementChosen, PlacementFailed, CapacityError, ProvisionFailed, CleanupFailed, JobStarted,
               JobSucceeded, JobFailed, JobCancelled, ManagedJobStatusChanged),
     emit_notes={TaskSubmitted: "`spz launch`", DownRequested: "`spz down`", StopRequested: "`spz stop`",
                 StartRequested: "`spz start`", AutostopSet: "`spz autostop`", JobQueued: "`spz exec`, relaunch",
                 CancelRequested: "`spz cancel`", ManagedJobSubmitted: "`spz jobs launch`",
-                ManagedJobCancelRequested: "`spz jobs cancel`"},
+                ManagedJobCancelRequested: "`spz jobs cancel`",
+                ClusterTerminated: "`spz down --purge`, when the teardown failed"},
     consume_notes={PlacementChosen: "progress", CapacityError: "progress", PlacementFailed: "exit 1",
                    CleanupFailed: "`spz down` warns, exit 3", JobSucceeded: "exit 0", JobFailed: "exit 1"},
 )
 
-# In the order the docs name them.
+# The open broker's, in the order the docs name them; the platform services' follow.
 CONTRACTS: dict[str, str] = {
     "optimizer": "skypurza.services.optimizer.service:CONTRACT",
     "provisioner": "skypurza.services.provisioner.service:CONTRACT",
     "agent": "skypurza.services.agent.agent:CONTRACT",
     "recovery": "skypurza.services.recovery.service:CONTRACT",
-    "ledger": "skypurza.services.ledger.service:CONTRACT",
+    "status": "skypurza.services.status.service:CONTRACT",
 }
 
 
 def load_contract(path: str) -> Contract:
+    """A contract by "module:name": the contract itself, or a service class declaring one."""
     module_name, _, attr = path.partition(":")
     contract = getattr(importlib.import_module(module_name), attr)
+    contract = getattr(contract, "contract", contract)
     if not isinstance(contract, Contract):
         raise TypeError(f"{path} is not a Contract")
     return contract
@@ -71,7 +79,7 @@ def load_contract(path: str) -> Contract:
 
 def all_contracts() -> list[Contract]:
     out = [CLI]
-    for path in CONTRACTS.values():
+    for path in [*CONTRACTS.values(), *service_entry_points().values()]:
         try:
             out.append(load_contract(path))
         except ModuleNotFoundError:  # a service this install does not have: not in the table

@@ -123,6 +123,43 @@ class ControlPlane:
         tmp.replace(port_file)
         return port
 
+    def use_port(self, port: int) -> None:
+        """`spz api start --port`: the stage's NATS port from now on (kept in its port file), unless
+        a process that is not the stage's own holds it."""
+        if not 1 <= port <= 65535:
+            raise ControlPlaneError(f"--port must be from 1 to 65535, found {port}")
+        port_file = naming.nats_port_file(self.stage)
+        try:
+            current = int(port_file.read_text().strip())
+        except (OSError, ValueError):
+            current = 0
+        if current != port and port_open(port):
+            raise ControlPlaneError(f"port {port} is in use by another process; choose another --port")
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
+
+    def foreground_argv(self, services: str = "all") -> list[str]:
+        """`spz api start --foreground`: the supervisor's command line, for the caller to exec in
+        its own place (its log on stdout; systemd or Kubernetes then own the process). Nothing of an
+        earlier, dead control plane survives; a live one is an error (one control plane per stage)."""
+        try:
+            with self._lock():
+                state = self.read_state()
+                if self._supervisor_pid(state) is not None:
+                    raise ControlPlaneError(f"the control plane of stage {self.stage} is already running; "
+                                            "spz api stop it first to run it in the foreground")
+                self._kill_leftovers(state)
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                self.logs_dir.mkdir(parents=True, exist_ok=True)
+                self.state_file.unlink(missing_ok=True)
+                port = self._port()
+        except planelock.LockTimeout as exc:
+            raise ControlPlaneError(str(exc)) from None
+        return [sys.executable, "-m", planeprocs.SUPERVISOR_MODULE, "--stage", self.stage, "--port", str(port),
+                "--services", services, planeprocs.CONTROL_PLANE_FLAG, str(self.state_dir)]
+
     def _lock(self):
         return planelock.exclusive(naming.control_lock_file(self.stage), LOCK_TIMEOUT_S,
                                    what=f"the control plane of stage {self.stage}")

@@ -40,12 +40,12 @@ def dryrun_command(task: Any, overrides: Any = None, output: str = "table", limi
         doc["enabled_infras"] = sorted(enabled)
         print_json(doc)
         return 0 if plan.feasible else 1
-    from rich.console import Console
+    from .console import console as make_console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = make_console()
     if not plan.feasible:
-        Console(stderr=True, highlight=False).print(f"[red]No placement:[/red] {plan.reason}")
+        make_console(stderr=True).print(f"[red]No placement:[/red] {plan.reason}")
         return 1
     nodes = task.num_nodes or 1
     title = f"Placement for {task.name or 'task'} ({nodes} node{'s' if nodes != 1 else ''}; " \

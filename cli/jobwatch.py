@@ -25,7 +25,12 @@ DRAIN_S = 0.5
 
 
 class SubmissionFailed(Exception):
-    pass
+    """The submission cannot go on. `retryable`: no place had capacity (every attempt failed on
+    capacity, spot capacity or quota), which `launch -r` answers by submitting again."""
+
+    def __init__(self, message: str = "", *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass
@@ -38,6 +43,7 @@ class LogLine:
     offset: int | None = None  # where the chunk starts in its phase's output file
     chunk_id: str | None = None  # its Nats-Msg-Id
     where: str = ""  # cluster and job
+    end: str = "\n"  # how the chunk ended: a line, "\r" (a progress state) or "" (a partial line)
 
 
 def parse_log(msg: Any) -> LogLine:
@@ -53,11 +59,13 @@ def parse_log(msg: Any) -> LogLine:
         rank = int(body.get("rank", 0) or 0)
     except (TypeError, ValueError):
         rank = 0
+    end = body.get("end", "\n")
     return LogLine(msg.metadata.sequence.stream, str(body.get("ts", "")), rank,
                    str(body.get("stream", "stdout")), str(body.get("line", "")),
                    offset if isinstance(offset, int) and not isinstance(offset, bool) else None,
                    chunk_id if isinstance(chunk_id, str) else None,
-                   f"{body.get('cluster', '')}/{body.get('job_id', '')}")
+                   f"{body.get('cluster', '')}/{body.get('job_id', '')}",
+                   end if end in ("\n", "\r", "") else "\n")
 
 
 class ChunkFilter:
@@ -149,7 +157,7 @@ async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
             note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next placement")
             status("Choosing the next placement")
         elif kind == "placement_failed" and ev.task_id == task_id:
-            raise SubmissionFailed(f"no placement for the task: {ev.reason}")
+            raise SubmissionFailed(f"no placement for the task: {ev.reason}", retryable=out_of_capacity(ev))
         elif kind == "provision_failed" and ev.task_id == task_id:
             raise SubmissionFailed(f"launch failed: {ev.code}: {ev.message}")
         elif kind == "cluster_provisioned":
@@ -164,8 +172,13 @@ async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
 
 async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Callable[[str], None],
                      follow: bool = True, tail: int = 0, timestamps: bool = False,
-                     status: Callable[[str], None] | None = None) -> Job | None:
-    """Print the job's output until it ends (or, without `follow`, what there is). Returns the job."""
+                     status: Callable[[str], None] | None = None, rank: int | None = None,
+                     progress: Callable[[str], None] | None = None) -> Job | None:
+    """Print the job's output until it ends (or, without `follow`, what there is); with `rank`,
+    that node's only (`logs -w`). Carriage returns and partial lines are joined as a terminal
+    shows them (cli/logrender.py); on a terminal, `progress` shows an unfinished line's state
+    (a progress bar) as it changes. Returns the job."""
+    from .logrender import Render, show, with_text
     if follow:
         from . import lostplane
 
@@ -181,10 +194,16 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
     async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject):
         line = parse_log(msg)
         last = line.seq
-        if chunks.fresh(line):
+        if chunks.fresh(line) and (rank is None or line.rank == rank):
             history.append(line)
-    for line in (history[-tail:] if tail > 0 else history):
-        print_line(format_line(line, nodes, timestamps))
+    render = Render(lambda ln, text: format_line(with_text(ln, text), nodes, timestamps))
+    shown: list[str] = []
+    for line in history:
+        show(render.feed(line), shown.append)
+    if not follow or job is None or job.terminal:
+        show(render.close(), shown.append)
+    for text in (shown[-tail:] if tail > 0 else shown):
+        print_line(text)
     if not follow or job is None or job.terminal:
         return job
 
@@ -203,7 +222,7 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
             apply(cluster, stored.event, stored.envelope.time)
             j = cluster.jobs.get(job_id)
             if j is not None and status is not None:
-                status(_job_status_text(j))
+                status(_job_status_text(j, _ahead(cluster, job_id)))
             if j is not None and j.terminal:
                 done.set()
                 return
@@ -219,11 +238,11 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
             if line.seq <= last:
                 continue
             last = line.seq
-            if chunks.fresh(line):
-                print_line(format_line(line, nodes, timestamps))
+            if chunks.fresh(line) and (rank is None or line.rank == rank):
+                show(render.feed(line), print_line, progress)
 
     if status is not None and job is not None:
-        status(_job_status_text(job))
+        status(_job_status_text(job, _ahead(cluster, job_id)))
     ev_task = asyncio.create_task(events())
     log_task = asyncio.create_task(logs())
     try:
@@ -237,14 +256,23 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
         line = parse_log(msg)
         if line.seq > last:
             last = line.seq
-            if chunks.fresh(line):
-                print_line(format_line(line, nodes, timestamps))
+            if chunks.fresh(line) and (rank is None or line.rank == rank):
+                show(render.feed(line), print_line, progress)
+    show(render.close(), print_line)
     return cluster.jobs.get(job_id)
 
 
-def _job_status_text(job: Job) -> str:
+def _ahead(cluster: Any, job_id: int) -> int:
+    return sum(1 for jid, j in cluster.jobs.items() if jid < job_id and not j.terminal)
+
+
+def _job_status_text(job: Job, ahead: int = 0) -> str:
+    """The status line for a job; `ahead`: the unfinished jobs queued before it on its cluster."""
     if job.status == "PENDING":
-        return f"Job {job.job_id}: queued (it starts when the jobs before it have ended)"
+        if ahead:
+            return (f"Job {job.job_id}: queued behind {ahead} job{'s' if ahead != 1 else ''} "
+                    "(it starts when they have ended)")
+        return f"Job {job.job_id}: queued (starting)"
     if job.status == "SETTING_UP":
         return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.cluster_nodes} node(s) done)"
     if job.status == "RUNNING":
@@ -272,3 +300,12 @@ def duration(start: datetime | None, end: datetime | None, now: datetime) -> str
     h, rem = divmod(secs, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h {m}m {s}s" if h else (f"{m}m {s}s" if m else f"{s}s")
+
+
+RETRYABLE_ERRORS = ("capacity", "spot_capacity", "quota")
+
+
+def out_of_capacity(failed: Any) -> bool:
+    """A PlacementFailed whose every attempt failed for want of capacity (not a task no place can run)."""
+    attempts = list(getattr(failed, "attempts", None) or [])
+    return bool(attempts) and all(a.error_class in RETRYABLE_ERRORS for a in attempts)

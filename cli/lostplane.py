@@ -235,5 +235,9 @@ def top_level_error(exc: BaseException) -> tuple[int, str]:
         return 1, f"the control plane refused the request: {type(exc).__name__}: {exc}"
     if type(exc).__name__ == "ControlPlaneError":
         return 1, str(exc)
+    from skypurza.events.config import ConfigError
+
+    if isinstance(exc, ConfigError):  # a broken config.yaml or a bad setting: its own line says where
+        return 1, str(exc)
     return 1, (f"internal error: {type(exc).__name__}: {exc} (set SKYPURZA_DEBUG=1 to see where; "
                "please report it)")

@@ -13,8 +13,10 @@ from typing import Optional
 
 import typer
 
-from . import cmd_api, cmd_catalog, cmd_cluster, cmd_events, cmd_jobs, cmd_provision, cmd_taskspec, plugins
+from . import cmd_api, cmd_audit, cmd_catalog, cmd_cluster, cmd_events, cmd_jobs, cmd_provision, cmd_taskspec, options, plugins
 from .context import settings
+
+options.quiet_flag_types()  # `--help` prints no `<bool>` on the flags
 
 
 class _App(typer.Typer):
@@ -23,6 +25,13 @@ class _App(typer.Typer):
     SKYPURZA_DEBUG=1 shows the traceback."""
 
     def __call__(self, *args: object, **kwargs: object) -> object:
+        if not args and "args" not in kwargs:  # the `spz` script: sky's --config is read, not refused
+            import sys
+
+            sys.argv[1:], taken = options.strip_sky_config(sys.argv[1:])
+            if taken:
+                options.unused("--config", "spz reads its settings from the environment and "
+                                           "~/.skypurza/config.yaml (docs/cli.md, SkyPilot migration)")
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:
@@ -55,6 +64,7 @@ COMMAND_MODULES = [
     cmd_events,     # events tail|replay|schema|dlq
     cmd_api,        # api start|stop|status|logs, serve
     cmd_provision,  # reconcile (hidden for now; `spz status --refresh` calls it too)
+    cmd_audit,      # audit (the status projection; platform plugins add theirs)
 ]
 
 
@@ -84,7 +94,8 @@ def main(
 for _module in COMMAND_MODULES:
     _module.register(app)
 
-# cost-report, audit, ledger billing|settle|settlements, events export, events replay --into
+# cost-report, ledger billing|settle|settlements, events export, events replay --into, the
+# ledger's part of audit
 plugins.load(app, cmd_events.events)
 
 

@@ -1,10 +1,13 @@
-"""Where platform commands join `spz`: CLI plugins, found through an entry-point group.
+"""Where platform code joins `spz`: CLI plugins and services, found through entry-point groups.
 
 The open broker's CLI imports no platform code (docs/DESIGN.md, *Open and platform*). A platform
 package that has commands declares a callable `register(app)` in the `skypurza.cli_plugins`
 entry-point group (pyproject.toml `[project.entry-points]`); `load` calls each one with the app,
-and it adds its typer sub-app and commands (the ledger's: `cost-report`, `audit`, `ledger ...`,
-`events export`, and what `events replay --into` runs).
+and it adds its typer sub-app and commands (the ledger's: `cost-report`, `ledger ...`,
+`events export`, what `events replay --into` runs, and its part of `spz audit`).
+
+Platform services join `spz api serve` the same way: a class in the `skypurza.services` group
+(`service_entry_points`, read by cli/serve.py and cli/contracts.py).
 
 With no plugin installed the CLI runs as it is, and a platform command says that it is not
 installed (exit 1) rather than click's "No such command". A plugin that is declared but fails to
@@ -21,13 +24,16 @@ from typing import Callable
 import typer
 
 GROUP = "skypurza.cli_plugins"
+# Platform services (a class built with no arguments, with a ServiceContract or LoopContract)
+# join `spz api serve` through this group: name = "module:Class" (cli/serve.py).
+SERVICES_GROUP = "skypurza.services"
 # Set (to anything but "" or "0"), no plugin is loaded: the open broker's CLI alone, as it runs
 # where no platform package is installed. It skips loading and nothing else.
 SKIP_ENV = "SKYPURZA_NO_PLUGINS"
 
 # The commands platform plugins add, so that one missing is answered by name (the names only:
 # nothing here imports them). Top-level commands, and those of the `events` sub-app.
-PLATFORM_COMMANDS = ("cost-report", "audit", "ledger")
+PLATFORM_COMMANDS = ("cost-report", "ledger")
 PLATFORM_EVENTS_COMMANDS = ("export",)
 
 # Plugins that are declared but raised while loading: name -> "Type: message".
@@ -39,6 +45,13 @@ def declared() -> list[EntryPoint]:
     if os.environ.get(SKIP_ENV, "") not in ("", "0"):
         return []
     return sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
+
+
+def service_entry_points() -> dict[str, str]:
+    """Platform services by name -> "module:Class" (nothing imported); none under SKIP_ENV."""
+    if os.environ.get(SKIP_ENV, "") not in ("", "0"):
+        return {}
+    return {ep.name: ep.value for ep in sorted(entry_points(group=SERVICES_GROUP), key=lambda ep: ep.name)}
 
 
 def load(app: typer.Typer, events_app: typer.Typer) -> list[str]:

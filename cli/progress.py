@@ -8,9 +8,9 @@ from typing import Any
 
 class StatusLine:
     def __init__(self, quiet: bool = False) -> None:
-        from rich.console import Console
+        from .console import console as make_console
 
-        self.console = Console(stderr=True, highlight=False)
+        self.console = make_console(stderr=True)
         # The spinner redirects stdout above itself: only when both go to the same terminal.
         self.live = self.console.is_terminal and sys.stdout.isatty() and not quiet
         self.quiet = quiet

@@ -1,9 +1,13 @@
-"""Run any subset of the control-plane services in one process (`spz serve`, containers, `spz api`).
+"""Run any subset of the control-plane services in one process (`spz api serve`, containers, `spz api`).
 
 Each service declares its shape in its contract (events/contract.py): a `ServiceContract` is
 handled through a durable consumer by `ServiceRunner`; a `LoopContract` service runs its own
-`async run(bus, stop)` loop (the ledger keeps its position in DuckDB). This module is the one
-place that knows every service by name; services never import each other.
+`async run(bus, stop)` loop (the status service and the ledger keep their position in DuckDB).
+
+The open broker's services are listed here (`OPEN_SERVICES`, by import path, imported at run
+time); platform services (the ledger's accounting) join through the `skypurza.services`
+entry-point group (cli/plugins.py), so this module names no platform module and the open broker
+runs without them (`SKYPURZA_NO_PLUGINS=1` runs it so). Services never import each other.
 """
 
 from __future__ import annotations
@@ -22,13 +26,28 @@ from skypurza.events.config import ConfigError
 from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
 
 from .health import HealthRecorder
+from .plugins import service_entry_points
 
-SERVICES: dict[str, str] = {
+# The open broker's services, in the order they start; platform ones follow (`services()`).
+OPEN_SERVICES: dict[str, str] = {
     "optimizer": "skypurza.services.optimizer.service:OptimizerService",
     "provisioner": "skypurza.services.provisioner.service:ProvisionerService",
-    "ledger": "skypurza.services.ledger.service:LedgerService",
+    "status": "skypurza.services.status.service:StatusService",
     "recovery": "skypurza.services.recovery.service:RecoveryService",
 }
+
+
+def services() -> dict[str, str]:
+    """Every service this install runs: the open ones, then the platform services' entry points
+    (`skypurza.services`; none under SKYPURZA_NO_PLUGINS). A platform service cannot take an
+    open one's name."""
+    out = dict(OPEN_SERVICES)
+    for name, value in service_entry_points().items():
+        out.setdefault(name, value)
+    return out
+
+
+SERVICES = services()
 
 log = logging.getLogger("skypurza.serve")
 
@@ -48,7 +67,7 @@ def parse_services(text: str) -> list[str]:
 def load_service(name: str) -> Service | LoopService:
     module_name, _, cls_name = SERVICES[name].partition(":")
     module = importlib.import_module(module_name)
-    svc = getattr(module, cls_name)()
+    svc = getattr(module, cls_name)()  # each service is built with no arguments (its settings are its own)
     if not isinstance(getattr(svc, "contract", None), (ServiceContract, LoopContract)):
         raise TypeError(f"service {name} declares no ServiceContract or LoopContract")
     return svc  # type: ignore[no-any-return]

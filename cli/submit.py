@@ -47,6 +47,8 @@ def load_task(entrypoint: list[str], overrides: Any) -> Any:
     try:
         if len(words) == 1 and is_yaml_entrypoint(text):
             loaded = load_tasks(text, env_overrides=dict(overrides.envs), secret_overrides=dict(overrides.secrets))
+            if loaded.at_launch:
+                raise TaskSpecError(loaded.at_launch)
             if len(loaded.tasks) != 1:
                 raise SubmitError(f"{text} holds {len(loaded.tasks)} tasks (a pipeline or job group); "
                                   "a cluster runs one task at a time: use spz jobs launch")

@@ -14,10 +14,10 @@ def parse_time(value: Any) -> datetime | None:
 
 
 def print_table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None) -> None:
-    from rich.console import Console
+    from .console import console as make_console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = make_console()
     if title is not None:
         console.print(title)
     table = Table(box=None, header_style="bold")
@@ -30,6 +30,6 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, title:
 
 def print_line(text: str) -> None:
     """One line where a table would be ("No existing clusters.")."""
-    from rich.console import Console
+    from .console import console as make_console
 
-    Console(highlight=False).print(text)
+    make_console().print(text)

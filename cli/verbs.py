@@ -1,5 +1,5 @@
 """What the cluster verbs share: the task-override options, loading a task, confirmation, the
-job-output stream and its last line, the control-plane watchdog, the ledger query with the log as
+job-output stream and its last line, the control-plane watchdog, the status service's query with the log as
 its fallback. The verbs themselves are cmd_launch.py (launch, exec), cmd_inspect.py (status,
 queue, logs, cancel) and cmd_lifecycle.py (stop, start, down, autostop); `spz jobs` uses these too.
 """
@@ -77,7 +77,8 @@ async def _stream(bus: Any, cluster: str, job_id: int, status: Any, out: Any) ->
     from .clusterlog import EXIT_NOT_FOUND, exit_code_of
     from .jobwatch import stream_job
 
-    job = await stream_job(bus, cluster, job_id, print_line=out, status=status.update)
+    job = await stream_job(bus, cluster, job_id, print_line=out, status=status.update,
+                           progress=status.update if getattr(status, "live", False) else None)
     status.stop()
     if job is None:
         status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
@@ -148,14 +149,14 @@ def _config() -> Any:
 
 # ------------------------------------------------------------------------------- status from the log
 
-async def _ledger(bus: Any, query: str, **params: Any) -> Any | None:
-    """The ledger's answer, up to date with the log as it is now; None when no ledger answers
-    (then the caller reads the log itself)."""
-    from skypurza.events import ledger_queries
+async def _status_service(bus: Any, query: str, **params: Any) -> Any | None:
+    """The status service's answer, up to date with the log as it is now; None when no status
+    service answers (then the caller reads the log itself)."""
+    from skypurza.events import status_queries
 
     try:
         seq = await bus.last_seq()
-        return await getattr(ledger_queries, query)(bus, min_seq=seq, **params)
+        return await getattr(status_queries, query)(bus, min_seq=seq, **params)
     except Exception:
         return None
 

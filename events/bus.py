@@ -28,18 +28,19 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol, TypeVar
 
 import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from . import naming
 from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, make_envelope
 
 log = logging.getLogger("skypurza.bus")
+T = TypeVar("T")
 
 DUPLICATE_WINDOW_S = 300.0
 # The logs stream's de-duplication window: longer than everything one agent process does to get
@@ -54,6 +55,11 @@ WRONG_LAST_SEQUENCE = 10071
 # How long a pipelined append waits for its ack before it is retried with the same id: the
 # same as one attempt of `publish`.
 ACK_WAIT_S = 5.0
+# A replay waits for this many empty one-second fetches while the server still reports messages
+# pending before it gives up on the rest; a JetStream API call (stream info, consumer create)
+# that times out is tried this many times (a server just restarted answers late).
+REPLAY_QUIET_FETCHES = 10
+API_ATTEMPTS = 5
 
 
 def log_chunk_id(cluster: str, job_id: int | str, rank: int, stream: str, seq: int | None,
@@ -124,6 +130,21 @@ class _Link:
     reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     disconnected_at: float | None = None
 
+
+
+async def _settled(call: Callable[[], Awaitable[T]], attempts: int = API_ATTEMPTS) -> T:
+    """A JetStream API call, tried again on a timeout, no answer, or "JetStream not ready" (503:
+    a server just restarted is still recovering its streams); bounded: then it raises."""
+    delay = 0.2
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except (NatsTimeout, NoStreamResponseError, ServiceUnavailableError, NoRespondersError, asyncio.TimeoutError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
 
 class Bus:
     def __init__(self, nc: Any, stage: str, source: str):
@@ -408,44 +429,82 @@ class Bus:
         stream = stream or self.events_stream
         subject = filter_subject or (naming.all_events_subject(self.stage) if stream == self.events_stream
                                      else naming.all_logs_subject(self.stage))
-        info = await self.js.stream_info(stream)
+        info = await _settled(lambda: self.js.stream_info(stream))
         end = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
         if end == 0 or (start_seq is not None and start_seq > end):
             return
-        # Named by us so it can be deleted at once: left to `inactive_threshold`, replays in a
-        # loop pile up consumers until the server refuses new ones (err 10026).
-        cfg = api.ConsumerConfig(name=f"replay_{uuid.uuid4().hex}", ack_policy=api.AckPolicy.NONE,
-                                 inactive_threshold=60.0,
-                                 max_waiting=1, mem_storage=True, num_replicas=1)
-        if start_seq is not None:
-            cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, max(1, start_seq)
-        elif start_time is not None:
-            cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
-            cfg.opt_start_time = start_time.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-        else:
-            cfg.deliver_policy = api.DeliverPolicy.ALL
-        sub = await self.js.pull_subscribe(subject, stream=stream, config=cfg)
+        next_seq = max(1, start_seq) if start_seq is not None else None
+
+        def config() -> api.ConsumerConfig:
+            # Named by us so it can be deleted at once: left to `inactive_threshold`, replays in a
+            # loop pile up consumers until the server refuses new ones (err 10026).
+            cfg = api.ConsumerConfig(name=f"replay_{uuid.uuid4().hex}", ack_policy=api.AckPolicy.NONE,
+                                     inactive_threshold=60.0,
+                                     max_waiting=1, mem_storage=True, num_replicas=1)
+            if next_seq is not None:
+                cfg.deliver_policy, cfg.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, next_seq
+            elif start_time is not None:
+                cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
+                cfg.opt_start_time = start_time.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+            else:
+                cfg.deliver_policy = api.DeliverPolicy.ALL
+            return cfg
+
+        async def close(sub: Any, name: str | None) -> None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+            await self._delete_consumer(stream, name)
+
+        cfg = config()
+        sub = await _settled(lambda: self.js.pull_subscribe(subject, stream=stream, config=cfg))
+        quiet = recreated = 0
         try:
             while True:
+                lost = False
                 try:
                     msgs = await sub.fetch(batch=batch, timeout=1.0)
                 except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
-                    return  # nothing (more) matches up to the end
+                    # Nothing in a second: the end, unless the server says more is pending (a
+                    # server just restarted, or busy, is slow to deliver: do not cut a replay short).
+                    quiet += 1
+                    try:
+                        pending = (await sub.consumer_info()).num_pending
+                    except (NotFoundError, ServiceUnavailableError):
+                        pending, lost = None, True  # the server restarted: its memory consumer is gone
+                    except Exception:
+                        pending = None
+                    if not lost:
+                        if pending == 0 or quiet >= REPLAY_QUIET_FETCHES:
+                            return
+                        continue
+                    msgs = []
+                except (ServiceUnavailableError, NotFoundError):
+                    lost, msgs = True, []
+                if lost:
+                    # Go on from the next message on a new consumer, a bounded number of times.
+                    recreated += 1
+                    if recreated > API_ATTEMPTS or self.nc.is_closed:
+                        raise NoStreamResponseError
+                    await close(sub, cfg.name)
+                    await asyncio.sleep(min(0.2 * 2 ** recreated, 2.0))
+                    cfg = config()
+                    sub = await _settled(lambda: self.js.pull_subscribe(subject, stream=stream, config=cfg))
+                    continue
+                quiet = 0
                 for msg in msgs:
                     md = msg.metadata
                     if md.sequence.stream > end:
                         return
                     if until_time is not None and md.timestamp > until_time:
                         return
+                    next_seq = md.sequence.stream + 1
                     yield msg
                     if md.sequence.stream >= end or md.num_pending == 0:
                         return
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
-            await self._delete_consumer(stream, cfg.name)
+            await close(sub, cfg.name)
 
     async def follow(self, *, filter_subject: str | None = None, start_seq: int | None = None,
                      start_time: datetime | None = None, new_only: bool = False,
@@ -504,12 +563,16 @@ class Bus:
     async def publish_log(self, cluster: str, job_id: int | str, rank: int, line: str, *,
                           stream_name: str = "stdout", ts: datetime | None = None, seq: int | None = None,
                           offset: int | None = None, msg_id: str | None = None,
-                          timeout: float | None = None) -> api.PubAck:
+                          timeout: float | None = None, end: str = "\n") -> api.PubAck:
         """One chunk of a job's output: `seq` is its number in the (job, rank, phase) output and
         `offset` its byte offset in the phase's output file. With either (or `msg_id`) it carries
-        a Nats-Msg-Id (`log_chunk_id`), so a chunk sent again is stored once."""
+        a Nats-Msg-Id (`log_chunk_id`), so a chunk sent again is stored once. `end` is how the
+        chunk ended: a line ("\n", the default, not written), "\r" (a progress state the next
+        chunk overwrites) or "" (a partial line sent after a pause; its rest follows)."""
         chunk: dict[str, Any] = {"ts": (ts or datetime.now(timezone.utc)).isoformat(), "cluster": cluster,
                                  "job_id": job_id, "rank": rank, "stream": stream_name, "line": line}
+        if end != "\n":
+            chunk["end"] = end
         if seq is not None:
             chunk["seq"] = seq
         if offset is not None:

@@ -95,6 +95,9 @@ class AutostopSet(_ClusterEvent):
     EVENT_NAME = "autostop_set"
     idle_minutes: int | None  # None cancels autostop
     down: bool = False
+    # What resets the idle timer (SkyPilot's --wait-for): jobs_and_ssh and jobs (spz has no SSH
+    # sessions to wait for) count jobs; none is a hard limit: idle_minutes after this event.
+    wait_for: Literal["jobs_and_ssh", "jobs", "none"] = "jobs_and_ssh"
 
 
 @register

@@ -12,7 +12,11 @@ Keys (all optional):
     metering_tick_s: 60
 
 Environment variables win over the file: SKYPURZA_NATS_URL, SKYPURZA_STAGE, SKYPURZA_USER.
-A malformed file is reported with its path and line, never a traceback.
+
+The file is read by the task spec's bounded YAML loader (events/taskspec/yamlsrc.py: PyYAML's
+safe loader with node, alias and depth bounds, duplicate keys refused) and at most
+`limits.MAX_YAML_FILE_BYTES`; anything wrong with it is a ConfigError naming the file, line
+and column (`~/.skypurza/config.yaml:3:7: not valid YAML: ...`), never a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import naming
+from .limits import MAX_YAML_FILE_BYTES
 
 
 class ConfigError(Exception):
@@ -79,17 +84,45 @@ def config_path() -> Path:
 
 
 def load_config(path: Path | None = None) -> Config:
-    import yaml
-
     path = path or config_path()
     if not path.exists():
         return Config(path, {})
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return Config(path, parse_config(_read(path), str(path)))
+
+
+def parse_config(text: str, where: str = "config.yaml") -> dict[str, Any]:
+    """The config file's mapping (empty for an empty file); a ConfigError at `where:line:col`."""
+    from .taskspec.yamlsrc import parse_documents  # PyYAML only when there is a file to read
+
+    docs, issues = parse_documents(text)
+    if issues:
+        first = issues[0]
+        at = f":{first.line}:{first.column}" if first.line is not None and first.column is not None else ""
+        message = first.message.removeprefix("YAML syntax error: ")
+        raise ConfigError(f"{where}{at}: not valid YAML: {message}")
+    docs = [d for d in docs if d.data is not None]
+    if len(docs) > 1:
+        raise ConfigError(f"{where}: expected one YAML document, found {len(docs)}")
+    data = docs[0].data if docs else {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys, found {type(data).__name__}")
-    return Config(path, data)
+        raise ConfigError(f"{where}: expected a mapping of keys, found {type(data).__name__}")
+    return data
+
+
+def _read(path: Path) -> str:
+    """The file's text, bounded; a file that cannot be read is a ConfigError with its path."""
+    try:
+        if not path.is_file():
+            raise ConfigError(f"{path}: not a regular file")
+        size = path.stat().st_size
+        if size > MAX_YAML_FILE_BYTES:
+            raise ConfigError(f"{path}: the file is {size:,} bytes; at most {MAX_YAML_FILE_BYTES:,}")
+        with path.open("rb") as f:
+            data = f.read(MAX_YAML_FILE_BYTES + 1)
+        if len(data) > MAX_YAML_FILE_BYTES:
+            raise ConfigError(f"{path}: the file has more than {MAX_YAML_FILE_BYTES:,} bytes")
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -1,4 +1,4 @@
-"""What a service eats and what it may emit, declared: one typed object the runner, `spz serve`
+"""What a service eats and what it may emit, declared: one typed object the runner, `spz api serve`
 and `docs/events.md` all read.
 
 A `ServiceContract` is a service handled by `ServiceRunner` (events/service.py): its durable
@@ -6,7 +6,7 @@ consumer's subjects are derived from `consumes`, its handlers are registered per
 `@handles(...)`, and `delivery` says how messages are handed to them (`InOrder`, `Pipelined`,
 `Keyed`). A `LoopContract` is the second shape: a service that reads the log with its own loop,
 `run(bus, stop)` (the ledger keeps its position in DuckDB). A plain `Contract` declares an actor
-that is not run by `spz serve` (the CLI, the node agent) so the docs can name who emits what.
+that is not run by `spz api serve` (the CLI, the node agent) so the docs can name who emits what.
 
 Every publish a declared service makes is checked against `emits` (`Contract.check`): an
 undeclared type raises `UndeclaredEmit` (always: it is a bug, never a condition to handle) and is

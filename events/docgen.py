@@ -15,6 +15,7 @@ from typing import Any
 
 from .contract import Contract
 from .models import all_event_types
+from .payloads import PAYLOAD_MODELS
 from .registry import UPCASTERS
 
 
@@ -112,4 +113,44 @@ def render(contracts: Sequence[Contract]) -> str:
                 out.append(f"| `{name}` | {_type_text(prop).replace('|', '&#124;')} | "
                            f"{'yes' if name in required else 'no'} |")
             out.append("")
+    out += _payloads()
     return "\n".join(out)
+
+
+def _bounds(schema: dict[str, Any]) -> str:
+    """The bounds a field's schema declares (events/limits.py), as text."""
+    found: list[str] = []
+    for s in [schema, *schema.get("anyOf", [])]:
+        for key, what in (("maxLength", "characters"), ("maxItems", "entries"), ("maxProperties", "entries")):
+            if key in s:
+                found.append(f"at most {s[key]:,} {what}")
+        if "minimum" in s or "maximum" in s:
+            found.append(f"{s.get('minimum', '')}..{s.get('maximum', '')}")
+    return ", ".join(dict.fromkeys(found))
+
+
+def _payloads() -> list[str]:
+    out = [
+        "## Payloads",
+        "",
+        "The models inside the events (`events/payloads.py`). Strict (no value is coerced) and bounded;",
+        "any key they do not declare is kept as given, so a re-publish loses nothing a newer writer",
+        "added; dumped with exactly the keys they were given (no defaults added). A typed key of the",
+        "wrong type makes the event poison, with the key in the message.",
+        "",
+    ]
+    for cls in PAYLOAD_MODELS:
+        doc = " ".join((cls.__doc__ or "").split())
+        out += [f"### {cls.__name__}", ""]
+        if doc:
+            out += [doc, ""]
+        out += ["| key | type | bounds | required |", "|---|---|---|---|"]
+        schema = cls.model_json_schema()
+        if "$ref" in schema:  # a recursive model (resources hold alternatives) is all in $defs
+            schema = schema["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+        required = set(schema.get("required", []))
+        for name, prop in schema.get("properties", {}).items():
+            out.append(f"| `{name}` | {_type_text(prop).replace('|', '&#124;')} | {_bounds(prop)} | "
+                       f"{'yes' if name in required else 'no'} |")
+        out.append("")
+    return out

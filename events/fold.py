@@ -48,6 +48,7 @@ from .job_events import (
 )
 from .managed_events import TERMINAL_STATUSES as MANAGED_TERMINAL
 from .managed_events import ManagedJobStatus
+from .payloads import TaskPayload
 
 # ---------------------------------------------------------------------------------- vocabulary
 
@@ -111,16 +112,15 @@ def exit_code_of(status: str | None) -> int:
     return EXIT_NOT_FINISHED
 
 
-def job_num_nodes(task: Any) -> int:
+def job_num_nodes(task: TaskPayload) -> int:
     """The nodes a job runs on: the task's `num_nodes`, else 1 (SkyPilot's default; on a bigger
     cluster the job runs on ranks 0..n-1, which is what the agents do)."""
-    n = task.get("num_nodes") if isinstance(task, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return task.nodes()
 
 
-def job_has_setup(run_setup: bool, task: Any) -> bool:
+def job_has_setup(run_setup: bool, task: TaskPayload) -> bool:
     """Whether the job goes through SETTING_UP (exec never runs setup; no script, nothing to set up)."""
-    return bool(run_setup and isinstance(task, dict) and task.get("setup"))
+    return bool(run_setup and task.setup)
 
 
 def cluster_nodes_of(ev: ClusterProvisioned) -> int:

@@ -8,8 +8,9 @@ JobFailed, JobCancelled), every agent (JobNodeFinished), the CLI (CancelRequeste
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
+from .payloads import TaskField
 from .registry import Event, register
 
 
@@ -24,7 +25,7 @@ class _JobEvent(Event):
 class JobQueued(_JobEvent):
     EVENT_NAME = "job_queued"
     task_id: str
-    task: dict[str, Any]
+    task: TaskField
     name: str | None = None
     user: str = ""
     run_setup: bool = True

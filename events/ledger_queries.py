@@ -1,7 +1,8 @@
 """Client side of the ledger's queries (NATS request-reply): thin helpers for the CLI and tools.
 
-The ledger service answers on `naming.query_subject(stage, "ledger", <query>)`; docs/ledger.md
-has every request and response shape. Times are ISO 8601 UTC strings, money is integer
+The ledger service (platform: accounting) answers on `naming.query_subject(stage, "ledger",
+<query>)`; docs/ledger.md has every request and response shape. Status, queues and managed jobs
+are the status service's (open): events/status_queries.py. Times are ISO 8601 UTC strings, money is integer
 micro-dollars (`*_micros`) with an exact decimal string (`*_usd`) beside it.
 
 `min_seq` (optional, every read query): answer only once the projection has committed the log up
@@ -19,34 +20,6 @@ SERVICE = "ledger"
 
 def _params(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
-
-
-async def status(bus: Bus, all: bool = False, clusters: list[str] | None = None, user: str | None = None,
-                 min_seq: int | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Clusters, newest first; terminated ones only with `all`."""
-    return await bus.request(SERVICE, "status", _params(all=all, clusters=clusters, user=user, min_seq=min_seq),
-                             timeout=timeout)
-
-
-async def queue(bus: Bus, clusters: list[str] | str | None = None, skip_finished: bool = False,
-                user: str | None = None, min_seq: int | None = None, timeout: float = 10.0,
-                cluster: str | None = None) -> list[dict[str, Any]]:
-    """Jobs of the given clusters (all clusters when none; `cluster` names one)."""
-    if isinstance(clusters, str):
-        clusters = [clusters]
-    if cluster is not None:
-        clusters = [*(clusters or []), cluster]
-    return await bus.request(SERVICE, "queue", _params(clusters=clusters, skip_finished=skip_finished, user=user,
-                                                       min_seq=min_seq), timeout=timeout)
-
-
-async def jobs_queue(bus: Bus, all: bool = True, skip_finished: bool = False, job_ids: list[int] | None = None,
-                     user: str | None = None, all_users: bool = True, limit: int | None = None,
-                     min_seq: int | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Managed jobs, newest first; finished ones only with `all` (the default) and not `skip_finished`."""
-    return await bus.request(SERVICE, "jobs_queue", _params(
-        all=all, skip_finished=skip_finished, job_ids=job_ids, user=user, all_users=all_users, limit=limit,
-        min_seq=min_seq), timeout=timeout)
 
 
 async def cost_report(bus: Bus, by: str = "team", since: str | None = None, until: str | None = None,

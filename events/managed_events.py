@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
+from .payloads import ManagedTaskField
 from .registry import Event, register, upcaster
 
 ManagedJobStatus = Literal[
@@ -35,7 +36,7 @@ class _ManagedEvent(Event):
 class ManagedJobSubmitted(_ManagedEvent):
     EVENT_NAME = "managed_job_submitted"
     name: str
-    tasks: list[dict[str, Any]]
+    tasks: list[ManagedTaskField]  # the tasks of a pipeline, in order
     user: str = ""
     team: str | None = None
     project: str | None = None

@@ -152,6 +152,11 @@ def projections_file(stage: str) -> Path:
     return state_dir(stage) / f"{name(stage, 'ledger', 'projections')}.duckdb"
 
 
+def status_db_file(stage: str) -> Path:
+    """The status service's projections (clusters, nodes, jobs, managed jobs: services/status/)."""
+    return state_dir(stage) / f"{name(stage, 'status', 'projections')}.duckdb"
+
+
 def nats_store_dir(stage: str) -> Path:
     return state_dir(stage) / "jetstream"
 

@@ -50,6 +50,7 @@ from nats.js import api
 
 from . import deadletters, naming
 from .bus import Bus, Stored, stored_from_msg
+from .clock import SYSTEM_CLOCK, Clock
 from .contract import (  # noqa: F401  (the names a service module needs, in one import)
     Contract,
     Emit,
@@ -143,10 +144,13 @@ class EmitContext:
     returned reactions, with the same derived ids, and recorded (`published`) for the runner.
 
     `publish(...)` takes an Event or an Emit; `bus` is a bus whose every publish is checked and
-    recorded the same way, for code that takes a bus (`jobqueue.queue_job`'s retry loop)."""
+    recorded the same way, for code that takes a bus (`jobqueue.queue_job`'s retry loop).
+    `clock` is the runner's (events/clock.py): it stamps the envelopes built here."""
 
-    def __init__(self, bus: Bus, contract: Contract, cause: Stored | None = None, stats: RunnerStats | None = None):
+    def __init__(self, bus: Bus, contract: Contract, cause: Stored | None = None, stats: RunnerStats | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
         self._raw = bus
+        self.clock = clock
         self._view: Bus | None = None
         self.contract = contract
         self.cause = cause
@@ -172,13 +176,14 @@ class EmitContext:
         """The envelope of a reaction: the Emit's own id, else one derived from the cause, the
         service and the key (the event's name by default)."""
         emit = item if isinstance(item, Emit) else Emit(item)
+        now = self.clock.now()
         if emit.id is not None:
-            return self._raw.envelope(emit.event, id=emit.id)
+            return self._raw.envelope(emit.event, id=emit.id, time=now)
         cause = self.cause.envelope if self.cause is not None else None
         if cause is None:
-            return self._raw.envelope(emit.event)
+            return self._raw.envelope(emit.event, time=now)
         return self._raw.envelope(emit.event, cause=cause, handler=self.contract.name,
-                                  key=emit.key or emit.event.EVENT_NAME)
+                                  key=emit.key or emit.event.EVENT_NAME, time=now)
 
     async def publish(self, item: Event | Emit) -> Published:
         emit = item if isinstance(item, Emit) else Emit(item)
@@ -194,9 +199,11 @@ def _as_emit(item: Event | Emit) -> Emit:
 class ServiceRunner:
     def __init__(self, bus: Bus, service: Service, *, batch: int = 100, consumer_name: str | None = None,
                  max_deliver: int | None = None, backoff: list[float] | None = None,
-                 deliver_new_only: bool = False, ack_wait: float | None = None):
+                 deliver_new_only: bool = False, ack_wait: float | None = None, clock: Clock | None = None):
         self.bus = bus
         self.service = service
+        # Stamps the envelopes of the reactions; a test passes the ManualClock its service has.
+        self.clock = clock or SYSTEM_CLOCK
         self.contract = service.contract
         if not isinstance(self.contract, ServiceContract):
             raise TypeError(f"{self.contract.name}: a ServiceRunner runs a ServiceContract, not "
@@ -411,7 +418,7 @@ class ServiceRunner:
         return ctx.published
 
     def _context(self, stored: Stored) -> EmitContext:
-        return EmitContext(self.bus, self.contract, stored, self.stats)
+        return EmitContext(self.bus, self.contract, stored, self.stats, self.clock)
 
     def _reactions(self, ctx: EmitContext, out: Reactions) -> list[tuple[Emit, Envelope]]:
         """The envelopes of a handler's reactions (the one place they are built), all checked

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,14 @@ class Sources:
             return default
         return parse_names(got[0], got[1])
 
+    def choice(self, var: str | None, default: str | None, choices: Sequence[str], *, key: str | None = None,
+               fold: Callable[[str], str] = str) -> str | None:
+        """One of `choices` (compared after `fold`, e.g. `str.lower`: the value returned is folded)."""
+        got = self.raw(var, key)
+        if got is None:
+            return default
+        return parse_choice(got[0], got[1], choices, fold=fold)
+
     def text(self, var: str | None, default: str | None = None, *, key: str | None = None) -> str | None:
         got = self.raw(var, key)
         if got is None:
@@ -169,6 +177,13 @@ def parse_flag(value: Any, where: str) -> bool:
     if word in FALSE_WORDS:
         return False
     raise SettingsError(f"{where}={value!r}: expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
+def parse_choice(value: Any, where: str, choices: Sequence[str], *, fold: Callable[[str], str] = str) -> str:
+    word = fold(value.strip()) if isinstance(value, str) else None
+    if word is None or word not in choices:
+        raise SettingsError(f"{where}={value!r}: expected one of {', '.join(choices)}")
+    return word
 
 
 def parse_names(value: Any, where: str) -> tuple[str, ...]:

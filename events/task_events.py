@@ -6,8 +6,9 @@ provisioner (CapacityError, ProvisionFailed). See docs/events.md for who reacts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
+from .payloads import BlockField, TaskField
 from .registry import Event, register
 from .types import Attempt, Candidate, ErrorClass
 
@@ -20,12 +21,12 @@ class _TaskEvent(Event):
 
 @register
 class TaskSubmitted(_TaskEvent):
-    """A user asked for a task to run. Carries the task without secret values."""
+    """A user asked for a task to run. Carries the task without secret values (`TaskPayload`)."""
 
     EVENT_NAME = "task_submitted"
     kind: Literal["cluster", "managed"] = "cluster"
     cluster: str
-    task: dict[str, Any]
+    task: TaskField
     num_nodes: int = 1
     user: str = ""
     team: str | None = None
@@ -37,8 +38,8 @@ class TaskSubmitted(_TaskEvent):
     idle_minutes: int | None = None
     managed_job_id: int | None = None
     task_index: int = 0
-    # Blocks to start with (recovery excludes what was preempted); Block dicts of the optimizer.
-    initial_blocks: list[dict[str, Any]] = []
+    # Blocks to start with (recovery excludes where the job was lost): the optimizer's Blocks.
+    initial_blocks: list[BlockField] = []
     # The SKYPILOT_TASK_ID the job will see (stable across recoveries of a managed job).
     skypilot_task_id: str | None = None
     # Managed pipelines: every task's SKYPILOT_TASK_ID, in order (SKYPILOT_TASK_IDS).

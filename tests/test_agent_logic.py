@@ -27,6 +27,7 @@ from skypurza.events.models import (
     JobSucceeded,
     NodeInfo,
 )
+from skypurza.events.payloads import TaskPayload
 from skypurza.events.taskspec import CliOverrides
 from skypurza.services.agent import envcontract as ec
 from skypurza.services.agent.decide import (
@@ -81,7 +82,7 @@ def test_cluster_info_is_skypilots_json():
     ({"accelerators": "tpu-v4-8"}, None, 0),
 ])
 def test_gpus_per_node(resources, placed, expected):
-    assert ec.gpus_per_node({"resources": resources}, placed) == expected
+    assert ec.gpus_per_node(TaskPayload.model_validate({"resources": resources}), placed) == expected
 
 
 def _ctx(**kw):

@@ -5,7 +5,9 @@ alike, since imports inside functions are how cycles hide.
 - a service never imports another service; `events/` imports no service and no CLI;
 - a service imports no CLI, except a platform package's CLI plugin (the modules that the
   `skypurza.cli_plugins` entry points of pyproject.toml name: CLI code living with its package);
-- open code never imports platform code (PLATFORM_PACKAGES; docs/DESIGN.md, *Open and platform*);
+- open code never imports platform code (PLATFORM_PACKAGES; docs/DESIGN.md, *Open and platform*),
+  nor names a platform module in a string (an `importlib` path: platform services and commands
+  join through entry points, `skypurza.services` and `skypurza.cli_plugins`);
 - no import cycles among the package's modules.
 
 tests/ and bench/ are not the package and may import anything.
@@ -25,10 +27,12 @@ TOPS = ("events", "services", "cli")
 
 # The platform side of the plan: services sold on top of the open broker (accounting today:
 # usage, billing, showback, settlement, export; dispatch, observability and the console will
-# join). Everything else in the package is the open broker. Open code reaches the platform only
-# over the bus (events/ledger_queries.py) and through CLI plugins (cli/plugins.py).
+# join). Everything else in the package is the open broker (the status projections included:
+# services/status/). Open code reaches the platform only over the bus (events/ledger_queries.py)
+# and through entry points (cli/plugins.py: CLI plugins, and services for `spz api serve`).
 PLATFORM_PACKAGES = ("skypurza.services.ledger",)
 PLUGIN_GROUP = "skypurza.cli_plugins"
+SERVICES_GROUP = "skypurza.services"
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,10 @@ def imports(modules: dict[str, Path]) -> list[Import]:
     return sorted(set(out), key=lambda e: (e.source, e.line, e.target))
 
 
-def plugin_modules(pyproject: Path) -> dict[str, str]:
-    """Entry-point name -> 'module:callable', for the CLI plugins pyproject.toml declares."""
+def plugin_modules(pyproject: Path, group: str = PLUGIN_GROUP) -> dict[str, str]:
+    """Entry-point name -> 'module:callable', for the CLI plugins (or services) pyproject.toml declares."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    return dict(project.get("entry-points", {}).get(PLUGIN_GROUP, {}))
+    return dict(project.get("entry-points", {}).get(group, {}))
 
 
 # ---------------------------------------------------------------- the rules (pure)
@@ -123,6 +127,22 @@ def platform_violations(edges: list[Import], platform: tuple[str, ...] = PLATFOR
         return any(_under(m, p) for p in platform)
 
     return [e for e in edges if is_platform(e.target) and not is_platform(e.source)]
+
+
+def platform_names(modules: dict[str, Path], platform: tuple[str, ...] = PLATFORM_PACKAGES) -> list[str]:
+    """Where an open module names a platform module in a string literal ("file:line: text")."""
+    def is_platform(m: str) -> bool:
+        return any(_under(m, p) for p in platform)
+
+    found = []
+    for module, path in modules.items():
+        if is_platform(module):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                    p in node.value for p in platform):
+                found.append(f"{path.name}:{node.lineno}: {node.value[:80]!r}")
+    return found
 
 
 def cycles(edges: list[Import]) -> list[list[str]]:
@@ -201,6 +221,27 @@ def test_open_code_never_imports_platform_code():
     assert _report(platform_violations(EDGES)) == []
 
 
+def test_open_code_names_no_platform_module_in_a_string():
+    """An import by string (`importlib.import_module("skypurza.services.ledger...")`) is an
+    import the scan above cannot see: open code names no platform module at all."""
+    assert platform_names(MODULES) == []
+
+
+def test_platform_services_join_through_entry_points():
+    """`spz api serve` finds the ledger through the `skypurza.services` group, and its open list
+    names only open services."""
+    from skypurza.cli import serve
+
+    services = plugin_modules(ROOT / "pyproject.toml", SERVICES_GROUP)
+    assert services == {"ledger": "skypurza.services.ledger.service:LedgerService"}
+    for name, value in services.items():
+        module, _, cls = value.partition(":")
+        assert any(_under(module, p) for p in PLATFORM_PACKAGES), f"{name}: {module} is not platform code"
+        assert cls in {n.name for n in ast.parse(MODULES[module].read_text()).body if isinstance(n, ast.ClassDef)}
+    assert "status" in serve.OPEN_SERVICES
+    assert not [v for v in serve.OPEN_SERVICES.values() if any(_under(v.partition(":")[0], p) for p in PLATFORM_PACKAGES)]
+
+
 def test_no_import_cycles():
     """A cycle is reported with every import between its modules, each where it is written."""
     found = cycles(EDGES)
@@ -242,6 +283,7 @@ def test_the_checker_finds_planted_violations(tmp_path):
         "services/ledger/billing.py": "from skypurza.cli import context\n",    # service -> CLI
         "services/ledger/cli.py": "from skypurza.cli import context\nfrom . import billing\n",  # a plugin: fine
         "cli/context.py": "",
+        "cli/serve.py": 'SERVICES = {"ledger": "skypurza.services.ledger.service:LedgerService"}\n',  # by string
     })
     edges = imports(modules)
     assert cycles(edges) == [["skypurza.events.a", "skypurza.events.b"]]
@@ -253,3 +295,5 @@ def test_the_checker_finds_planted_violations(tmp_path):
     }
     assert [(e.source, e.target, e.line) for e in platform_violations(edges)] == [
         ("skypurza.services.provisioner.plan", "skypurza.services.ledger.billing", 1)]
+    # An import statement is the scan's (above); a string naming a platform module is this one's.
+    assert platform_names(modules) == ["serve.py:1: 'skypurza.services.ledger.service:LedgerService'"]

@@ -272,6 +272,47 @@ def test_a_pipelined_append_the_server_never_answers_is_retried_not_waited_for_e
     asyncio.run(main())
 
 
+def test_a_replay_is_not_cut_short_by_a_server_that_pauses(nats_server):
+    """A fetch that times out while the server still holds messages for the replay is not the
+    end of the log (a server busy or just restarted delivers late)."""
+    import os
+    import signal
+    import threading
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish_many([submitted(i) for i in range(600)])
+        seen = 0
+        async for _ in bus.replay(batch=100):
+            seen += 1
+            if seen == 100:  # mid-replay: the server stops answering for 2.5 s
+                os.kill(nats_server.process.pid, signal.SIGSTOP)
+                threading.Timer(2.5, os.kill, (nats_server.process.pid, signal.SIGCONT)).start()
+        assert seen == 600
+        await bus.close()
+
+    asyncio.run(main())
+
+
+def test_a_replay_goes_on_across_a_server_restart(nats_server):
+    """The replay's consumer lives in the server's memory: a restart mid-replay loses it, and the
+    replay goes on from the next message on a new one (each message once, none missing)."""
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish_many([submitted(i) for i in range(600)])
+        seen: list[str] = []
+        async for s in bus.replay(batch=100):
+            seen.append(s.event.task_id)
+            if len(seen) == 150:
+                nats_server.kill()
+                nats_server.start()
+        assert seen == [f"t{i}" for i in range(600)]
+        await bus.close()
+
+    asyncio.run(main())
+
+
 def test_stream_settings(nats_server):
     async def main():
         bus = await connect_bus(nats_server)

@@ -58,7 +58,6 @@ def test_the_open_cli_runs_without_the_platform_package():
 @pytest.mark.parametrize("args, command", [
     (["cost-report", "--by", "team"], "cost-report"),
     (["cost-report", "--help"], "cost-report"),
-    (["audit"], "audit"),
     (["ledger", "billing", "--tres", "cpu=1"], "ledger"),
     (["events", "export", "out.jsonl"], "events export"),
     (["events", "replay", "--into", "out.duckdb"], "events replay --into"),

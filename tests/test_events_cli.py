@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,9 +67,13 @@ def test_tail_follows_new_events_live(nats_server, tmp_path):
         lines = [proc.stdout.readline(), proc.stdout.readline()]
         ids = [json.loads(x)["data"]["task_id"] for x in lines]
         assert ids == ["new1", "new2"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C stops following: exit 130, no traceback
+        assert proc.wait(20) == 130
+        assert "Traceback" not in proc.stderr.read()
     finally:
-        proc.terminate()
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
 
 
 def test_schema_export(tmp_path):

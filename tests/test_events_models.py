@@ -127,6 +127,8 @@ def test_docs_events_md_is_generated_and_complete():
 
 def test_naming_shapes():
     assert naming.name("dev", "ledger", "projections") == "skypurza-dev-ledger-projections"
+    assert naming.status_db_file("dev").name == "skypurza-dev-status-projections.duckdb"
+    assert naming.status_db_file("dev").parent == naming.projections_file("dev").parent
     assert naming.events_stream("prod") == "skypurza-prod-bus-events"
     assert naming.event_subject("dev", "cluster", "my.cluster", "job_queued") == \
         "skypurza.dev.evt.cluster.my%2Ecluster.job_queued"

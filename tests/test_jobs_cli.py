@@ -57,7 +57,7 @@ def test_launch_queue_logs_and_a_pipeline(cli, nats_server, tmp_path: Path):
         assert "── launch 1: cluster train-1-1 ──" in result.output
         assert "hello from train-1-1 as sky-managed-" in result.output
         submitted = bg.stand.submitted[0]
-        assert submitted.task["resources"] == {"use_spot": True, "job_recovery": "FAILOVER", "cpus": "4+"}
+        assert submitted.task.resources.to_dict() == {"use_spot": True, "job_recovery": "FAILOVER", "cpus": "4+"}
 
         result = cli("jobs", "launch", str(pipe), "-n", "etl", "-y", "--detach-run")
         assert result.exit_code == 0, result.output
@@ -66,7 +66,7 @@ def test_launch_queue_logs_and_a_pipeline(cli, nats_server, tmp_path: Path):
         assert result.exit_code == 0, result.output
         assert "── launch 1: cluster etl-2-1 ──" in result.output and "── launch 2: cluster etl-2-2 ──" in result.output
         assert "_etl_prep_2-0" in result.output and "_etl_train_2-1" in result.output
-        names = [t.task.get("name") for t in bg.stand.submitted if t.managed_job_id == 2]
+        names = [t.task.name for t in bg.stand.submitted if t.managed_job_id == 2]
         assert names == ["prep", "train"]
         # Each task's launch carries every task id of the pipeline, in order (SKYPILOT_TASK_IDS),
         # and the first job on its cluster gets them.
@@ -79,7 +79,7 @@ def test_launch_queue_logs_and_a_pipeline(cli, nats_server, tmp_path: Path):
         assert JobQueued(cluster="x", job_id=1, **job_fields(pipeline[1])).managed_task_ids == ids
         # The secret's value is not in the log, only its name; it went to the secrets store.
         train = [t for t in bg.stand.submitted if t.managed_job_id == 2][1]
-        assert train.task["secrets"] == {"TOKEN": None} and train.secrets_key.endswith("-1")
+        assert train.task.secrets == {"TOKEN": None} and train.secrets_key.endswith("-1")
 
         rows = {r["id"]: r for r in queue(cli)}
         assert {k: rows[1][k] for k in ("id", "name", "status", "recoveries", "cluster")} == {

@@ -1,5 +1,5 @@
-"""The ledger's CLI against a real ledger process and nats-server: cost-report, settle, audit,
-events export, events replay --into."""
+"""The ledger's CLI against a real ledger process, a real status service process and nats-server:
+cost-report, settle, audit (both projections), events export, events replay --into."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from typer.testing import CliRunner
 from skypurza.cli.main import app
 from skypurza.events import ledger_queries as lq
 from skypurza.events import naming
+from skypurza.events import status_queries as sq
 
 
 @pytest.fixture
 def ledger(nats_server, spz_home, monkeypatch, tmp_path):
-    """A published history and a running ledger process; the CLI pointed at them."""
+    """A published history, a running ledger process and status service process; the CLI
+    pointed at them."""
     h = scripted()
     settlement_tail(h)
 
@@ -40,18 +42,22 @@ def ledger(nats_server, spz_home, monkeypatch, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "skypurza.services.ledger.service", "--nats", nats_server.url,
                              "--stage", "test", "--tick", "0"], env=env,
                             stdout=open(tmp_path / "ledger.log", "wb"), stderr=subprocess.STDOUT)
+    status = subprocess.Popen([sys.executable, "-m", "skypurza.services.status.service", "--nats", nats_server.url,
+                               "--stage", "test"], env=env,
+                              stdout=open(tmp_path / "status.log", "wb"), stderr=subprocess.STDOUT)
 
     async def caught_up():
         bus = await connect_bus(nats_server)
         try:
             for _ in range(300):
                 try:
-                    if (await lq.position(bus, timeout=1.0))["checkpoint"] == last:
+                    if (await lq.position(bus, timeout=1.0))["checkpoint"] == last and \
+                            (await sq.position(bus, timeout=1.0))["checkpoint"] == last:
                         return
                 except Exception:
                     pass
                 await asyncio.sleep(0.05)
-            raise AssertionError("the ledger did not catch up")
+            raise AssertionError("the ledger or the status service did not catch up")
         finally:
             await bus.close()
 
@@ -59,8 +65,9 @@ def ledger(nats_server, spz_home, monkeypatch, tmp_path):
     for k, v in {"SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test"}.items():
         monkeypatch.setenv(k, v)
     yield {"last": last, "events": h.envs}
-    proc.terminate()
-    proc.wait(10)
+    for p in (proc, status):
+        p.terminate()
+        p.wait(10)
 
 
 def spz(*args: str) -> tuple[int, str]:
@@ -101,8 +108,16 @@ def test_settle_settlements_and_audit(ledger):
     code, out = spz("audit", "-o", "json")
     assert code == 0, out
     audit = json.loads(out)
-    assert audit["ok"] and audit["through_seq"] == ledger["last"] + 1  # the new PeriodSettled included
-    assert {t["table"] for t in audit["tables"]} >= {"clusters", "usage", "settlements", "checkpoint"}
+    assert audit["ok"] and audit["differing"] == []
+    # each projection against its own fresh replay, the new PeriodSettled included
+    assert set(audit["projections"]) == {"status", "ledger"}
+    assert {p["through_seq"] for p in audit["projections"].values()} == {ledger["last"] + 1}
+    assert {t["table"] for t in audit["tables"] if t["projection"] == "ledger"} >= {
+        "clusters", "usage", "settlements", "checkpoint"}
+    assert {t["table"] for t in audit["tables"] if t["projection"] == "status"} >= {
+        "clusters", "jobs", "managed_jobs", "attempts", "node_runs", "checkpoint"}
+    code, out = spz("audit")
+    assert code == 0 and "status:" in out and "ledger:" in out and "The projections match the log." in out
 
 
 def test_events_export_and_replay_into(ledger, tmp_path):
@@ -129,10 +144,10 @@ def test_events_export_and_replay_into(ledger, tmp_path):
     code, out = spz("events", "replay", "--into", str(tmp_path / "c.duckdb"))
     assert code == 0
     code, out = spz("audit", "--live", str(tmp_path / "a.duckdb"), "--replay", str(tmp_path / "c.duckdb"))
-    assert code == 0 and "matches" in out
+    assert code == 0 and "ledger:" in out and "match the log" in out
     code, out = spz("audit", "--live", str(tmp_path / "a.duckdb"), "--replay", str(tmp_path / "b.duckdb"))
-    assert code == 1 and "DIFF" in out and "differs" in out
+    assert code == 1 and "DIFF" in out and "differ from the log in: ledger." in out
     code, out = spz("events", "replay", "--into", str(tmp_path / "a.duckdb"))
     assert code == 1 and "exists" in out
-    # the running ledger writes the stage's own file, named by the naming module
-    assert naming.projections_file("test").exists()
+    # the running services write the stage's own files, named by the naming module
+    assert naming.projections_file("test").exists() and naming.status_db_file("test").exists()

@@ -149,7 +149,7 @@ def test_audit_finds_a_tampered_row(nats_server, tmp_path):
         # Someone edits the projection behind the ledger's back (the ledger is stopped).
         con = duckdb.connect(str(db))
         con.execute("UPDATE usage SET cost_micros = cost_micros + 1 WHERE cluster = 'c9' AND rank = 1")
-        con.execute("UPDATE jobs SET status = 'SUCCEEDED' WHERE cluster = 'c1' AND job_id = 4")
+        con.execute("UPDATE clusters SET status = 'UP' WHERE name = 'c1'")  # its private copy for the meter
         con.close()
         after = await run_ledger_until_caught_up(bus)
         await replay_into(bus, tmp_path / "replay.duckdb")
@@ -158,12 +158,12 @@ def test_audit_finds_a_tampered_row(nats_server, tmp_path):
 
     before, after = asyncio.run(main())
     assert before["ok"] and before["differing"] == []
-    assert not after["ok"] and set(after["differing"]) == {"usage", "jobs"}
-    jobs = next(t for t in after["tables"] if t["table"] == "jobs")
-    assert jobs["live_rows"] == jobs["replay_rows"] and jobs["live_checksum"] != jobs["replay_checksum"]
-    assert jobs["only_live"][0]["status"] == "SUCCEEDED" and jobs["only_replay"][0]["status"] == "FAILED"
+    assert not after["ok"] and set(after["differing"]) == {"usage", "clusters"}
+    clusters = next(t for t in after["tables"] if t["table"] == "clusters")
+    assert clusters["live_rows"] == clusters["replay_rows"] and clusters["live_checksum"] != clusters["replay_checksum"]
+    assert clusters["only_live"][0]["status"] == "UP" and clusters["only_replay"][0]["status"] == "TERMINATED"
     usage_t = next(t for t in after["tables"] if t["table"] == "usage")
     assert usage_t["only_live"][0]["cost_micros"] == usage_t["only_replay"][0]["cost_micros"] + 1
     # The offline audit of the two files says the same.
     offline = audit(db, tmp_path / "replay.duckdb")
-    assert set(offline["differing"]) == {"usage", "jobs"}
+    assert set(offline["differing"]) == {"usage", "clusters"}

@@ -1,8 +1,9 @@
-"""The golden event log: every event type replayed into DuckDB and compared with a committed result.
+"""The golden event log: every event type replayed into DuckDB — the ledger's file and the status
+service's — and compared with committed results.
 
 Any change to a reducer, an upcaster or the decoder that alters what a historical log projects to
 fails here. Regenerate on purpose only:
-    SKYPURZA_REGEN_GOLDEN=1 pytest tests/test_ledger_golden.py          # expected_tables.json
+    SKYPURZA_REGEN_GOLDEN=1 pytest tests/test_ledger_golden.py   # expected_tables.json, expected_status_tables.json
     SKYPURZA_REGEN_GOLDEN_EVENTS=1 pytest tests/test_ledger_golden.py   # events.jsonl (rarely)
 """
 
@@ -25,12 +26,15 @@ from skypurza.events.models import all_event_types
 from skypurza.services.ledger.ledgerconfig import parse_ledger_config
 from skypurza.services.ledger.meter import due_usage
 from skypurza.services.ledger.pipeline import Projector
+from skypurza.events.projection.replay import replay_into as status_replay_into
 from skypurza.services.ledger.replay import replay_into
 from skypurza.services.ledger.schema import TABLES
+from skypurza.services.status.projector import PROJECTION as STATUS
 
 GOLDEN = Path(__file__).parent / "golden"
 EVENTS = GOLDEN / "events.jsonl"
 EXPECTED = GOLDEN / "expected_tables.json"
+EXPECTED_STATUS = GOLDEN / "expected_status_tables.json"
 
 
 def build_events(tmp: Path) -> list[bytes]:
@@ -66,11 +70,11 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def dump(path: Path) -> dict[str, Any]:
+def dump(path: Path, tables: tuple[Any, ...] = TABLES) -> dict[str, Any]:
     con = duckdb.connect(str(path), read_only=True)
     try:
         out = {}
-        for t in TABLES:
+        for t in tables:
             res = con.execute(f'SELECT * FROM "{t.name}" ORDER BY {t.order_by}')
             out[t.name] = {"columns": [d[0] for d in res.description],
                            "rows": [[_jsonable(v) for v in row] for row in res.fetchall()]}
@@ -90,18 +94,25 @@ def test_golden_log_replays_to_the_committed_tables(nats_server, tmp_path):
         for i, line in enumerate(lines):
             await bus.js.publish(_subject(line), line, headers={"Nats-Msg-Id": f"golden-{i}"})
         res = await replay_into(bus, tmp_path / "golden.duckdb")
+        status = await status_replay_into(bus, tmp_path / "status.duckdb", STATUS)
         await bus.close()
-        return res
+        return res, status
 
-    res = asyncio.run(main())
-    assert res["records"] == len(lines)
+    res, status = asyncio.run(main())
+    assert res["records"] == status["records"] == len(lines)
     got = dump(tmp_path / "golden.duckdb")
+    got_status = dump(tmp_path / "status.duckdb", STATUS.tables)
     if os.environ.get("SKYPURZA_REGEN_GOLDEN"):
         EXPECTED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    expected = json.loads(EXPECTED.read_text())
-    for table in expected:
-        assert got[table] == expected[table], f"table {table} differs from tests/golden/expected_tables.json"
-    assert set(got) == set(expected)
+        EXPECTED_STATUS.write_text(json.dumps(got_status, indent=1, sort_keys=True) + "\n")
+    for have, path in ((got, EXPECTED), (got_status, EXPECTED_STATUS)):
+        expected = json.loads(path.read_text())
+        for table in expected:
+            assert have[table] == expected[table], f"table {table} differs from tests/golden/{path.name}"
+        assert set(have) == set(expected)
+    # The fleet tables both keep (the ledger's private copy for its meter) are the same rows.
+    for table in ("clusters", "nodes", "placements", "applied_events", "skipped"):
+        assert got[table] == got_status[table], table
     # One usage row per distinct usage event id (the golden log stores one interval twice).
     usage_ids = {json.loads(line)["id"] for line in lines if b"usage_recorded" in line}
     assert len(got["usage"]["rows"]) == len(usage_ids) < sum(1 for line in lines if b"usage_recorded" in line)

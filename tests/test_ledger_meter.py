@@ -12,7 +12,7 @@ from skypurza.events.config import ConfigError
 from skypurza.events.envelope import make_envelope
 from skypurza.events.models import ClusterProvisioned, ClusterStopped, ClusterTerminated
 from skypurza.events.types import NodeInfo
-from skypurza.services.ledger.decoding import decode_record
+from skypurza.events.projection.records import decode_record
 from skypurza.services.ledger.ledgerconfig import LedgerConfig, parse_ledger_config
 from skypurza.services.ledger.meter import due_usage
 from skypurza.services.ledger.projector import State, apply

@@ -15,6 +15,7 @@ from ledger_history import History, cand
 from nats_fixtures import connect_bus
 
 from skypurza.events import ledger_queries as lq
+from skypurza.events.clock import ManualClock
 from skypurza.events.models import (
     ClusterProvisioned, ClusterStarted, ClusterStopped, ClusterTerminated, SpotPreempted, TaskSubmitted,
 )
@@ -124,11 +125,11 @@ def test_a_metered_month_settles_and_late_usage_is_compensated(nats_server, tmp_
     stop_at = MID - timedelta(hours=4, seconds=13)
     for run in late_stop[1]:
         run.end = stop_at
-    now = [MID]
+    clock = ManualClock(MID)
     db = tmp_path / "ledger.duckdb"
 
     def service() -> LedgerService:
-        return LedgerService(db, tick_s=TICK_S, config=CFG, clock=lambda: now[0], meter_every_s=3600)
+        return LedgerService(db, tick_s=TICK_S, config=CFG, clock=clock, meter_every_s=3600)
 
     async def settle_down(bus, svc) -> None:
         """Meter until nothing is due and the projection has the whole log."""
@@ -158,7 +159,7 @@ def test_a_metered_month_settles_and_late_usage_is_compensated(nats_server, tmp_
         for t, ev in rest:
             h.add(ev, at=t)
         await bus.publish_many(h.envs[n0:])
-        now[0] = NOV
+        clock.set(NOV)
         svc = service()
         await svc.start(bus)
         await settle_down(bus, svc)

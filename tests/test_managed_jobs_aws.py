@@ -141,8 +141,8 @@ def test_failover_preempted_spot_node_recovers_in_another_zone_and_resumes(nats_
             first, second = got["launches"]
             assert (first.cluster, second.cluster) == ("train-1-1", "train-1-2")
             # Same region first, another zone: the preempted zone's spot market is blocked.
-            assert second.task["resources"]["infra"] == "aws/us-east-1"
-            assert [(b["scope"], b["zone"]) for b in second.initial_blocks] == [("spot_market", "us-east-1a")]
+            assert second.task.resources.infra == "aws/us-east-1"
+            assert [(b.scope, b.zone) for b in second.initial_blocks] == [("spot_market", "us-east-1a")]
             assert '"zone":"us-east-1b"' in got["runs"][1] and '"zone":"us-east-1a"' in got["runs"][0]
             # The same SKYPILOT_TASK_ID in both runs, and the second run saw the first one's checkpoint.
             ids = {line.split()[0] for line in got["runs"]}
@@ -173,7 +173,7 @@ def test_eager_next_region_by_default_lands_in_another_region(nats_server, fake_
             got = await run_preemption(bus, agents, fake_aws, None)
             first, second = got["launches"]
             assert second.task == first.task  # no pin: the region is blocked instead
-            assert [(b["scope"], b["region"]) for b in second.initial_blocks] == [("region", "us-east-1")]
+            assert [(b.scope, b.region) for b in second.initial_blocks] == [("region", "us-east-1")]
             assert '"region":"us-east-1"' in got["runs"][0] and '"region":"us-west-2"' in got["runs"][1]
             assert max(len(s) for s in got["seen"]) <= 1
             assert got["statuses"][-1].recoveries == 1

@@ -291,7 +291,7 @@ def test_recovery_service_sees_a_v1_recovering_through(nats_server, spz_home):
                 got = await wait_status(bus, 1, "SUCCEEDED")
             assert "eval-1-1" in stand.downs and [t.cluster for t in stand.submitted] == ["eval-1-1", "eval-1-2"]
             relaunch = stand.submitted[1]
-            assert [(b["scope"], b["region"]) for b in relaunch.initial_blocks] == [("region", "us-east-1")]
+            assert [(b.scope, b.region) for b in relaunch.initial_blocks] == [("region", "us-east-1")]
             assert [(e.status, e.kind) for e in got] == [("STARTING", "launch"), ("RUNNING", "started"),
                                                         ("RECOVERING", "preempted"), ("RUNNING", "started"),
                                                         ("SUCCEEDED", "succeeded")]

@@ -6,8 +6,8 @@ name, redelivered reports) and the golden log's clusters go to every reader:
 - the CLI's fold (`cli/clusterlog.py`, what `spz logs`, `spz exec`, `spz cancel` decide on);
 - the node agent's view (`services/agent/view.py`, what the agents act on);
 - the provisioner's state (`services/provisioner/state.py`, newest lifecycle events only);
-- the ledger: the real projector writing a real DuckDB file, read back with the queries that
-  answer `spz status` and `spz queue`;
+- the status service: its real projector writing a real DuckDB file, read back with the queries
+  that answer `spz status` and `spz queue`;
 - recovery's state machine, for the managed-job status a job's end gives;
 and each must say what `events/fold.py` `fold_cluster` says.
 """
@@ -34,12 +34,13 @@ from skypurza.events.models import (
     DownRequested, JobCancelled, JobFailed, JobNodeFinished, JobQueued, JobStarted, JobSucceeded, NodeLost,
     NodeReady, SpotPreempted,
 )
+from skypurza.events.projection.pipeline import Projector
 from skypurza.events.types import Candidate, NodeInfo
 from skypurza.services.agent.view import ClusterView
-from skypurza.services.ledger import queries
-from skypurza.services.ledger.pipeline import Projector
 from skypurza.services.provisioner.state import cluster_state, fold_live
 from skypurza.services.recovery import machine
+from skypurza.services.status import queries
+from skypurza.services.status.projector import PROJECTION
 
 NS = uuid.UUID("5b0c1f0e-6a8e-4d0b-9d35-0a4c3e1f7b21")
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -188,10 +189,10 @@ def provisioner_reader(cluster: str, envs: list[Envelope]) -> tuple[bool, bool, 
     return state.live, state.stopped, cluster in fold_live(stored(envs))
 
 
-def ledger_reader(path: Path, envs: list[Envelope], clusters: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def status_reader(path: Path, envs: list[Envelope], clusters: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Clusters by name and jobs by (cluster, job_id), from a real DuckDB file written by the
-    ledger's projector and read with the queries behind `spz status -a` and `spz queue`."""
-    proj = Projector(path)
+    status service's projector and read with the queries behind `spz status -a` and `spz queue`."""
+    proj = Projector(path, PROJECTION)
     try:
         changes, err = proj.apply_raw([(i + 1, 0, e.to_json()) for i, e in enumerate(envs)])
         assert err is None
@@ -236,10 +237,10 @@ def _end_fact(cluster: str, end: Any) -> Any:
 # ---------------------------------------------------------------------------------- agreement
 
 
-def check_agreement(cluster: str, envs: list[Envelope], ledger: tuple[dict[str, Any], dict[str, Any]]) -> None:
+def check_agreement(cluster: str, envs: list[Envelope], projected: tuple[dict[str, Any], dict[str, Any]]) -> None:
     events = events_of(envs)
     want = fold.fold_cluster(cluster, events)
-    status, ledger_jobs = ledger
+    status, status_jobs = projected
 
     # the cluster's status
     cli = cli_reader(cluster, envs)
@@ -251,24 +252,24 @@ def check_agreement(cluster: str, envs: list[Envelope], ledger: tuple[dict[str, 
     assert live == (want.status in fold.CLUSTER_LIVE) == in_live_set, "provisioner"
     assert stopped == (want.status == "STOPPED"), "provisioner"
     if cluster in status:
-        assert status[cluster]["status"] == want.status, "ledger"
-    else:  # the ledger keeps no record of a cluster that never came up (as SkyPilot)
+        assert status[cluster]["status"] == want.status, "status"
+    else:  # the status service keeps no record of a cluster that never came up (as SkyPilot)
         assert want.status in (None, "TERMINATED") and not any(isinstance(e, ClusterProvisioned) for e in events)
 
     # every job's status, final or not, exit code, and what `spz logs --status` exits with
     assert set(cli.jobs) == set(want.current_jobs()), "CLI jobs"
     assert set(agent.jobs) == set(want.jobs), "agent jobs"
-    assert {j for (c, j) in ledger_jobs if c == cluster} == set(want.jobs), "ledger jobs"
+    assert {j for (c, j) in status_jobs if c == cluster} == set(want.jobs), "status jobs"
     ends = {}
     for e, ev in zip(envs, events):
         if isinstance(ev, (JobSucceeded, JobFailed, JobCancelled)) and ev.job_id not in ends:
             ends[ev.job_id] = ev
     for job_id, job in want.jobs.items():
-        row = ledger_jobs[(cluster, job_id)]
-        assert row["status"] == job.status, f"ledger job {job_id}"
-        assert row["unfinished"] == (not job.terminal), f"ledger skip_finished, job {job_id}"
+        row = status_jobs[(cluster, job_id)]
+        assert row["status"] == job.status, f"status job {job_id}"
+        assert row["unfinished"] == (not job.terminal), f"status skip_finished, job {job_id}"
         assert (row["exit_code"], row["failed_rank"], row["num_nodes"]) == (job.exit_code, job.failed_rank,
-                                                                            job.num_nodes), f"ledger job {job_id}"
+                                                                            job.num_nodes), f"status job {job_id}"
         view = agent.jobs[job_id]
         assert view.terminal == job.terminal and view.num_nodes == job.num_nodes, f"agent job {job_id}"
         assert view.status == (job.status if job.terminal else None), f"agent job {job_id}"
@@ -304,8 +305,8 @@ _SET_UP = [("provision", 1, 0, 0), ("queue", 0, 1, 1), ("job_started", 0, 0, 0),
          provision_first=False)  # torn down before it came up
 def test_every_reader_reports_the_fold_of_generated_histories(tmp_path_factory, steps, provision_first):
     envs = history("c1", steps, provision_first)
-    path = tmp_path_factory.mktemp("fold") / "ledger.duckdb"
-    check_agreement("c1", envs, ledger_reader(path, envs, ["c1"]))
+    path = tmp_path_factory.mktemp("fold") / "status.duckdb"
+    check_agreement("c1", envs, status_reader(path, envs, ["c1"]))
 
 
 def test_every_reader_reports_the_fold_of_the_golden_log(tmp_path):
@@ -326,8 +327,8 @@ def test_every_reader_reports_the_fold_of_the_golden_log(tmp_path):
     for e in envs:
         if e.subject.startswith("cluster/") and e.event_name != "usage_recorded":
             by_cluster[e.subject.split("/", 1)[1]].append(e)
-    # The ledger reads the whole log (task and managed-job events too), as it does live.
-    status, jobs = ledger_reader(tmp_path / "golden.duckdb", envs, sorted(by_cluster))
+    # The status service reads the whole log (task and managed-job events too), as it does live.
+    status, jobs = status_reader(tmp_path / "golden.duckdb", envs, sorted(by_cluster))
     checked = 0
     for cluster, cenvs in sorted(by_cluster.items()):
         if cluster == "?":

@@ -53,7 +53,7 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     assert res.returncode == 0, res.stderr
     listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
                             capture_output=True, text=True, cwd=ROOT).stdout.split()
-    assert set(listed) == {"nats", "optimizer", "provisioner", "recovery", "ledger"}
+    assert set(listed) == {"nats", "optimizer", "provisioner", "recovery", "status", "ledger"}
     # And the check is real: a broken file fails.
     broken = tmp_path / "compose.yaml"
     broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)
@@ -88,8 +88,11 @@ def test_wheel_ships_only_the_skypurza_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops <= {"skypurza", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
-    for must in ("skypurza/events/bus.py", "skypurza/cli/main.py", "skypurza/services/optimizer/__init__.py"):
+    for must in ("skypurza/events/bus.py", "skypurza/cli/main.py", "skypurza/services/optimizer/__init__.py",
+                 "skypurza/events/projection/pipeline.py", "skypurza/services/status/service.py"):
         assert must in names
     # the platform's commands join `spz` through this entry point (cli/plugins.py)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
     assert "[skypurza.cli_plugins]\nledger = skypurza.services.ledger.cli:register" in entry_points.decode()
+    # and its services join `spz api serve` through this one (cli/serve.py)
+    assert "[skypurza.services]\nledger = skypurza.services.ledger.service:LedgerService" in entry_points.decode()

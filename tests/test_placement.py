@@ -6,9 +6,11 @@ import random
 
 import pytest
 
+from skypurza.events.models import TaskSubmitted
 from skypurza.events.taskspec.request import ResourceRequest as R
 from skypurza.services.optimizer.catalog import load_catalog
 from skypurza.services.optimizer.catalog.model import Catalog
+from skypurza.services.optimizer.decide import initial_blocks
 from skypurza.services.optimizer.local import LocalResources
 from skypurza.services.optimizer.placement import (
     Block,
@@ -320,7 +322,11 @@ def test_block_for_error_scopes(cat: Catalog) -> None:
     u = block_for_error(spot, "unsupported")
     assert (u.scope, u.zone, u.use_spot) == ("candidate", spot.zone, True)
     assert block_for_error(od, "auth") == Block("infra", "aws", error_class="auth")
-    assert Block.from_dict(q.to_dict()) == q
+    # Every block the optimizer makes travels as a FailoverBlock and comes back the same.
+    made = [q, u, block_for_error(spot, "capacity"), block_for_error(od, "capacity", zone=od.zones[0]),
+            block_for_error(od, "auth")]
+    sub = TaskSubmitted(task_id="t", cluster="c", task={}, initial_blocks=[b.to_dict() for b in made])
+    assert initial_blocks(sub) == made and [b.to_dict() for b in sub.initial_blocks] == [b.to_dict() for b in made]
     assert [quota_class(t) for t in ("p5.48xlarge", "g6e.xlarge", "m6i.large", "inf2.xlarge", "vt1.3xlarge")] == [
         "P", "G", "Standard", "Inf", "G"]
 

@@ -27,6 +27,7 @@ from skypurza.cli import health
 from skypurza.cli.main import app
 from skypurza.events import deadletters, naming
 from skypurza.events import ledger_queries as lq
+from skypurza.events import status_queries as sq
 from skypurza.events.envelope import REGISTRY, UPCASTERS, Event, register, upcaster, utcnow
 from skypurza.events.jobqueue import queue_job
 from skypurza.events.models import (AutostopSet, Candidate, ClusterProvisioned, JobQueued, NodeInfo, UsageRecorded,
@@ -89,34 +90,34 @@ def provisioned(cluster: str, *, price: int = 3_600_000, idle_minutes: int | Non
         launched_at=utcnow() - timedelta(minutes=5), user="ana", team="ml", idle_minutes=idle_minutes)
 
 
-async def wait_checkpoint(bus, seq: int, timeout: float = 30.0) -> dict:
+async def wait_checkpoint(bus, seq: int, position=lq.position, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
         try:
-            last = await lq.position(bus, timeout=1.0)
+            last = await position(bus, timeout=1.0)
             if last["checkpoint"] >= seq:  # type: ignore[index]
                 return last  # type: ignore[return-value]
         except Exception as exc:  # not up yet
             last = exc
         await asyncio.sleep(0.1)
-    raise AssertionError(f"the ledger did not reach seq {seq}: {last!r}")
+    raise AssertionError(f"the projection did not reach seq {seq}: {last!r}")
 
 
-def ledger_health(spz) -> dict:
+def ledger_health(spz, name: str = "ledger") -> dict:
     code, out = spz("api", "status", "-o", "json")
     assert code == 0, out
     st = json.loads(out)
-    return next(s for s in st["services"] if s["name"] == "ledger")
+    return next(s for s in st["services"] if s["name"] == name)
 
 
 # ---------------------------------------------------------------- the ledger
 
 
-def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, services, cli):
-    """Poison in the middle of a catch-up batch and then live: the ledger parks exactly those
-    events (with their errors), projects every other one, never restarts, and audit and
-    cost-report work."""
+def test_the_projections_park_poison_and_project_everything_else(nats_server, services, cli):
+    """Poison in the middle of a catch-up batch and then live: the status service and the ledger
+    each park exactly the events they cannot apply (with their errors), project every other one,
+    never restart, and audit, status and cost-report work."""
 
     async def before():
         bus = await connect_bus(nats_server)
@@ -134,22 +135,25 @@ def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, servi
         return last
 
     last = asyncio.run(before())
-    proc = services("ledger")
+    proc = services("status,ledger")
 
     async def live():
         bus = await connect_bus(nats_server)
         await wait_checkpoint(bus, last)  # the whole backlog came as one batch
+        await wait_checkpoint(bus, last, sq.position)
         await bus.publish(JobQueued(cluster="c2", job_id=HUGE, task_id="t-huge", task={"run": "x"}))  # poison
         poison_seq = await bus.last_seq()
         await bus.publish(AutostopSet(cluster="c1", idle_minutes=15))
         await bus.publish(JobQueued(cluster="c2", job_id=1, task_id="t-1", task={"run": "echo hi"}))
         end = await bus.last_seq()
         pos = await wait_checkpoint(bus, end)
+        status_pos = await wait_checkpoint(bus, end, sq.position)
         await bus.close()
-        return poison_seq, end, pos
+        return poison_seq, end, pos, status_pos
 
-    poison_seq, end, pos = asyncio.run(live())
+    poison_seq, end, pos, status_pos = asyncio.run(live())
     assert pos["checkpoint"] == end and pos["halted"] is None
+    assert status_pos["checkpoint"] == end and status_pos["halted"] is None and status_pos["parked"] == 2
 
     code, out = cli("status", "-o", "json")
     assert code == 0, out
@@ -162,11 +166,14 @@ def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, servi
 
     code, out = cli("events", "dlq", "-o", "json")
     assert code == 0, out
-    parked = json.loads(out)
+    parked = sorted(json.loads(out), key=lambda p: (p["service"], p["stream_seq"]))
+    # The ledger keeps no jobs (accounting only): the job id it cannot hold is the status service's.
     assert [(p["service"], p["stream_seq"], p["event_type"]) for p in parked] == [
-        ("ledger", 2, "io.skypurza.autostop_set.v1"), ("ledger", poison_seq, "io.skypurza.job_queued.v1")]
+        ("ledger", 2, "io.skypurza.autostop_set.v1"),
+        ("status", 2, "io.skypurza.autostop_set.v1"), ("status", poison_seq, "io.skypurza.job_queued.v1")]
     assert "clusters.autostop_minutes = 100000000000000000000" in parked[0]["error"]
-    assert "jobs.job_id = 100000000000000000000" in parked[1]["error"]
+    assert "clusters.autostop_minutes = 100000000000000000000" in parked[1]["error"]
+    assert "jobs.job_id = 100000000000000000000" in parked[2]["error"]
     for p in parked:
         assert p["error_type"] == "OverflowError" and p["error"].startswith("OverflowError: ")
         assert str(HUGE) in p["payload"], "the dead letter must hold the original event"
@@ -178,8 +185,9 @@ def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, servi
     assert code == 0, out
     audit = json.loads(out)
     assert audit["ok"], audit["differing"]
-    skipped = next(t for t in audit["tables"] if t["table"] == "skipped")
-    assert skipped["live_rows"] == 2  # the two parked events, recorded in the projection as well
+    skipped = {t["projection"]: t for t in audit["tables"] if t["table"] == "skipped"}
+    # the parked events, recorded in each projection as well
+    assert (skipped["status"]["live_rows"], skipped["ledger"]["live_rows"]) == (2, 1)
 
     code, out = cli("cost-report", "-o", "json")
     assert code == 0, out
@@ -188,8 +196,9 @@ def test_the_ledger_parks_poison_and_projects_everything_else(nats_server, servi
     code, out = cli("cost-report")
     assert code == 0 and "not running" not in out
 
-    h = ledger_health(cli)
-    assert (h["state"], h["restarts"], h["last_error"]) == ("running", 0, None)
+    for name in ("ledger", "status"):
+        h = ledger_health(cli, name)
+        assert (h["state"], h["restarts"], h["last_error"]) == ("running", 0, None), name
     assert proc.poll() is None
 
 

@@ -7,8 +7,11 @@
   catalog that lands at the old catalog's address (so has its id) gets its own plan;
 - the settings base (events/settings.py): each bound at its limit and past it, bad types, the
   error text; every service's settings checked against the ranges the docs give;
+- the node agent's settings (environment only) and the choices (log level, bucket store);
+- config.yaml read by the task spec's bounded YAML loader: file:line:column errors, aliases,
+  size, encoding, a named pipe refused at once;
 - "AWS is configured" (events/awsconfig.py) as a table;
-- a bad setting reaching a services process is one clear line (and its health file), exit 2.
+- a bad setting reaching a services process (or a node agent) is one clear line, exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import copy
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +31,13 @@ import pytest
 
 from skypurza.events import naming
 from skypurza.events.awsconfig import AWS_ENV_SIGNALS, aws_config_files, aws_configured
-from skypurza.events.config import ConfigError
+from skypurza.events.config import ConfigError, load_config
+from skypurza.events.limits import MAX_YAML_FILE_BYTES
 from skypurza.events.models import CapacityError, PlacementChosen, TaskSubmitted
 from skypurza.events.settings import SettingsError, Sources, parse_flag, parse_integer, parse_names, parse_number
 from skypurza.events.taskspec.request import ResourceRequest as R
 from skypurza.services.ledger.ledgerconfig import TICK_ENV, parse_ledger_config
+from skypurza.services.agent.settings import AgentSettings
 from skypurza.services.optimizer import decide, placement
 from skypurza.services.optimizer.catalog import Catalog, codec, load_catalog
 from skypurza.services.optimizer.catalog.model import InstanceType, Offering, ZoneOffer
@@ -390,6 +396,108 @@ def test_the_ledger_tick_goes_through_the_same_base() -> None:
         parse_ledger_config({"metering_tick_s": "often"}, "cfg.yaml", env={})
     with pytest.raises(SettingsError, match=rf"^{TICK_ENV}='86401': expected a number of seconds from 0 to 86400$"):
         parse_ledger_config({}, "c", env={TICK_ENV: "86401"})
+
+
+# The node agent: the environment only (a node has no config.yaml of the user's).
+AGENT_RANGES = [
+    ("SKYPURZA_AGENT_HEARTBEAT_S", "heartbeat_s", 0.05, 3600),
+    ("SKYPURZA_AGENT_KILL_GRACE_S", "kill_grace_s", 0, 3600),
+    ("SKYPURZA_CHECKPOINT_SYNC_S", "checkpoint_sync_s", 0.05, 86400),
+]
+
+
+@pytest.mark.parametrize("var,field,low,high", AGENT_RANGES, ids=[r[0] for r in AGENT_RANGES])
+def test_agent_settings_are_bounded_and_named(var: str, field: str, low: float, high: float) -> None:
+    assert getattr(AgentSettings.load(env={var: f"{low:g}"}), field) == low
+    assert getattr(AgentSettings.load(env={var: f"{high:g}"}), field) == high
+    for bad in (f"{high * 2:g}", "-1", "abc", "nan"):
+        with pytest.raises(SettingsError, match=rf"^{var}='{re.escape(bad)}': expected a number of seconds "
+                                                rf"from {low:g} to {high:g}$"):
+            AgentSettings.load(env={var: bad})
+
+
+def test_agent_and_recovery_choices_name_what_they_accept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert AgentSettings.load(env={}) == AgentSettings()  # the defaults of before: 5 s, 10 s, INFO, 30 s
+    got = AgentSettings.load(env={"SKYPURZA_AGENT_LOG_LEVEL": "debug", "SKYPURZA_BUCKET_STORE": "S3"})
+    assert (got.log_level, got.bucket_store) == ("DEBUG", "s3")
+    with pytest.raises(SettingsError, match=r"^SKYPURZA_AGENT_LOG_LEVEL='chatty': expected one of DEBUG, INFO, "
+                                            r"WARNING, ERROR, CRITICAL$"):
+        AgentSettings.load(env={"SKYPURZA_AGENT_LOG_LEVEL": "chatty"})
+    for load in (lambda env: AgentSettings.load(env=env),
+                 lambda env: RecoverySettings.load(env=env, config={}, aws_files=())):
+        with pytest.raises(SettingsError, match=r"^SKYPURZA_BUCKET_STORE='gcs': expected one of s3, dir$"):
+            load({"SKYPURZA_BUCKET_STORE": "gcs"})
+    assert RecoverySettings.load(env={"SKYPURZA_BUCKET_STORE": "dir"}, config={}, aws_files=()).bucket_store == "dir"
+    # The agent never reads config.yaml: even a broken one changes nothing (the others would refuse it).
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path))
+    (tmp_path / "config.yaml").write_text("agent: [unclosed\n")
+    assert AgentSettings.load(env={}) == AgentSettings()
+    with pytest.raises(ConfigError, match="config.yaml:2:1: not valid YAML"):
+        OptimizerSettings.load(env={})
+
+
+def test_a_bad_agent_setting_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path), "SKYPURZA_AGENT_HEARTBEAT_S": "soon"}
+    res = subprocess.run([sys.executable, "-m", "skypurza.services.agent", "--nats", "nats://127.0.0.1:1",
+                          "--stage", "test", "--cluster", "c", "--rank", "0", "--num-nodes", "1",
+                          "--node-ips", "127.0.0.1", "--infra", "local", "--home", str(tmp_path / "n")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("spz agent: SKYPURZA_AGENT_HEARTBEAT_S='soon': expected a number of seconds "
+                                  "from 0.05 to 3600")
+
+
+# ------------------------------------------------------------------------------ the config file
+
+def test_the_config_file_is_read_by_the_bounded_loader_with_positions(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+
+    def error(text: str) -> str:
+        cfg.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg)
+        return str(e.value)
+
+    cfg.write_text("stage: dev\nprovisioner: {concurrency: 3}\n")
+    assert load_config(cfg).data == {"stage": "dev", "provisioner": {"concurrency": 3}}
+    cfg.write_text("")
+    assert load_config(cfg).data == {}
+    assert load_config(tmp_path / "absent.yaml").data == {}
+    assert error("stage: dev\nteams: [a, b\n").startswith(f"{cfg}:3:1: not valid YAML: ")
+    assert error("stage: dev\nstage: prod\n") == (f"{cfg}:2:1: not valid YAML: duplicate key 'stage' (first given "
+                                                    "at line 1); a key may appear once in a mapping")
+    assert error("- a\n- b\n") == f"{cfg}: expected a mapping of keys, found list"
+    assert error("a: 1\n---\nb: 2\n") == f"{cfg}: expected one YAML document, found 2"
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdef", "bcdefg"))
+    assert "too many aliases" in error(laughs)  # refused while reading, not after building 10 million nodes
+    cfg.write_bytes(b"stage: \xff\n")
+    assert error_of(cfg).startswith(f"{cfg}: not UTF-8 text")
+    big = tmp_path / "big.yaml"
+    big.write_text("x: " + "y" * (MAX_YAML_FILE_BYTES + 1))
+    assert error_of(big) == f"{big}: the file is {MAX_YAML_FILE_BYTES + 4:,} bytes; at most {MAX_YAML_FILE_BYTES:,}"
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    assert error_of(fifo) == f"{fifo}: not a regular file"  # refused at once: never waits for a writer
+
+
+def test_a_broken_config_file_is_one_line_from_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("stage: dev\nstage: prod\n")
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path)}
+    env.pop("SKYPURZA_DEBUG", None)
+    res = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "status"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    assert res.stderr.strip() == (f"error: {tmp_path / 'config.yaml'}:2:1: not valid YAML: duplicate key 'stage' "
+                                  "(first given at line 1); a key may appear once in a mapping")
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    return str(e.value)
 
 
 # ------------------------------------------------------------------------------ AWS is configured

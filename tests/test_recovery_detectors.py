@@ -1,6 +1,6 @@
 """Recovery's detectors, each driven on its own on a real nats-server, publishing through the
 bus checked against the recovery service's contract (as the runner gives it): heartbeats
-(with a clock of the test's own), instance watching (a real fake-EC2 server), the loss reporter
+(driven by a ManualClock, never by sleeping), instance watching (a real fake-EC2 server), the loss reporter
 (once per node, across a restart) and reconciliation (which job gets which look, and one job's
 failure does not stop the others)."""
 
@@ -14,6 +14,7 @@ from managed_fixtures import STAGE, events_of, until
 from nats_fixtures import connect_bus
 
 from skypurza.events import naming
+from skypurza.events.clock import ManualClock
 from skypurza.events.models import Candidate, ClusterProvisioned, ManagedJobSubmitted, NodeInfo, NodeLost
 from skypurza.events.service import declared_bus
 from skypurza.services.recovery import machine
@@ -42,30 +43,31 @@ def test_heartbeats_a_node_that_beat_then_went_silent_is_lost_once(nats_server, 
     async def main():
         bus = await connect_bus(nats_server)
         out = declared_bus(bus, CONTRACT)
-        clock = [1000.0]
+        clock = ManualClock(T0, monotonic=1000.0)
         watched = [("train-1-1", 0, "i-0"), ("train-1-1", 1, "i-1"), ("train-1-1", 2, "i-2")]
 
         async def nodes():
             return watched
 
-        watch = HeartbeatWatch(out, LossReporter(out, service="recovery", now=lambda: T0), nodes, timeout_s=5,
-                               monotonic=lambda: clock[0], now=lambda: T0)
+        watch = HeartbeatWatch(out, LossReporter(out, service="recovery", clock=clock), nodes, timeout_s=5,
+                               clock=clock)
         await watch.start()
         for rank in (0, 1):  # rank 2 never beats: a slow boot is never a death
             await bus.nc.publish(naming.heartbeat_subject(STAGE, "train-1-1", rank), b"{}")
         await bus.nc.flush()
         await until(lambda: len(watch.heard()) == 2, what="both beats heard")
-        clock[0] = 1003.0
+        clock.advance(3)
         await bus.nc.publish(naming.heartbeat_subject(STAGE, "train-1-1", 1), b"{}")
         await bus.nc.flush()
         await until(lambda: watch.heard().get(("train-1-1", 1)) == 1003.0, what="rank 1 beat again")
         assert await watch.check() == [], "nobody silent for 5 s yet"
-        clock[0] = 1006.0  # rank 0: silent 6 s; rank 1: 3 s
+        clock.advance(3)  # rank 0: silent 6 s; rank 1: 3 s
         found = await watch.check()
         assert [(e.cluster, e.rank, e.instance_id) for e in found] == [("train-1-1", 0, "i-0")]
         assert found[0].evidence == {"source": "heartbeat", "silent_s": 6.0, "timeout_s": 5}
-        assert found[0].last_heartbeat == T0 - timedelta(seconds=6) and found[0].detected_at == T0
-        clock[0] = 1100.0
+        # Both times from the one clock: detected now (T0 + 6 s), last heard at T0.
+        assert found[0].detected_at == T0 + timedelta(seconds=6) and found[0].last_heartbeat == T0
+        clock.advance(94)
         later = await watch.check()  # rank 1 is silent now too; rank 0 is not reported again
         assert [e.rank for e in later] == [1]
         stored = await events_of(bus, naming.event_subject(STAGE, "cluster", "train-1-1", NodeLost.EVENT_NAME))
@@ -80,11 +82,11 @@ def test_loss_reporter_reports_a_node_once_even_after_a_restart(nats_server, spz
     async def main():
         bus = await connect_bus(nats_server)
         out = declared_bus(bus, CONTRACT)
-        first = LossReporter(out, service="recovery", now=lambda: T0)
+        first = LossReporter(out, service="recovery", clock=ManualClock(T0))
         ev = await first.report("c-1-1", 0, "i-0", "preempted", {"state_reason_code": "Server.SpotInstanceTermination"})
         assert ev is not None and ev.EVENT_NAME == "spot_preempted"
         assert await first.report("c-1-1", 0, "i-0", "preempted", {}) is None
-        restarted = LossReporter(out, service="recovery", now=lambda: T0)  # knows only the log
+        restarted = LossReporter(out, service="recovery", clock=ManualClock(T0))  # knows only the log
         assert await restarted.report("c-1-1", 0, "i-0", "preempted", {}) is None
         lost = await restarted.report("c-1-1", 1, "i-1", "node_lost", {"state": "stopped"})
         assert isinstance(lost, NodeLost) and lost.rank == 1
@@ -155,6 +157,6 @@ def test_reconcile_looks_at_every_unfinished_job_and_goes_on_after_a_failure():
     async def realize(job_id: int) -> None:
         looked.append(("realize", job_id))
 
-    rec = Reconciler(lambda: jobs, kick, realize, period_s=60, recheck_ended_s=600, now=lambda: now)
+    rec = Reconciler(lambda: jobs, kick, realize, period_s=60, recheck_ended_s=600, clock=ManualClock(now))
     assert asyncio.run(rec.once()) == [Due(1, "kick"), Due(2, "realize"), Due(3, "kick")]
     assert looked == [("kick", 1), ("realize", 2), ("kick", 3)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobStatusChanged, ManagedJobSubmitted
+from skypurza.events.payloads import FailoverBlock, StorageMount, TaskPayload
 from skypurza.services.recovery import machine as m
 from skypurza.services.recovery.buckets import checkpoint_buckets, is_checkpoint_mount
 from skypurza.services.recovery.detect import classify_instance, silent_nodes
@@ -143,52 +144,62 @@ def test_cluster_names_are_short_and_safe():
 
 
 def test_strategies_block_or_pin():
-    task = {"run": "x", "resources": {"infra": "aws", "use_spot": True, "cpus": 2}}
+    task = TaskPayload.model_validate({"run": "x", "resources": {"infra": "aws", "use_spot": True, "cpus": 2}})
     lost = Placed("aws", "us-east-1", "us-east-1a", "m5.large", True)
     eager = recovery_launch(task, "EAGER_NEXT_REGION", lost, phase=1)
     assert eager.task == task
-    assert eager.blocks == ({"scope": "region", "infra": "aws", "region": "us-east-1", "zone": None,
-                             "instance_type": None, "use_spot": None, "quota_class": None,
-                             "error_class": "preempted"},)
+    # Every key of the block is written, nulls too (the shape the log has always carried).
+    assert [b.to_dict() for b in eager.blocks] == [{"scope": "region", "infra": "aws", "region": "us-east-1",
+                                                    "zone": None, "instance_type": None, "use_spot": None,
+                                                    "quota_class": None, "error_class": "preempted"}]
     fo = recovery_launch(task, FAILOVER, lost, phase=1)
-    assert fo.task["resources"]["infra"] == "aws/us-east-1" and task["resources"]["infra"] == "aws"
-    assert [(b["scope"], b["zone"], b["use_spot"]) for b in fo.blocks] == [("spot_market", "us-east-1a", True)]
+    assert fo.task.resources.infra == "aws/us-east-1" and task.resources.infra == "aws"
+    assert fo.task.to_dict() == {"run": "x", "resources": {"infra": "aws/us-east-1", "cpus": 2, "use_spot": True}}
+    assert [(b.scope, b.zone, b.use_spot) for b in fo.blocks] == [("spot_market", "us-east-1a", True)]
+    assert all(isinstance(b, FailoverBlock) for b in fo.blocks)
     assert recovery_launch(task, FAILOVER, lost, phase=2).blocks == ()
     assert recovery_launch(task, "EAGER_NEXT_REGION", lost, phase=2).blocks == ()
     # A zone pin the task already has is narrower than the region: kept. Legacy keys fold in.
-    pinned = recovery_launch({"resources": {"infra": "aws/us-east-1/us-east-1b"}}, FAILOVER, lost, 1)
-    assert pinned.task["resources"]["infra"] == "aws/us-east-1/us-east-1b"
-    legacy = recovery_launch({"resources": {"cloud": "aws", "any_of": [{"use_spot": True}, {"region": "x"}]}},
-                             FAILOVER, lost, 1).task["resources"]
-    assert legacy["infra"] == "aws/us-east-1" and "cloud" not in legacy
+    pinned = recovery_launch(TaskPayload.model_validate({"resources": {"infra": "aws/us-east-1/us-east-1b"}}),
+                             FAILOVER, lost, 1)
+    assert pinned.task.resources.infra == "aws/us-east-1/us-east-1b"
+    legacy = recovery_launch(TaskPayload.model_validate(
+        {"resources": {"cloud": "aws", "any_of": [{"use_spot": True}, {"region": "x"}]}}), FAILOVER, lost, 1).task.resources
+    assert legacy.infra == "aws/us-east-1" and "cloud" not in legacy.to_dict()
     # An alternative without a location inherits the pin; one with its own region keeps it.
-    assert legacy["any_of"] == [{"use_spot": True}, {"infra": "*/x"}]
+    assert legacy.to_dict()["any_of"] == [{"use_spot": True}, {"infra": "*/x"}]
     local = recovery_launch(task, "EAGER_NEXT_REGION", Placed("local", None, None, "local", False), 1)
     assert local.blocks == ()
 
 
 def test_job_recovery_forms():
-    assert recovery_of({}).strategy == "EAGER_NEXT_REGION"
-    assert recovery_of({"resources": {"job_recovery": "failover"}}).strategy == "FAILOVER"
-    r = recovery_of({"resources": {"job_recovery": {"strategy": None, "max_restarts_on_errors": 2,
-                                                    "recover_on_exit_codes": 7}}})
+    def of(task):
+        return recovery_of(TaskPayload.model_validate(task))
+
+    assert of({}).strategy == "EAGER_NEXT_REGION"
+    assert of({"resources": {"job_recovery": "failover"}}).strategy == "FAILOVER"
+    r = of({"resources": {"job_recovery": {"strategy": None, "max_restarts_on_errors": 2, "recover_on_exit_codes": 7}}})
     assert (r.strategy, r.max_restarts_on_errors, r.recover_on_exit_codes) == ("EAGER_NEXT_REGION", 2, frozenset({7}))
-    assert recovery_of({"resources": {"any_of": [{"job_recovery": "none"}]}}).strategy == "NONE"
+    assert of({"resources": {"job_recovery": {"recover_on_exit_codes": [3, 4]}}}).recover_on_exit_codes == {3, 4}
+    assert of({"resources": {"any_of": [{"job_recovery": "none"}]}}).strategy == "NONE"
+    assert of({"resources": {"ordered": [{"cpus": 2}, {"job_recovery": "FAILOVER"}]}}).strategy == "FAILOVER"
     assert r.restart_counted(7, 5) is False and r.restart_counted(1, 1) is True and r.restart_counted(1, 2) is None
 
 
 def test_checkpoint_buckets_named_once_per_job_and_mount():
-    task = {"file_mounts": {"/ckpt": {"store": "s3", "name": "mine", "mode": "MOUNT"},
-                            "~/out": {"store": "S3", "source": "./out"},
-                            "/data": {"source": "s3://public-data", "store": "s3"},
-                            "/etc/x": "./x"}}
+    task = TaskPayload.model_validate({"file_mounts": {"/ckpt": {"store": "s3", "name": "mine", "mode": "MOUNT"},
+                                                      "~/out": {"store": "S3", "source": "./out"},
+                                                      "/data": {"source": "s3://public-data", "store": "s3"},
+                                                      "/etc/x": "./x"}})
     out, named = checkpoint_buckets(task, "dev", 42)
     assert named["/ckpt"] == "mine"
-    assert named["~/out"] == "skypurza-dev-bucket-job42-out" and out["file_mounts"]["~/out"]["name"] == named["~/out"]
-    assert "/data" not in named and "/etc/x" not in named
+    assert named["~/out"] == "skypurza-dev-bucket-job42-out" and out.file_mounts["~/out"].name == named["~/out"]
+    assert out.to_dict()["file_mounts"]["~/out"] == {"source": "./out", "store": "S3", "name": named["~/out"]}
+    assert "/data" not in named and "/etc/x" not in named and out.file_mounts["/etc/x"] == "./x"
     assert checkpoint_buckets(task, "dev", 42) == (out, named)  # the same names on every launch
-    assert is_checkpoint_mount({"store": "s3", "name": "b", "source": "s3://b"})
-    assert not is_checkpoint_mount({"store": "gcs", "name": "b"})
+    assert is_checkpoint_mount(StorageMount(store="s3", name="b", source="s3://b"))
+    assert not is_checkpoint_mount(StorageMount(store="gcs", name="b"))
+    assert not is_checkpoint_mount("./x")
 
 
 def test_detection_readings():
@@ -204,3 +215,11 @@ def test_detection_readings():
     beats = {("c", 0): 100.0, ("c", 1): 10.0}
     silent = silent_nodes(beats, [("c", 0, "i-a"), ("c", 1, "i-b"), ("c", 2, "i-c")], now=105.0, timeout=30)
     assert [(x.rank, x.instance_id) for x in silent] == [(1, "i-b")]  # rank 2 never beat: not judged
+
+
+def test_a_failure_without_an_exit_code_reads_as_one():
+    s = step(step(submitted(), m.Kick()),
+             m.JobFailedF("train-7-1", "setup", None, "the workdir could not be put in place on node 0"))
+    assert s.status == "FAILED_SETUP"
+    assert s.reason.endswith(": setup failed (the workdir could not be put in place on node 0)"), s.reason
+    assert "None" not in s.reason

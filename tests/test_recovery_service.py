@@ -66,7 +66,7 @@ def test_preemption_tears_down_first_then_relaunches_with_the_region_blocked(nat
             await until(lambda: len(stand.submitted) == 2, what="the relaunch")
             second = stand.submitted[1]
             assert second.cluster == "train-1-2" and second.skypilot_task_id == first.skypilot_task_id
-            assert [(b["scope"], b["region"]) for b in second.initial_blocks] == [("region", "us-east-1")]
+            assert [(b.scope, b.region) for b in second.initial_blocks] == [("region", "us-east-1")]
             await wait_status(bus, 1, "RUNNING", count=2)
             await stand.finish("train-1-2", "succeed")
             got = await wait_status(bus, 1, "SUCCEEDED")
@@ -198,7 +198,7 @@ def test_restarts_pipeline_no_resource_and_cancel(nats_server, spz_home):
             assert [(e.status, e.task_index, e.cluster) for e in pipe if e.status == "STARTING"] == [
                 ("STARTING", 0, "pipe-2-1"), ("STARTING", 1, "pipe-2-2")]
             pipe_tasks = [t for t in stand.submitted if t.managed_job_id == 2]
-            assert [t.task["name"] for t in pipe_tasks] == ["prep", "go"]
+            assert [t.task.name for t in pipe_tasks] == ["prep", "go"]
             assert pipe_tasks[0].skypilot_task_id.endswith("_pipe_prep_2-0")
             assert pipe_tasks[1].skypilot_task_id.endswith("_pipe_go_2-1")
             none = await wait_status(bus, 3, "FAILED_NO_RESOURCE")

@@ -233,7 +233,9 @@ def effects(s: machine.JobState, placed: Any = None) -> dict[str, Any]:
         lp = LaunchPlan(s.tasks[launch.task_index])
         if launch.episode in machine.LOSS_WHYS and launch.lost_cluster:
             lp = recovery_launch(lp.task, s.recovery.strategy, placed, launch.phase)
-        out["launch_plan"] = {"resources": lp.task.get("resources"), "blocks": plain(lp.blocks), "note": lp.note}
+        resources = lp.task.resources
+        out["launch_plan"] = {"resources": None if resources is None else resources.to_dict(),
+                              "blocks": plain(lp.blocks), "note": lp.note}
     return out
 
 

@@ -10,19 +10,15 @@ import base64
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from local_cli import spz, local_cli
 
-from skypurza.events.natsserver import free_port
 from skypurza.services.agent import userenv
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 # ---------------------------------------------------------------- the pure parts
 
@@ -97,23 +93,8 @@ def _fake_pydantic_wheel(where: Path) -> Path:
 
 @pytest.fixture
 def cli_env(tmp_path: Path):
-    home = tmp_path / "home"
-    env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": "envtest", "SKYPURZA_AGENT_KILL_GRACE_S": "1",
-           "SKYPURZA_NATS_PORT": str(free_port()), "COLUMNS": "200"}
-    env.pop("SKYPURZA_NATS_URL", None)
-    yield env
-    for record in home.glob("*/clusters/*/cluster.json"):
-        for node in json.loads(record.read_text()).get("nodes", []):
-            try:
-                os.killpg(node["pid"], signal.SIGKILL)
-            except (KeyError, ProcessLookupError, PermissionError, TypeError):
-                pass
-    subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=env, capture_output=True, timeout=60)
-
-
-def spz(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    with local_cli(tmp_path, "envtest") as env:
+        yield env
 
 
 def test_a_task_runs_in_the_users_environment_and_only_on_a_cluster_it_fits(cli_env, tmp_path: Path):
@@ -174,4 +155,15 @@ run: |
         assert "Traceback" not in refused.stderr and "should-not-run" not in refused.stdout
     queue = json.loads(spz(cli_env, "queue", "envc", "-o", "json").stdout)
     assert len(queue) == 3, queue  # the launch, the exec before stop and the one after: nothing else
+    # A local node never writes outside its own home without consent (issue 12 §4).
+    outside = Path("/tmp") / f"spz-outside-{os.getpid()}-{tmp_path.name}"
+    (tmp_path / "m.txt").write_text("x")
+    mount = tmp_path / "mount.yaml"
+    mount.write_text(f"resources: {{infra: local}}\nfile_mounts:\n  {outside}: {tmp_path / 'm.txt'}\n"
+                     f"run: echo mounted\n")
+    refused = spz(cli_env, "launch", "-y", "-c", "envc", str(mount))
+    assert refused.returncode == 100, refused.stdout + refused.stderr
+    assert f"file mount {outside}: on the local infra this would write into this machine's own file system" \
+        in refused.stdout + refused.stderr
+    assert not outside.exists() and "mounted" not in refused.stdout
     assert spz(cli_env, "down", "-y", "envc").returncode == 0

@@ -39,10 +39,17 @@ def is_known(name: str) -> bool:
     return name.lower() in _by_lower()
 
 
+_MEMORY_SUFFIX = re.compile(r"^(.+)-(\d+)GB$", re.IGNORECASE)
+
+
 def suggest(name: str) -> list[str]:
     """Close catalog names for an unknown accelerator name (empty when it is known or not a name)."""
     if is_known(name) or _NOT_A_CATALOG_NAME.match(name):
         return []
     lowered = _by_lower()
-    matches = difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.75)
-    return [lowered[m] for m in matches]
+    matches = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.75)]
+    # "A100-40GB": the catalog names the base variant without its memory (A100 is the 40 GB one).
+    sized = _MEMORY_SUFFIX.match(name)
+    if sized and sized[1].lower() in lowered:
+        matches = [lowered[sized[1].lower()], *(m for m in matches if m.lower() != sized[1].lower())][:2]
+    return matches

@@ -18,6 +18,9 @@ class Problem:
     message: str
     # Index of the YAML document in a multi-document file (0-based); None for single documents.
     document: int | None = None
+    # A warning that a launch turns into an error: what SkyPilot accepts when it reads the file
+    # and refuses only when it launches (a storage mount whose bucket name is left empty).
+    at_launch: bool = False
 
     def location(self) -> str:
         where = self.file or "<task>"

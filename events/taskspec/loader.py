@@ -19,7 +19,7 @@ from .errors import Problem, TaskSpecError
 from .messages import describe, findings
 from .task import Task
 from .values import JOB_GROUP_NAME_RE
-from .warnings import task_warnings
+from .warnings import launch_checks, task_warnings
 from .yamlsrc import Document, locate, parse_documents
 
 PIPELINE_HEADER_KEYS = frozenset({"name", "execution"})
@@ -37,6 +37,11 @@ class TaskFile:
     header: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)
     file: str | None = None
+
+    @property
+    def at_launch(self) -> list[Problem]:
+        """The warnings a launch refuses (errors then, with their places)."""
+        return [w for w in self.warnings if w.at_launch]
 
     @property
     def is_pipeline(self) -> bool:
@@ -248,6 +253,9 @@ def load_document(
     for loc, message in task_warnings(task):
         line, col = locate(node, loc, key=True)
         warnings.append(Problem(file, line, col, ".".join(map(str, loc)), message, document))
+    for loc, message in launch_checks(task):
+        line, col = locate(node, loc, key=True)
+        warnings.append(Problem(file, line, col, ".".join(map(str, loc)), message, document, at_launch=True))
     return task, [], warnings
 
 

@@ -3,7 +3,9 @@
 A resource flag (`--gpus`, `--infra`, `--cpus`, ...) replaces that key in every alternative
 of the task (SkyPilot copies each candidate Resources with the override), so here it is set
 on `resources` and removed from every `any_of`/`ordered` entry. "none" for --gpus,
---instance-type and --image-id removes the key, as in SkyPilot.
+--instance-type, --image-id, --disk-tier and --priority removes the key, as in SkyPilot.
+`--git-url`/`--git-ref` make the workdir a git mapping `{url, ref}`; values of `--env-file` also
+fill the secrets the task declares (below `--secret-file` and `--secret`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from .task import Task
 INLINE_TASK_NAME = "spz-cmd"
 COMMAND_LINE = "<command line>"
 
-_RESETTABLE = {"gpus", "instance_type", "image_id"}
+_RESETTABLE = {"gpus", "instance_type", "image_id", "disk_tier", "priority"}
 # YAML key -> flag, for problems in values that came from the command line.
 FLAGS = {
     "infra": "--infra", "accelerators": "--gpus", "cpus": "--cpus", "memory": "--memory",
     "instance_type": "--instance-type", "use_spot": "--use-spot", "disk_size": "--disk-size",
     "image_id": "--image-id", "num_nodes": "--num-nodes", "name": "--name", "workdir": "--workdir",
-    "envs": "--env", "secrets": "--secret",
+    "envs": "--env", "secrets": "--secret", "disk_tier": "--disk-tier", "network_tier": "--network-tier",
+    "local_disk": "--local-disk", "ports": "--ports", "priority": "--priority", "priority_class": "--priority",
 }
 _LOCATION_KEYS = ("infra", "cloud", "region", "zone")
 
@@ -49,21 +52,41 @@ class CliOverrides:
     secrets: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
     workdir: str | None = None
+    disk_tier: str | None = None
+    network_tier: str | None = None
+    local_disk: str | None = None
+    ports: tuple[str, ...] | None = None
+    priority: str | None = None  # an integer -1000..1000, a priority class name, or "none"
+    git_url: str | None = None
+    git_ref: str | None = None
+    # --env-file values, offered to the secrets the task declares (below --secret-file/--secret)
+    env_file_secrets: Mapping[str, str] = field(default_factory=dict)
 
     def resource_overrides(self) -> dict[str, Any]:
         """YAML resource key -> value (None: remove the key)."""
         out: dict[str, Any] = {}
         for attr, key in (("infra", "infra"), ("gpus", "accelerators"), ("cpus", "cpus"), ("memory", "memory"),
                           ("instance_type", "instance_type"), ("use_spot", "use_spot"),
-                          ("disk_size", "disk_size"), ("image_id", "image_id")):
+                          ("disk_size", "disk_size"), ("image_id", "image_id"), ("disk_tier", "disk_tier"),
+                          ("network_tier", "network_tier"), ("local_disk", "local_disk"), ("priority", "priority")):
             value = getattr(self, attr)
             if value is None:
                 continue
             if attr in _RESETTABLE and isinstance(value, str) and value.lower() == "none":
                 out[key] = None
+            elif attr == "priority":
+                # SkyPilot: an integer is the priority, anything else the name of a priority class.
+                text = str(value).strip()
+                out["priority" if _is_int(text) else "priority_class"] = int(text) if _is_int(text) else text
             else:
                 out[key] = value
+        if self.ports is not None:
+            out["ports"] = list(self.ports)
         return out
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("+-").isdigit() and len(text) <= 12
 
 
 def _same_keys(key: str) -> tuple[str, ...]:
@@ -72,6 +95,8 @@ def _same_keys(key: str) -> tuple[str, ...]:
         return ("accelerators", "gpus")
     if key == "infra":
         return _LOCATION_KEYS
+    if key in ("priority", "priority_class"):
+        return ("priority", "priority_class")
     return (key,)
 
 
@@ -97,7 +122,29 @@ def override_dict(data: dict[str, Any], overrides: CliOverrides) -> dict[str, An
         value = getattr(overrides, key)
         if value is not None:
             data[key] = value
-    out: dict[str, Any] = apply_variable_overrides(data, dict(overrides.envs), dict(overrides.secrets))
+    if overrides.git_url is not None or overrides.git_ref is not None:
+        data["workdir"] = _git_workdir(data.get("workdir"), overrides.git_url, overrides.git_ref)
+    secrets = dict(overrides.secrets)
+    if overrides.env_file_secrets:
+        declared = data.get("secrets")
+        names = list(declared) if isinstance(declared, (dict, list)) else []
+        for name in names:
+            if isinstance(name, str) and name in overrides.env_file_secrets and name not in secrets:
+                secrets[name] = overrides.env_file_secrets[name]
+    out: dict[str, Any] = apply_variable_overrides(data, dict(overrides.envs), secrets)
+    return out
+
+
+def _git_workdir(current: Any, url: str | None, ref: str | None) -> Any:
+    """--git-url/--git-ref as SkyPilot reads them: the workdir becomes `{url, ref}`; --git-ref
+    alone changes the ref of a workdir that is already a git mapping."""
+    if url is None:
+        if isinstance(current, dict):
+            return {**current, "ref": ref}
+        return current  # no git workdir to give a ref to: the model says what is wrong, if anything
+    out: dict[str, Any] = {"url": url}
+    if ref is not None:
+        out["ref"] = ref
     return out
 
 
@@ -113,6 +160,8 @@ def apply_overrides(task: Task, overrides: CliOverrides) -> Task:
 def _flag_problems(exc: ValidationError, overrides: CliOverrides) -> list[Problem]:
     res_keys = set(overrides.resource_overrides())
     top_keys = {k for k in ("num_nodes", "name", "workdir") if getattr(overrides, k) is not None}
+    if overrides.git_url is not None or overrides.git_ref is not None:
+        top_keys.add("workdir")
     var_keys = {k for k, given in (("envs", overrides.envs), ("secrets", overrides.secrets)) if given}
     problems = []
     for f in findings(exc.errors(include_url=False), Task):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Union
 
-from pydantic import Field, Tag, field_validator
+from pydantic import Field, Tag, field_validator, model_validator
 
 from ._base import NotNull, Strict, check_enum, choose, is_dict, is_number, is_str, spz_error, tag
 
@@ -76,6 +77,20 @@ class ReplicaPolicy(Strict):
     def _placer(cls, v: str) -> str:
         return check_enum(v, ("dynamic_fallback",), "spot_placer")
 
+    @model_validator(mode="after")
+    def _autoscaling(self) -> "ReplicaPolicy":
+        # SkyServe's own rules for a replica policy (its service spec refuses these at `serve up`).
+        lo, hi = self.min_replicas, self.max_replicas
+        if hi is not None and hi < lo:
+            raise spz_error(f"max_replicas ({hi}) must be at least min_replicas ({lo})", "max_replicas")
+        if self.target_qps_per_replica is not None:
+            if hi is None:
+                raise spz_error("autoscaling on target_qps_per_replica needs max_replicas", "target_qps_per_replica")
+        elif hi is not None and hi != lo:
+            raise spz_error(f"min_replicas ({lo}) and max_replicas ({hi}) differ but target_qps_per_replica is not "
+                            "set: set it to autoscale, or make them equal", "max_replicas")
+        return self
+
 
 class Tls(Strict):
     keyfile: str
@@ -105,3 +120,30 @@ class Service(Strict):
     @classmethod
     def _policy(cls, v: str) -> str:
         return check_enum(v, LOAD_BALANCING_POLICIES, "load_balancing_policy")
+
+    @field_validator("ports")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise spz_error(f"a port is 1 to 65535, found {v}")
+        return v
+
+    @field_validator("readiness_probe")
+    @classmethod
+    def _probe_path(cls, v: Any) -> Any:
+        path = v if isinstance(v, str) else v.path
+        if not path.startswith("/"):
+            raise spz_error(f"the readiness probe's path must start with /, found {path!r}",
+                            *(() if isinstance(v, str) else ("path",)))
+        if not isinstance(v, str) and isinstance(v.post_data, str):
+            try:
+                json.loads(v.post_data)
+            except ValueError:
+                raise spz_error("post_data as a string must be JSON (or write it as a mapping)", "post_data") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_replica_spec(self) -> "Service":
+        if "replicas" in self.model_fields_set and "replica_policy" in self.model_fields_set:
+            raise spz_error("give either `replicas` or `replica_policy`, not both", "replicas")
+        return self

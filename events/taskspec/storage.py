@@ -58,7 +58,9 @@ Source = Annotated[
 class Storage(Strict):
     """A bucket or volume mounted at a file_mounts destination."""
 
-    name: Annotated[str | None, NotNull, Field(description="Bucket name (created if it does not exist).")] = None
+    # `name:` left empty (null) is accepted as SkyPilot accepts it when it reads the file; a
+    # launch refuses it (warnings.launch_checks).
+    name: Annotated[str | None, Field(description="Bucket name (created if it does not exist).")] = None
     source: Annotated[Source | None, NotNull, Field(description="Local path(s) to upload, or an existing bucket URL (s3://…).")] = None
     store: Annotated[str | None, NotNull, Field(description="Object store: " + ", ".join(STORES) + " (any case).")] = None
     persistent: Annotated[bool | None, NotNull] = None
@@ -86,7 +88,7 @@ class Storage(Strict):
 
     @model_validator(mode="after")
     def _name_or_source(self) -> Storage:
-        if self.name is None and self.source is None:
+        if self.name is None and self.source is None and "name" not in self.model_fields_set:
             raise spz_error("a storage mount needs a `name` (bucket) or a `source` (path or bucket URL)")
         return self
 

@@ -27,6 +27,20 @@ def task_warnings(task: Task) -> list[tuple[Loc, str]]:
     return out
 
 
+def launch_checks(task: Task) -> list[tuple[Loc, str]]:
+    """What SkyPilot accepts when it reads a task and refuses when it launches it: warnings for
+    `check-yaml`, errors for `launch` and `jobs launch` (Problem.at_launch)."""
+    from .storage import Storage
+
+    out: list[tuple[Loc, str]] = []
+    for dst, mount in (task.file_mounts or {}).items():
+        if isinstance(mount, Storage) and mount.name is None and mount.source is None:
+            out.append((("file_mounts", dst, "name"),
+                        "the bucket name is empty: fill it in (or give a `source`) before launching; "
+                        "a launch refuses it, as SkyPilot's does"))
+    return out
+
+
 def _resource_warnings(res: Resources | ResourceAlternative, at: Loc) -> list[tuple[Loc, str]]:
     out: list[tuple[Loc, str]] = []
     legacy = [k for k in ("cloud", "region", "zone") if k in res.model_fields_set]

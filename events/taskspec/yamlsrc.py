@@ -201,6 +201,8 @@ def parse_documents(text: str) -> tuple[list[Document], list[Issue]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = " ".join(p for p in (exc.context, exc.problem) if p)
+        if "'\\t'" in (exc.problem or ""):  # PyYAML's words for it are obscure
+            what = "YAML forbids tabs for indentation: use spaces"
         issues.append(Issue(mark.line + 1 if mark else None, mark.column + 1 if mark else None,
                             f"YAML syntax error: {what or exc}"))
     except yaml.YAMLError as exc:

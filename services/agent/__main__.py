@@ -1,16 +1,21 @@
-"""`python -m skypurza.services.agent <AgentSpec argv>`: run one node agent until it is told to stop."""
+"""`python -m skypurza.services.agent <AgentSpec argv>`: run one node agent until it is told to stop.
+
+Its settings (settings.py) are read first: a bad value is one line on stderr and exit 2."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 
 from skypurza.events.agentspec import AgentSpec
+from skypurza.events.settings import SettingsError
 
 from .agent import Agent
+from .settings import AgentSettings
+
+EXIT_BAD_SETTING = 2
 
 
 def _dump_tasks() -> None:
@@ -25,14 +30,18 @@ def _dump_tasks() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     spec = AgentSpec.from_argv(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("SKYPURZA_AGENT_LOG_LEVEL", "INFO"),
+    try:
+        settings = AgentSettings.load()
+    except SettingsError as exc:
+        print(f"spz agent: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTING
+    logging.basicConfig(level=settings.log_level,
                         format=f"%(asctime)s agent[{spec.cluster}/{spec.rank}] %(levelname)s %(message)s")
     logging.getLogger("nats").setLevel(logging.WARNING)
-    heartbeat_s = float(os.environ.get("SKYPURZA_AGENT_HEARTBEAT_S", "5"))
-    grace_s = float(os.environ.get("SKYPURZA_AGENT_KILL_GRACE_S", "10"))
 
     async def run() -> int:
-        agent = Agent(spec, heartbeat_s=heartbeat_s, kill_grace_s=grace_s)
+        agent = Agent(spec, heartbeat_s=settings.heartbeat_s, kill_grace_s=settings.kill_grace_s,
+                      checkpoint_sync_s=settings.checkpoint_sync_s, bucket_store=settings.bucket_store)
         loop = asyncio.get_running_loop()
         # SIGTERM stops the agent, not the jobs: a restarted agent adopts them.
         for sig in (signal.SIGTERM, signal.SIGINT):

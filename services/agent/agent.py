@@ -6,6 +6,11 @@ previous agent on this node left behind, then follows the cluster's events live.
 event, process exit and tick it asks `decide()` what to do and does it. It never keeps state
 that the log and its home directory do not hold: kill it at any moment and start it again,
 and it carries on (see docs/agent.md).
+
+"Now" — what `decide()` is given (autostop), the times the events carry and their envelopes'
+— is the injected clock's (events/clock.py; the system's by default), so a test drives the
+agent's decisions with a `ManualClock`. Its waits (ticks, heartbeats, kill grace) are the
+event loop's.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import signal
 import socket
 import subprocess
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,8 +30,9 @@ from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
 from skypurza.events import deadletters
 from skypurza.events.bus import Bus, Stored, log_chunk_id
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
-from skypurza.events.envelope import Event, new_id, utcnow
+from skypurza.events.envelope import Event, new_id
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
 from skypurza.events.contract import Contract
 from skypurza.events.job_events import CancelRequested, JobQueued
@@ -66,6 +71,9 @@ REDACTED = "<redacted>"
 # One chunk of output is retried this often (each try waits up to LOG_PUBLISH_TIMEOUT_S for its
 # ack), then dropped so that a bus that stays away cannot keep the job's outcome unreported.
 LOG_ATTEMPTS = 8
+# An unterminated piece of output ("Downloading... " before a long pause) is sent as it is after
+# this long, so a follower sees it; its rest follows as the next chunk.
+PARTIAL_LINE_FLUSH_S = 1.0
 LOG_PUBLISH_TIMEOUT_S = 5.0
 LOG_RETRY_DELAYS_S = (0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0)
 
@@ -123,7 +131,8 @@ def is_our_process(pid: int, started_at: float | None) -> bool:
 
 class Agent:
     def __init__(self, spec: AgentSpec, *, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
-                 tick_s: float = 1.0, clock: Callable[[], datetime] = utcnow, detect_gpu: bool = True):
+                 tick_s: float = 1.0, clock: Clock = SYSTEM_CLOCK, detect_gpu: bool = True,
+                 checkpoint_sync_s: float | None = None, bucket_store: str | None = None):
         self.spec = spec
         self.rank = spec.rank
         self.home = Path(spec.home).expanduser() if spec.home else Path.home()
@@ -147,7 +156,8 @@ class Agent:
         self._prepared: dict[int, _Prepared] = {}
         self._parked: set[int] = set()  # seqs this agent has parked (each is parked once)
         self._decide_error = ""
-        self.checkpoints = storage.Checkpoints(spec.infra, spec.stage)  # checkpoint buckets (storage.py)
+        self.checkpoints = storage.Checkpoints(spec.infra, spec.stage, checkpoint_sync_s,
+                                               bucket_store)  # checkpoint buckets (storage.py)
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
 
     # ------------------------------------------------------------------ lifecycle
@@ -285,7 +295,7 @@ class Agent:
             del self._prepared[job_id]  # task and secrets of ended jobs are not kept in memory
         for _ in range(50):
             try:
-                actions = decide(self.view, self.rank, self.local, self.clock())
+                actions = decide(self.view, self.rank, self.local, self.clock.now())
             except Exception as exc:  # a bug, not an event (those are refused when folded): go on
                 text = f"{type(exc).__name__}: {exc}"
                 if text != self._decide_error:
@@ -315,7 +325,7 @@ class Agent:
                 self._background(kill_group(pgid, self.kill_grace_s))
         elif isinstance(action, PublishStarted):
             job = self.view.jobs[action.job_id]
-            await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock()),
+            await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock.now()),
                                 cause=job.queued_id, key="started")
         elif isinstance(action, PublishOutcome):
             await self._publish_outcome(self.view.jobs[action.job_id], action.outcome)
@@ -333,7 +343,7 @@ class Agent:
             self.local.published.add(k)
 
     async def _publish_outcome(self, job: JobView, outcome: Outcome) -> None:
-        now = self.clock()
+        now = self.clock.now()
         event: Event
         if outcome.status == "succeeded":
             event = JobSucceeded(cluster=self.spec.cluster, job_id=job.job_id, ended_at=now)
@@ -382,7 +392,7 @@ class Agent:
         assert self.bus is not None
         secrets = await self.bus.get_secrets(job.queued.secrets_key)
         try:
-            task = Task.from_public_dict(job.queued.task, secrets)
+            task = Task.from_public_dict(job.queued.task.to_dict(), secrets)
         except Exception as exc:
             raise RuntimeError(f"the task cannot be read: {exc}") from None
         workdir = task.workdir.model_dump(exclude_none=True) if hasattr(task.workdir, "model_dump") else task.workdir
@@ -390,7 +400,8 @@ class Agent:
                        for dst, src in (task.file_mounts or {}).items()}
         synced = self.state / "jobs" / str(job.job_id) / "synced"
         file_mounts = await self.checkpoints.attach(job.job_id, file_mounts, self.home, download=not synced.exists())
-        steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home)
+        confined = self.spec.infra == "local" and not mounts.host_paths_allowed(os.environ)
+        steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home, confined=confined)
         for step in steps:
             try:
                 await asyncio.to_thread(mounts.apply_step, step)
@@ -455,9 +466,16 @@ class Agent:
         assert self.bus is not None
         tail = LogTail(files.log, *files.read_position())
         redact = self._redactor(job.job_id)
+        loop = asyncio.get_running_loop()
+        partial_since: float | None = None  # when the unterminated tail was first seen (loop clock)
         while True:
             exited = (proc.poll() is not None) if proc is not None else not pid_alive(pid)
-            chunks = tail.read_chunks(final=exited)
+            waited = partial_since is not None and loop.time() - partial_since >= PARTIAL_LINE_FLUSH_S
+            chunks = tail.read_chunks(final=exited, flush_partial=waited)
+            if not tail.has_partial:
+                partial_since = None
+            elif partial_since is None or chunks:  # a new unterminated tail: it waits from now
+                partial_since = loop.time()
             for chunk in chunks:
                 await self._log_line(job.job_id, redact(chunk.line), phase, chunk)
             if chunks:
@@ -572,7 +590,9 @@ class Agent:
 
     async def _publish(self, event: Event, *, cause: str | None = None, key: str = "") -> None:
         assert self.bus is not None
-        env = self.bus.envelope(event, cause=cause, handler=HANDLER, key=key) if cause else self.bus.envelope(event)
+        now = self.clock.now()
+        env = (self.bus.envelope(event, cause=cause, handler=HANDLER, key=key, time=now) if cause
+               else self.bus.envelope(event, time=now))
         await self.bus.publish(env)
 
     async def _log_line(self, job_id: int, line: str, stream: str, chunk: Chunk | None = None) -> None:
@@ -582,11 +602,13 @@ class Agent:
         copies a retry makes — and those nats-py re-sends after a reconnect — are stored once."""
         assert self.bus is not None
         seq, offset = (chunk.seq, chunk.offset) if chunk is not None else (None, None)
+        end = chunk.end if chunk is not None else "\n"
         msg_id = log_chunk_id(self.spec.cluster, job_id, self.rank, stream, seq, offset, line)
         for attempt in range(LOG_ATTEMPTS):
             try:
                 await self.bus.publish_log(self.spec.cluster, job_id, self.rank, line, stream_name=stream,
-                                           seq=seq, offset=offset, msg_id=msg_id, timeout=LOG_PUBLISH_TIMEOUT_S)
+                                           seq=seq, offset=offset, msg_id=msg_id, timeout=LOG_PUBLISH_TIMEOUT_S,
+                                           end=end)
                 return
             except Exception as exc:
                 if attempt == LOG_ATTEMPTS - 1:
@@ -621,7 +643,7 @@ class Agent:
         while True:
             running = self.local.running
             beat = {"cluster": self.spec.cluster, "rank": self.rank, "instance_id": self.spec.instance_id,
-                    "agent_id": self.agent_id, "pid": os.getpid(), "ts": self.clock().isoformat(),
+                    "agent_id": self.agent_id, "pid": os.getpid(), "ts": self.clock.now().isoformat(),
                     "job_id": running[0] if running else None, "phase": running[1] if running else None}
             try:
                 await self.bus.nc.publish(subject, json.dumps(beat).encode())

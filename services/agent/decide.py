@@ -165,7 +165,8 @@ def next_phase(view: ClusterView, rank: int, local: LocalState) -> Start | None:
 
 def idle_due(view: ClusterView, now: datetime) -> PublishIdle | None:
     """ClusterIdle once per idle period, when autostop is on and nothing ran for the interval."""
-    if (view.idle_minutes is None or view.activity_at is None or view.busy() or view.stopped
+    busy = view.busy() and view.idle_wait_for != "none"  # --wait-for none: a hard time limit
+    if (view.idle_minutes is None or view.activity_at is None or busy or view.stopped
             or view.terminated or view.down_requested or view.idle_reported_for == view.activity_id):
         return None
     if now - view.activity_at < timedelta(minutes=view.idle_minutes):

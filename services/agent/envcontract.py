@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+from skypurza.events.payloads import ResourcesPayload, TaskPayload
+
 SKYPILOT = "SKYPILOT_"
 ALIAS = "SKYPURZA_"
 
@@ -52,13 +54,13 @@ def cluster_info(cluster: str, infra: str, region: str | None, zone: str | None)
     return json.dumps({"cluster_name": cluster, "cloud": cloud, "region": region, "zone": zone})
 
 
-def gpus_per_node(task: dict[str, Any], placed: dict[str, float] | None = None) -> int:
+def gpus_per_node(task: TaskPayload, placed: dict[str, float] | None = None) -> int:
     """SKYPILOT_NUM_GPUS_PER_NODE: ceil of the task's accelerator count, 0 without accelerators.
 
     When the task offers several accelerators, the one the cluster was placed with (`placed`,
     from the candidate) decides; TPUs count as 0, as in SkyPilot.
     """
-    offered = _accelerators(task.get("resources") or {})
+    offered = _accelerators(task.resources)
     if not offered:
         return 0
     name = next((n for n in (placed or {}) if n in offered), next(iter(offered)))
@@ -68,8 +70,8 @@ def gpus_per_node(task: dict[str, Any], placed: dict[str, float] | None = None) 
     return int(math.ceil(count)) if count is not None else 1
 
 
-def _accelerators(resources: dict[str, Any]) -> dict[str, float | None]:
-    """Accelerator name -> count from every form a resources mapping may hold (first alternative first)."""
+def _accelerators(resources: ResourcesPayload | None) -> dict[str, float | None]:
+    """Accelerator name -> count from every form `accelerators` may take (first alternative first)."""
     out: dict[str, float | None] = {}
 
     def add(value: Any) -> None:
@@ -91,11 +93,9 @@ def _accelerators(resources: dict[str, Any]) -> dict[str, float | None]:
             for item in value:
                 add(item)
 
-    add(resources.get("accelerators", resources.get("gpus")))
-    for key in ("ordered", "any_of"):
-        for alt in resources.get(key) or []:
-            if isinstance(alt, dict):
-                add(alt.get("accelerators", alt.get("gpus")))
+    if resources is not None:
+        for res in (resources, *resources.alternatives()):
+            add(res.accelerators_given())
     return out
 
 

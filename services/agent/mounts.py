@@ -8,6 +8,12 @@ SkyPilot syncs the workdir to `~/sky_workdir` and each file mount to its destina
 - a storage mapping `{source: ...}` or `{name: bucket}` is read as its source or as s3://<name>.
 `~` in a destination is the node's home (on `local`, each node's own directory).
 
+A directory is copied without what its `.skyignore` (else its `.gitignore` files) exclude, as
+SkyPilot syncs it (syncignore.py). On `local` nodes a destination outside the node's home
+(`/data`) would write into this machine's real file system as the invoking user: it is refused
+unless the user allowed it (`SKYPURZA_LOCAL_HOST_PATHS=1` where the control plane runs).
+An object store other than S3 (`store: gcs`, `azure`, `r2`, ...) is refused by name.
+
 `plan()` is pure; `apply_step()` does the copying (the agent runs it in a thread).
 """
 
@@ -20,11 +26,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import syncignore
+
 SKY_WORKDIR = "sky_workdir"
 
 
 class SyncError(Exception):
     pass
+
+
+HOST_PATHS_ENV = "SKYPURZA_LOCAL_HOST_PATHS"
+SUPPORTED_STORES = ("s3",)
+
+
+def host_paths_allowed(environ: dict[str, str] | os._Environ) -> bool:  # type: ignore[type-arg]
+    return environ.get(HOST_PATHS_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -43,8 +59,19 @@ def remote_path(dst: str, home: Path) -> Path:
     return p if p.is_absolute() else home / p
 
 
-def plan(workdir: Any, file_mounts: dict[str, Any] | None, home: Path) -> list[Step]:
-    """The copy steps for a task's workdir and file mounts (task values already substituted)."""
+def plan(workdir: Any, file_mounts: dict[str, Any] | None, home: Path, *, confined: bool = False) -> list[Step]:
+    """The copy steps for a task's workdir and file mounts (task values already substituted).
+
+    `confined` (a `local` node without the user's consent): a destination outside `home` is
+    refused (SyncError), before anything is copied."""
+    if confined:
+        for dst in (file_mounts or {}):
+            dest = remote_path(dst, home)
+            if not _inside(dest, home):
+                raise SyncError(
+                    f"file mount {dst}: on the local infra this would write into this machine's own file "
+                    f"system ({dest}) as you; use a destination under ~ (each local node has its own home), "
+                    f"or allow it with {HOST_PATHS_ENV}=1 where the control plane runs (spz api restart)")
     steps: list[Step] = []
     if isinstance(workdir, str):
         steps.append(_step(workdir, home / SKY_WORKDIR))
@@ -62,8 +89,17 @@ def plan(workdir: Any, file_mounts: dict[str, Any] | None, home: Path) -> list[S
             elif isinstance(source, str):
                 steps.append(_step(source, dest))
             elif src.get("name"):
-                steps.append(Step("s3", f"s3://{src['name']}", dest))
+                store = str(src.get("store") or "s3").lower()
+                if store not in SUPPORTED_STORES:
+                    steps.append(Step("unsupported", f"store: {store} (bucket {src['name']})", dest))
+                else:
+                    steps.append(Step("s3", f"s3://{src['name']}", dest))
     return steps
+
+
+def _inside(path: Path, home: Path) -> bool:
+    p, h = os.path.normpath(path), os.path.normpath(home)
+    return p == h or p.startswith(h + os.sep)
 
 
 def _step(source: str, dest: Path) -> Step:
@@ -82,7 +118,7 @@ def apply_step(step: Step) -> None:
     elif step.kind == "git":
         _git(step.source, step.ref, step.dest)
     else:
-        raise SyncError(f"{step.source}: only local paths, s3:// buckets and git workdirs are supported here")
+        raise SyncError("not supported yet; use a local path, an s3:// bucket (store: s3) or a git workdir")
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -90,7 +126,7 @@ def _copy(src: Path, dest: Path) -> None:
         raise SyncError(f"{src} does not exist on this node")
     try:
         if src.is_dir():
-            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True, ignore=syncignore.ignore_for(src))
         else:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)

@@ -119,6 +119,14 @@ class PhaseFiles:
         return self.reported.exists()
 
 
+def _next_break(buf: bytes, start: int) -> int:
+    """The index of the next "\n" or "\r" at or after `start`, or -1."""
+    n, r = buf.find(b"\n", start), buf.find(b"\r", start)
+    if n < 0:
+        return r
+    return n if r < 0 else min(n, r)
+
+
 def _count_lines(path: Path, upto: int) -> int:
     n = 0
     try:
@@ -184,18 +192,24 @@ def exit_status(returncode: int) -> int:
 
 
 class Chunk(NamedTuple):
-    """One line of a phase's output as the agent publishes it: its number in the phase's output
-    (from 0) and the byte offset where it starts in the log file. Both are positions, not times:
-    the same line read again (by a restarted agent) is the same chunk."""
+    """One piece of a phase's output as the agent publishes it: its number in the phase's output
+    (from 0), the byte offset where it starts in the log file, its text, and how it ended:
+    "\n" a line (also "\r\n"), "\r" a carriage return (a progress bar's state, which the next
+    piece overwrites on a terminal), "" a partial line sent after a pause (its rest follows).
+    All are positions, not times: the same bytes read again (by a restarted agent) are the same
+    chunk."""
 
     seq: int
     offset: int
     line: str
+    end: str = "\n"
 
 
 class LogTail:
-    """Complete lines appended to a file since `offset` (bytes); `seq` numbers them on from
-    where a previous reader stopped."""
+    """Output appended to a file since `offset` (bytes), cut at "\n", "\r\n" and "\r"; `seq`
+    numbers the chunks on from where a previous reader stopped. An unterminated tail is kept
+    until it ends, or handed out as it is when the caller asks (`flush_partial`: it has waited
+    long enough, e.g. "Downloading... " before a long pause)."""
 
     def __init__(self, path: Path, offset: int = 0, seq: int = 0):
         self.path = path
@@ -203,34 +217,49 @@ class LogTail:
         self.seq = seq
         self._partial = b""
 
+    @property
+    def has_partial(self) -> bool:
+        return bool(self._partial)
+
     def read_lines(self, final: bool = False) -> list[str]:
         return [c.line for c in self.read_chunks(final)]
 
-    def read_chunks(self, final: bool = False) -> list[Chunk]:
+    def read_chunks(self, final: bool = False, flush_partial: bool = False) -> list[Chunk]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
             data = b""
-        if not data and not (final and self._partial):
+        if not data and not ((final or flush_partial) and self._partial):
             return []
         start = self.offset - len(self._partial)  # where the buffer begins in the file
         buf = self._partial + data
-        parts = buf.split(b"\n")
-        self._partial = parts.pop()
-        if final and self._partial:
-            parts.append(self._partial)
-            self._partial = b""
         self.offset += len(data)
+        pieces: list[tuple[bytes, str, int]] = []  # (text, end, bytes consumed)
+        i = 0
+        while True:
+            j = _next_break(buf, i)
+            if j < 0:
+                break
+            if buf[j] == 0x0D and j + 1 == len(buf) and not (final or flush_partial):
+                break  # a "\r" at the very end may be the first half of "\r\n": wait for the next byte
+            if buf[j] == 0x0D and buf[j + 1:j + 2] == b"\n":
+                pieces.append((buf[i:j], "\n", j + 2 - i))
+                i = j + 2
+            else:
+                pieces.append((buf[i:j], "\n" if buf[j] == 0x0A else "\r", j + 1 - i))
+                i = j + 1
+        self._partial = buf[i:]
+        if (final or flush_partial) and self._partial:
+            pieces.append((self._partial, "", len(self._partial)))
+            self._partial = b""
         chunks: list[Chunk] = []
-        for raw in parts:
-            line = raw.rstrip(b"\r")
-            if len(line) > MAX_LINE_BYTES:
-                line = line[:MAX_LINE_BYTES] + b" [line cut]"
-            chunks.append(Chunk(self.seq, start, line.decode("utf-8", errors="replace")))
+        for raw, end, used in pieces:
+            line = raw[:MAX_LINE_BYTES] + b" [line cut]" if len(raw) > MAX_LINE_BYTES else raw
+            chunks.append(Chunk(self.seq, start, line.decode("utf-8", errors="replace"), end))
             self.seq += 1
-            start += len(raw) + 1
+            start += used
         return chunks
 
     @property

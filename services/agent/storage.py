@@ -32,11 +32,10 @@ from skypurza.events import naming
 from skypurza.events.awsconfig import aws_config_files, aws_configured
 
 from .mounts import remote_path
+from .settings import AgentSettings
 
 log = logging.getLogger("skypurza.agent.storage")
 
-SYNC_ENV = "SKYPURZA_CHECKPOINT_SYNC_S"
-DEFAULT_SYNC_S = 30.0
 SYNCED_MODES = ("MOUNT", "MOUNT_CACHED")
 
 
@@ -171,8 +170,9 @@ def store_kind(infra: str, env: dict[str, str] | None = None, aws_files: tuple[P
     return "s3" if aws_configured(env, aws_files) else "dir"
 
 
-def store_for(infra: str, stage: str) -> Store:
-    if store_kind(infra) == "s3":
+def store_for(infra: str, stage: str, forced: str | None = None) -> Store:
+    """`forced`: the agent's SKYPURZA_BUCKET_STORE, already checked (settings.py)."""
+    if (forced or store_kind(infra)) == "s3":
         return S3Store()
     return DirStore(naming.state_dir(stage) / "buckets")
 
@@ -250,10 +250,13 @@ def _copy_tree(src: Path, dest: Path) -> None:
 class Checkpoints:
     """What the agent holds: each running job's syncer and its periodic upload."""
 
-    def __init__(self, infra: str, stage: str, interval: float | None = None):
+    def __init__(self, infra: str, stage: str, interval: float | None = None, store: str | None = None):
+        """`interval` and `store` come from the agent's settings (settings.py); `interval` None:
+        SKYPURZA_CHECKPOINT_SYNC_S read and checked the same way."""
         self.infra = infra
         self.stage = stage
-        self.interval = interval if interval is not None else float(os.environ.get(SYNC_ENV) or DEFAULT_SYNC_S)
+        self.interval = interval if interval is not None else AgentSettings.load().checkpoint_sync_s
+        self.store = store
         self._jobs: dict[int, tuple[Syncer, asyncio.Task[None] | None]] = {}
 
     async def attach(self, job_id: int, file_mounts: dict[str, Any], home: Path, *, download: bool = True
@@ -263,7 +266,7 @@ class Checkpoints:
         mounts = bucket_mounts(file_mounts, home)
         if not mounts or job_id in self._jobs:
             return without(file_mounts, mounts, home)
-        syncer = Syncer(mounts, store_for(self.infra, self.stage))
+        syncer = Syncer(mounts, store_for(self.infra, self.stage, self.store))
         if download:
             n = await asyncio.to_thread(syncer.download)
             log.info("job %s: %d file(s) from %s", job_id, n, ", ".join(m.name for m in mounts))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 USER_ENV_DIRNAME = "sky-user-env"  # SkyPilot activates ~/sky-user-env when it exists
-READY_MARK = ".skypurza-ready"
+READY_MARK = ".ready"
 KEYS_VAR = "SKYPURZA_JOB_ENV_KEYS"  # the variables the phase re-exports after ~/.bashrc
 
 # Python's own knobs that would point a task's interpreter at the agent's packages.

@@ -120,6 +120,7 @@ class ClusterView:
     jobs: dict[int, JobView] = field(default_factory=dict)
     idle_minutes: int | None = None
     idle_down: bool = False
+    idle_wait_for: str = "jobs_and_ssh"  # AutostopSet.wait_for; "none": jobs neither reset nor hold the timer
     # The event that last reset the idle timer (its id keys the one ClusterIdle of that period).
     activity_at: datetime | None = None
     activity_id: str = ""
@@ -167,12 +168,14 @@ class ClusterView:
             self.num_nodes = cluster_nodes_of(event) or self.num_nodes
             if event.idle_minutes is not None:
                 self.idle_minutes, self.idle_down = event.idle_minutes, event.down_when_idle
+            self.idle_wait_for = "jobs_and_ssh"  # a new cluster: the task's autostop, not an old AutostopSet's
             self.down_requested = False
             self._activity(at, envelope_id)
         elif isinstance(event, ClusterStarted):
             self._activity(at, envelope_id)
         elif isinstance(event, AutostopSet):
             self.idle_minutes, self.idle_down = event.idle_minutes, event.down
+            self.idle_wait_for = getattr(event, "wait_for", "jobs_and_ssh")
             self._activity(at, envelope_id)
         elif isinstance(event, ClusterIdle):
             self.idle_reported_for = self.activity_id
@@ -184,7 +187,7 @@ class ClusterView:
         elif isinstance(event, JobQueued):
             if event.job_id not in self.jobs:
                 self.jobs[event.job_id] = JobView(event.job_id, event, envelope_id, at)
-            self._activity(at, envelope_id)
+            self._activity(at, envelope_id, job=True)
         else:
             self._apply_job(event, envelope_id, at)
 
@@ -204,9 +207,11 @@ class ClusterView:
         elif isinstance(event, CancelRequested):
             job.cancel_requested = True
         elif isinstance(event, (JobSucceeded, JobFailed, JobCancelled)) and not was_terminal:
-            self._activity(at, envelope_id)
+            self._activity(at, envelope_id, job=True)
 
-    def _activity(self, at: datetime, envelope_id: str) -> None:
+    def _activity(self, at: datetime, envelope_id: str, *, job: bool = False) -> None:
+        if job and self.idle_wait_for == "none":
+            return  # a hard limit: the timer runs from the AutostopSet, whatever the jobs do
         self.activity_at, self.activity_id = at, envelope_id
 
     # ------------------------------------------------------------------ reading

@@ -1,6 +1,6 @@
 """The accounting commands of `spz`, a CLI plugin of the platform: `spz cost-report`,
-`spz ledger billing|settle|settlements`, `spz audit`, `spz events export`, and what
-`spz events replay --into` does.
+`spz ledger billing|settle|settlements`, `spz events export`, what `spz events replay --into`
+does, and the ledger's part of `spz audit` (the open command, cli/cmd_audit.py).
 
 This module is platform code (the ledger's accounting: billing, showback, settlement, export,
 replay): the open CLI never imports it. It joins `spz` through the `skypurza.cli_plugins`
@@ -80,7 +80,7 @@ def billing_command(
         typer.echo(f'{{"billing": {_decimal_literal(result.billing)}, "billing_int": {result.billing_int}}}')
         return
 
-    from rich.console import Console
+    from skypurza.cli.console import console as make_console
     from rich.table import Table
 
     table = Table(title=f"billing ({result.mode.value})")
@@ -88,7 +88,7 @@ def billing_command(
         table.add_column(col, justify="left" if col in ("TRES", "role") else "right")
     for term in result.terms:
         table.add_row(term.key, str(term.count), format(term.weight, "f"), format(term.value, "f"), term.role)
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(f"billing (exact)        {_decimal_literal(result.billing)}")
     console.print(f"billing (Slurm double) {result.billing_double!r}")
@@ -157,6 +157,8 @@ def cost_report_command(
     until: Optional[str] = typer.Option(None, "--until", help="Up to (excluding) this date/time or period."),
     days: Optional[int] = typer.Option(None, "--days", parser=DAYS, help="The last N days (instead of --since)."),
     output: str = typer.Option("table", "-o", "--output", help="table, json or csv."),
+    all_: bool = typer.Option(False, "-a", "--all", help="Every cluster on a line of its own, over all time "
+                                                         "(as sky cost-report -a: --by cluster, no --days limit)."),
 ) -> None:
     """Showback: cost in dollars and Slurm billing units, for live and finished clusters.
 
@@ -165,6 +167,10 @@ def cost_report_command(
     Late usage of a settled period is a `compensation` line in the period it is booked in.
     """
     check_output(output, ("table", "json", "csv"))
+    if all_:
+        if since is not None or days is not None:
+            raise typer.BadParameter("-a/--all covers all time: leave out --since/--days", param_hint="-a/--all")
+        by = "cluster"
     from skypurza.services.ledger.showback import GROUP_BYS
 
     if by not in GROUP_BYS:
@@ -182,7 +188,7 @@ def cost_report_command(
             w.writerow([line["key"], line["kind"], line["for_period"] or "", line["cost_usd"], line["cost_micros"],
                         line["billing_seconds"], line["billing_minutes"], line["rows"]])
         return
-    from rich.console import Console
+    from skypurza.cli.console import console as make_console
     from rich.table import Table
 
     from skypurza.services.ledger.showback import format_dollars
@@ -198,7 +204,7 @@ def cost_report_command(
     total = rep["total"]
     table.add_row("TOTAL", "", "", format_dollars(total["cost_micros"]), f"{total['billing_minutes']:,}", "",
                   style="bold")
-    Console().print(table)
+    make_console().print(table)
 
 
 # ---------------------------------------------------------------- settle
@@ -251,46 +257,18 @@ def settlements_command(output: str = typer.Option("table", "-o", "--output", he
 # ---------------------------------------------------------------- audit
 
 
-def audit_command(
-    live: Optional[Path] = typer.Option(None, "--live", help="Compare this projections file (of a stopped ledger) ..."),
-    replay: Optional[Path] = typer.Option(None, "--replay", help="... with this one (e.g. from `spz events replay --into`)."),
-    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the ledger's fresh replay in this file."),
-    output: str = typer.Option("table", "-o", "--output", help="table or json."),
-) -> None:
-    """Compare the live projection with a fresh replay of the log, table by table.
+def _audit_live(keep: Optional[Path]) -> dict[str, Any]:
+    """The ledger's part of `spz audit` (cli/cmd_audit.py): the ledger replays and compares."""
+    from skypurza.events import ledger_queries as lq
 
-    Row counts and content checksums; exits with 1 when they differ.
-    """
-    check_output(output)
-    if (live is None) != (replay is None):
-        raise typer.BadParameter("give both --live and --replay, or neither (then the ledger audits itself)")
-    if live is not None and replay is not None:
-        from skypurza.services.ledger.replay import audit
+    return _ask("audit", lambda bus: lq.audit(bus, keep=str(keep.resolve()) if keep else None))
 
-        for f in (live, replay):
-            if not f.exists():
-                raise fail(f"{f} does not exist")
-        try:
-            res = audit(live, replay)
-        except Exception as exc:  # e.g. the file is open by a running ledger
-            raise fail(f"cannot read the files: {exc}")
-    else:
-        from skypurza.events import ledger_queries as lq
 
-        res = _ask("audit", lambda bus: lq.audit(bus, keep=str(keep.resolve()) if keep else None))
-    if output == "json":
-        print_json(res)
-    else:
-        for t in res["tables"]:
-            mark = "ok  " if t["equal"] else "DIFF"
-            typer.echo(f"{mark} {t['table']:<18} live {t['live_rows']:>10,} rows  replay {t['replay_rows']:>10,} rows")
-            for side in ("only_live", "only_replay"):
-                for row in t.get(side) or []:
-                    typer.echo(f"       {side}: {row}")
-        typer.echo("The projection matches the log." if res["ok"] else
-                   f"The projection differs from the log in: {', '.join(res['differing'])}")
-    if not res["ok"]:
-        raise typer.Exit(1)
+def _audit_offline(live: Path, replay: Path) -> dict[str, Any]:
+    """`spz audit --live A --replay B` for two ledger files nobody writes."""
+    from skypurza.services.ledger.replay import audit
+
+    return audit(live, replay)
 
 
 # ---------------------------------------------------------------- events replay --into / export
@@ -348,16 +326,18 @@ def export_command(
 
 
 def register(app: typer.Typer) -> None:
-    """The `skypurza.cli_plugins` entry point: add `cost-report`, `audit` and the `ledger`
-    sub-app to ``app``; where ``app`` has the `events` sub-app, add `events export` to it and
-    provide `events replay --into`."""
+    """The `skypurza.cli_plugins` entry point: add `cost-report` and the `ledger` sub-app to
+    ``app``, the ledger's part of `spz audit`; where ``app`` has the `events` sub-app, add
+    `events export` to it and provide `events replay --into`."""
     ledger = typer.Typer(name="ledger", help="Usage, billing and settlement.", no_args_is_help=True)
     ledger.command("billing")(billing_command)
     ledger.command("settle")(settle_command)
     ledger.command("settlements")(settlements_command)
     app.add_typer(ledger, name="ledger")
     app.command("cost-report")(cost_report_command)
-    app.command("audit")(audit_command)
+    from skypurza.cli import cmd_audit
+
+    cmd_audit.provide_audit("ledger", _audit_live, _audit_offline)
     events_app = next((g.typer_instance for g in app.registered_groups if g.name == "events"), None)
     if events_app is not None:
         from skypurza.cli import cmd_events

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .logreader import LogReader
+from skypurza.events.projection.logreader import LogReader
 
 FORMATS = ("jsonl", "parquet")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

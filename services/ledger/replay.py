@@ -1,103 +1,39 @@
-"""Rebuild the projections from the log into a new file, and compare two projection files.
-
-`replay_into` reads the log from the first event (up to a sequence or a time) through the same
-reducers as the live ledger, so the same log gives the same tables and the same query answers.
-`compare` and `audit` say, table by table, whether two files hold the same rows: row counts, an
-order-independent content checksum, and a few rows found on one side only.
-"""
+"""Rebuild the ledger's file from the log, and compare two of its files (the shared code is
+events/projection/replay.py; the status service's file is rebuilt and compared the same way)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from . import schema as sc
-from .logreader import LogReader
-from .pipeline import Projector, project
+from skypurza.events.projection import replay as pr
+from skypurza.events.projection.pipeline import Projector
+
+from .store import PROJECTION
 
 
 async def replay_into(bus: Any, file: Path | str, until_seq: int | None = None,
                       until_time: datetime | None = None, *, overwrite: bool = False,
                       batch: int = 5000) -> dict[str, Any]:
-    """Project the log (from its start) into a new DuckDB file; returns what was done."""
-    path = Path(file)
-    if path.exists():
-        if not overwrite:
-            raise FileExistsError(f"{path} exists; replay builds a new file (remove it or pick another name)")
-        path.unlink()
-        Path(f"{path}.wal").unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    projector = await asyncio.to_thread(Projector, path)
-    try:
-        reader = LogReader(bus, start_seq=1, until_seq=until_seq, until_time=until_time, batch=batch)
-        await project(projector, reader.batches())
-        last_seq, records = projector.state.last_seq, projector.state.records
-    finally:
-        await asyncio.to_thread(projector.close)
-    seconds = time.perf_counter() - t0
-    return {"file": str(path), "last_seq": last_seq, "records": records, "seconds": round(seconds, 3),
-            "events_per_s": round(records / seconds) if seconds > 0 else None}
+    """Project the log (from its start) into a new ledger file; returns what was done."""
+    return await pr.replay_into(bus, file, PROJECTION, until_seq, until_time, overwrite=overwrite, batch=batch)
 
 
 async def catch_up_into(bus: Any, projector: Projector, until_seq: int, *, batch: int = 5000) -> None:
-    """Continue an open projection up to `until_seq` (used by the live audit)."""
-    if until_seq > projector.state.last_seq:
-        reader = LogReader(bus, start_seq=projector.state.last_seq + 1, until_seq=until_seq, batch=batch)
-        await project(projector, reader.batches())
-
-
-def _cols(table: sc.Table) -> str:
-    return ", ".join(f'"{c}"' for c in table.column_names)
+    await pr.catch_up_into(bus, projector, until_seq, batch=batch)
 
 
 def compare(con: duckdb.DuckDBPyConnection, live: str, replay: str, *, sample: int = 5) -> dict[str, Any]:
-    """Compare every projection table of two attached catalogs (`live`, `replay`)."""
-    tables = []
-    ok = True
-    for table in sc.TABLES:
-        cols = _cols(table)
-        stats = {}
-        for side in (live, replay):
-            n, checksum = con.execute(
-                f'SELECT count(*), coalesce(sum(hash({cols})::HUGEINT), 0) FROM "{side}".main."{table.name}"'
-            ).fetchall()[0]
-            stats[side] = (int(n), str(checksum))
-        entry: dict[str, Any] = {
-            "table": table.name, "live_rows": stats[live][0], "replay_rows": stats[replay][0],
-            "live_checksum": stats[live][1], "replay_checksum": stats[replay][1],
-        }
-        entry["equal"] = stats[live] == stats[replay]
-        if not entry["equal"]:
-            ok = False
-            for name, a, b in (("only_live", live, replay), ("only_replay", replay, live)):
-                res = con.execute(
-                    f'SELECT * FROM (SELECT {cols} FROM "{a}".main."{table.name}" EXCEPT ALL '
-                    f'SELECT {cols} FROM "{b}".main."{table.name}") ORDER BY {table.order_by} LIMIT {sample}')
-                names = [d[0] for d in res.description]
-                entry[name] = [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in zip(names, row)}
-                               for row in res.fetchall()]
-        tables.append(entry)
-    return {"ok": ok, "tables": tables,
-            "differing": [t["table"] for t in tables if not t["equal"]]}
+    return pr.compare(con, live, replay, PROJECTION, sample=sample)
+
+
+def compare_attached(cur: Any, replay_path: Path) -> dict[str, Any]:
+    return pr.compare_attached(cur, replay_path, PROJECTION)
 
 
 def audit(live_file: Path | str, replay_file: Path | str, *, sample: int = 5) -> dict[str, Any]:
-    """Compare two projection files that no process is writing (e.g. a stopped ledger's file)."""
-    con = duckdb.connect()
-    try:
-        con.execute(f"ATTACH '{_quote(live_file)}' AS live (READ_ONLY)")
-        con.execute(f"ATTACH '{_quote(replay_file)}' AS replay (READ_ONLY)")
-        out = compare(con, "live", "replay", sample=sample)
-    finally:
-        con.close()
-    out["live_file"], out["replay_file"] = str(live_file), str(replay_file)
-    return out
-
-
-def _quote(path: Path | str) -> str:
-    return str(path).replace("'", "''")
+    """Compare two ledger files that no process is writing (e.g. a stopped ledger's file)."""
+    return pr.audit(live_file, replay_file, PROJECTION, sample=sample)

@@ -1,10 +1,11 @@
-"""The ledger service: the one writer of the projections file, its queries, its meter.
+"""The ledger service: the one writer of its accounting file, its queries, its meter.
 
 It has its own loop (`run(bus, stop)`) instead of a ServiceRunner consumer, because its position
 in the log is the checkpoint in DuckDB, written in the same transaction as the rows: it reads the
 log from checkpoint + 1 with an ephemeral consumer (`LogReader`), applies batches in memory,
 commits each batch with its checkpoint off the event loop, and answers queries over NATS
-request-reply from read cursors. When it has caught up with the log it meters the running node
+request-reply from read cursors (cost report, settlements, settle, audit, position; `spz status`
+and `queue` are the status service's, services/status/). When it has caught up with the log it meters the running node
 runs (UsageRecorded at each tick and at stop/termination) and records compensations for usage
 that arrived after its period was settled.
 
@@ -23,35 +24,35 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from skypurza.events import deadletters, naming
+from skypurza.events import naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
-from skypurza.events.envelope import split_type
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.models import (
-    CapacityError,
     ClusterProvisioned,
+    ClusterStarted,
+    ClusterStopped,
+    ClusterTerminated,
     CompensationRecorded,
-    JobQueued,
-    NodeReady,
-    OrphanFound,
     PeriodSettled,
-    PlacementChosen,
+    SpotPreempted,
     TaskSubmitted,
     UsageRecorded,
     all_event_types,
 )
+from skypurza.events.projection.logreader import LogReader
+from skypurza.events.projection.parking import park_failed
 from skypurza.events.service import LoopContract, declared_bus
 
 from . import queries, settlement
 from .ledgerconfig import LedgerConfig, load_ledger_config
-from .logreader import LogReader
 from .meter import Published, due_usage, forget_applied
 from .pipeline import Failed, Pipeline, Projector
 from .projector import NewerEventError
-from .replay import catch_up_into, compare
+from .replay import catch_up_into, compare_attached
 
 log = logging.getLogger("skypurza.ledger")
 
@@ -62,9 +63,9 @@ CONTRACT = LoopContract(
     # Every event is read, recorded as applied, and folded into the projections it changes.
     consumes=tuple(all_event_types()),
     emits=(UsageRecorded, CompensationRecorded, PeriodSettled),
-    consume_notes={TaskSubmitted: "placements", PlacementChosen: "attempts", CapacityError: "attempts",
-                   ClusterProvisioned: "clusters, meter", NodeReady: "nodes", JobQueued: "jobs",
-                   OrphanFound: "audit", UsageRecorded: "usage, showback, settlement",
+    consume_notes={TaskSubmitted: "attribution", ClusterProvisioned: "meter", ClusterStarted: "meter",
+                   ClusterStopped: "meter", ClusterTerminated: "meter", SpotPreempted: "meter",
+                   UsageRecorded: "usage, showback, settlement",
                    PeriodSettled: "closes the period", CompensationRecorded: "next period's report"},
     emit_notes={UsageRecorded: "meter", CompensationRecorded: "late usage for a settled period",
                 PeriodSettled: "`spz ledger settle`"},
@@ -76,12 +77,12 @@ class LedgerService:
     name = CONTRACT.name
 
     def __init__(self, db_path: Path | None = None, tick_s: float | None = None, *,
-                 clock: Callable[[], datetime] | None = None, meter: bool = True, batch: int = 5000,
+                 clock: Clock | None = None, meter: bool = True, batch: int = 5000,
                  config: LedgerConfig | None = None, meter_every_s: float | None = None,
                  readers: int = 2):
         self.db_path = Path(db_path) if db_path else None
         self.tick_s = tick_s
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self.clock = clock or SYSTEM_CLOCK  # what is due to meter, and when a period may settle
         self.meter_enabled = meter
         self.batch = batch
         self.config = config
@@ -178,7 +179,7 @@ class LedgerService:
         assert self.bus is not None and self.projector is not None
         while True:
             reader = LogReader(self.bus, start_seq=self.projector.state.last_seq + 1, follow=True,
-                               batch=self.batch)
+                               batch=self.batch, reader=self.name)
             try:
                 async for raw in reader.batches():
                     if raw:
@@ -213,23 +214,10 @@ class LedgerService:
 
     async def _park(self, failure: Failed) -> None:
         """An event the projection cannot apply: on the dead-letter stream with why, before the
-        checkpoint moves past it (a crash in between parks it again: the copy is de-duplicated)."""
+        checkpoint moves past it."""
         assert self.bus is not None
         self.parked += 1
-        subject = _subject_of(self.bus.stage, failure.payload)
-        delay = 0.5
-        for attempt in range(6):
-            try:
-                await deadletters.park(self.bus, self.name, seq=failure.seq, subject=subject, raw=failure.payload,
-                                       error=failure.error, error_type=failure.error_type)
-                return
-            except Exception as exc:  # the bus is away: the skipped table still records it
-                if attempt == 5:
-                    log.error("could not park seq %d on the dead-letter stream (%s); it is recorded in the "
-                              "skipped table", failure.seq, exc)
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        await park_failed(self.bus, self.name, failure, log)
 
     async def wait_written(self, seq: int, timeout: float = 10.0) -> bool:
         """Wait until the projection has committed everything up to `seq`."""
@@ -271,7 +259,7 @@ class LedgerService:
         async with self._meter_lock:
             state = self.projector.state
             forget_applied(state, self.overlay)
-            items = due_usage(state, now or self.clock(), self.tick, self.config, self.overlay)
+            items = due_usage(state, now or self.clock.now(), self.tick, self.config, self.overlay)
             if not items:
                 return 0
             envs = [self.bus.envelope(ev, id=eid) for eid, ev in items]
@@ -330,9 +318,6 @@ class LedgerService:
             return await self.audit(params.get("keep"))
 
         return {
-            "status": read(queries.status),
-            "queue": read(queries.queue),
-            "jobs_queue": read(queries.jobs_queue),
             "cost_report": read(queries.cost_report),
             "settlements": read(lambda cur, p: queries.settlements(cur)),
             "position": position,
@@ -346,7 +331,7 @@ class LedgerService:
         """Close `period` at the current position of the projection (see settlement.py)."""
         assert self.bus is not None and self.projector is not None
         async with self._settle_lock:
-            now = self.clock()
+            now = self.clock.now()
             settlement.check_can_settle(period, now, self.projector.state.settled)
             await self.wait_caught_up()
             through = self.projector.written_seq
@@ -392,7 +377,7 @@ class LedgerService:
                 await catch_up_into(self.bus, replay, through)
                 await asyncio.to_thread(replay.close)
                 closed = True
-                result = await self._read(lambda cur: _compare_attached(cur, path))
+                result = await self._read(lambda cur: compare_attached(cur, path))
         finally:
             if not closed:
                 replay.close()
@@ -404,27 +389,6 @@ class LedgerService:
         if keep:
             result["replay_file"] = str(path)
         return result
-
-
-def _subject_of(stage: str, payload: bytes) -> str:
-    """The log subject of a raw event, where its envelope can be read (for its dead letter)."""
-    import json
-
-    try:
-        raw = json.loads(payload)
-        aggregate, _, key = str(raw["subject"]).partition("/")
-        return naming.event_subject(stage, aggregate, key, split_type(str(raw["type"]))[0])
-    except Exception:
-        return ""
-
-
-def _compare_attached(cur: Any, replay_path: Path) -> dict[str, Any]:
-    live = cur.execute("SELECT current_database()").fetchall()[0][0]
-    cur.execute(f"ATTACH '{str(replay_path).replace(chr(39), chr(39) * 2)}' AS ledger_audit_replay (READ_ONLY)")
-    try:
-        return compare(cur, live, "ledger_audit_replay")
-    finally:
-        cur.execute("DETACH ledger_audit_replay")
 
 
 # ---------------------------------------------------------------- process entry point

@@ -85,12 +85,24 @@ PLAN_CACHE_SIZE = 512
 def plan_key(submitted: TaskSubmitted, world: World, blocks: Sequence[Block]) -> tuple[Any, ...]:
     """What a plan depends on, by content."""
     return (world.catalog.fingerprint, world.enabled_infras, repr(world.local),
-            json.dumps(submitted.task.get("resources"), sort_keys=True, default=str),
+            json.dumps(_resources_of(submitted), sort_keys=True, default=str),
             submitted.num_nodes, json.dumps([b.to_dict() for b in blocks], sort_keys=True, default=str))
 
 
+def _resources_of(submitted: TaskSubmitted) -> dict[str, Any] | None:
+    res = submitted.task.resources
+    return None if res is None else res.to_dict()
+
+
+def initial_blocks(submitted: TaskSubmitted) -> list[Block]:
+    """The task's initial blocks (where recovery lost it) as the optimizer's own."""
+    return [Block(scope=b.scope, infra=b.infra, region=b.region, zone=b.zone, instance_type=b.instance_type,
+                  use_spot=b.use_spot, quota_class=b.quota_class, error_class=b.error_class)
+            for b in submitted.initial_blocks]
+
+
 def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> _Planned:
-    blocks = [Block.from_dict(b) for b in submitted.initial_blocks] if blocks is None else list(blocks)
+    blocks = initial_blocks(submitted) if blocks is None else list(blocks)
     key = plan_key(submitted, world, blocks)
     hit = _PLAN_CACHE.get(key)
     if hit is not None:
@@ -98,7 +110,7 @@ def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | N
         return hit
     from skypurza.events.taskspec.task import Task
 
-    task = Task.from_public_dict(submitted.task)
+    task = Task.from_public_dict(submitted.task.to_dict())
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
                  world.local, limit=PLAN_LIMIT)
     entry = _PLAN_CACHE[key] = _Planned(plan)
@@ -147,7 +159,7 @@ def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityErro
                 for e in errors]
     if last.attempt >= world.max_attempts:
         return _failed(submitted, attempts, f"gave up after {last.attempt} attempts")
-    blocks = [Block.from_dict(b) for b in submitted.initial_blocks] + [block_of(e) for e in errors]
+    blocks = initial_blocks(submitted) + [block_of(e) for e in errors]
     plan = next_placement(plan_for(submitted, world, blocks), blocks, last=from_event_candidate(last.candidate))
     if plan.chosen is None:
         return _failed(submitted, attempts, plan.reason or "every candidate was tried")

@@ -155,12 +155,8 @@ class Block:
                 and (self.quota_class is None or self.quota_class == quota_class(instance_type)))
 
     def to_dict(self) -> dict[str, Any]:
+        """The block as the log carries it (`events.payloads.FailoverBlock`)."""
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Block":
-        return cls(**{k: d.get(k) for k in ("scope", "infra", "region", "zone", "instance_type",
-                                              "use_spot", "quota_class", "error_class")})
 
 
 _QUOTA_CLASSES = {"p": "P", "g": "G", "vt": "G", "f": "F", "inf": "Inf", "x": "X", "dl": "DL",

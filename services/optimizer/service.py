@@ -13,7 +13,8 @@ the decision is the same, so no attempt is repeated.
 
 Live spot prices (SKYPURZA_LIVE_SPOT_PRICES=1, AWS enabled): before the first placement the
 spot prices of the regions among the best spot candidates are read from EC2 (cached for five
-minutes), so a lagging catalog does not decide.
+minutes, by the injected clock's monotonic reading: events/clock.py), so a lagging catalog
+does not decide.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
+
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.service import EmitContext, Emit, Pipelined, Reactions, ServiceContract, handles
 
@@ -53,7 +55,9 @@ class OptimizerService:
     name = CONTRACT.name
 
     def __init__(self, catalog: Catalog | None = None, enabled: frozenset[str] | None = None,
-                 live_spot_prices: bool | None = None, settings: OptimizerSettings | None = None):
+                 live_spot_prices: bool | None = None, settings: OptimizerSettings | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
+        self.clock = clock
         self._catalog = catalog
         self._enabled = enabled
         self.settings = settings or OptimizerSettings.load()  # a bad value stops it here, with its name
@@ -110,7 +114,7 @@ class OptimizerService:
         for c in plan.candidates[:10]:
             if c.use_spot and c.infra == "aws" and c.region and c.region not in regions:
                 regions.append(c.region)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         catalog = self.world.catalog
         for region in regions[:3]:
             if now - self._spot_refreshed.get(region, -1e9) < SPOT_REFRESH_TTL_S:

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import CapacityError, CleanupFailed, ClusterProvisioned, PlacementChosen
 
@@ -101,11 +102,13 @@ async def recorded_failures(bus: Bus) -> list[CleanupFailed]:
 
 
 async def sweep(bus: Bus, backends: Backends, regions: Mapping[str, Iterable[str]], policy: RetryPolicy, *,
-                cluster: str = SWEEP_CLUSTER, now: datetime | None = None) -> SweepReport:
+                cluster: str = SWEEP_CLUSTER, now: datetime | None = None, clock: Clock = SYSTEM_CLOCK
+                ) -> SweepReport:
     """Release unused per-stage resources in `regions` ({infra: regions}); publish a CleanupFailed
     for each one that could not be. Callers in one process serialise sweeps (the attempt count
-    is read from the log first)."""
-    now = now or datetime.now(timezone.utc)
+    is read from the log first). `now` (else `clock.now()`) decides which retries are due and
+    stamps the failures."""
+    now = now or clock.now()
     last = attempts_by_key(await recorded_failures(bus))
     report = SweepReport()
     for infra, wanted in sorted(regions.items()):

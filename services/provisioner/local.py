@@ -75,7 +75,9 @@ class LocalAdapter:
         self.ready_timeout_s = ready_timeout_s
         self.kill_grace_s = kill_grace_s
         self._children: dict[int, subprocess.Popen] = {}
-        self._lock = asyncio.Lock()
+        # One lock per cluster: nothing is shared between local clusters, so tearing down (or
+        # launching) seventeen of them runs side by side, not one after another.
+        self._locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ paths and records
 
@@ -105,8 +107,11 @@ class LocalAdapter:
 
     # ------------------------------------------------------------------ the backend interface
 
+    def _lock(self, cluster: str) -> asyncio.Lock:
+        return self._locks.setdefault(cluster, asyncio.Lock())
+
     async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:
-        async with self._lock:
+        async with self._lock(spec.cluster):
             record = self._read(spec.cluster)
             if record is not None and record.get("launch_token") == spec.launch_token:
                 if record.get("state") == "stopped":
@@ -131,7 +136,7 @@ class LocalAdapter:
         return self._nodes(record) if record is not None else []
 
     async def stop(self, ref: ClusterRef) -> list[NodeInfo]:
-        async with self._lock:
+        async with self._lock(ref.cluster):
             record = self._read(ref.cluster)
             if record is None:
                 return []
@@ -142,7 +147,7 @@ class LocalAdapter:
             return self._nodes(record)
 
     async def start(self, ref: ClusterRef) -> list[NodeInfo]:
-        async with self._lock:
+        async with self._lock(ref.cluster):
             record = self._read(ref.cluster)
             if record is None:
                 return []
@@ -153,7 +158,7 @@ class LocalAdapter:
 
     async def terminate(self, ref: ClusterRef, *, release: bool = True) -> list[str]:
         # Nothing is shared between local clusters: `release` has nothing to do here.
-        async with self._lock:
+        async with self._lock(ref.cluster):
             record = self._read(ref.cluster)
             if record is None:
                 shutil.rmtree(self.cluster_dir(ref.cluster), ignore_errors=True)
@@ -191,7 +196,7 @@ class LocalAdapter:
             if record is None or record.get("stage") != stage:
                 continue
             ids = {n.instance_id for n in nodes if n.cluster == cluster}
-            async with self._lock:
+            async with self._lock(cluster):
                 for node in record["nodes"]:
                     if node["instance_id"] in ids:
                         await self._kill_node(node)

@@ -10,6 +10,7 @@ from typing import Any
 
 from skypurza.events.agentspec import AgentSpec
 from skypurza.events.models import CapacityError, ClusterProvisioned, PlacementChosen, ProvisionFailed, TaskSubmitted
+from skypurza.events.payloads import TaskPayload
 from skypurza.events.taskspec.request import ResourceRequest
 from skypurza.events.types import Candidate
 from skypurza.events.types import NodeInfo as EventNode
@@ -80,12 +81,12 @@ def matching_request(requests: Sequence[ResourceRequest], candidate: Candidate) 
     return max(scored, key=lambda t: (t[0], t[1]))[2]
 
 
-def requests_of(task: dict[str, Any]) -> list[ResourceRequest]:
+def requests_of(task: TaskPayload) -> list[ResourceRequest]:
     """The task's resource alternatives; none when the stored task cannot be read back."""
     try:
         from skypurza.events.taskspec.task import Task
 
-        return Task.from_public_dict(task).resource_requests()
+        return Task.from_public_dict(task.to_dict()).resource_requests()
     except Exception:
         return []
 
@@ -202,7 +203,7 @@ def job_fields(submitted: TaskSubmitted) -> dict[str, Any]:
     return dict(
         task_id=submitted.task_id,
         task=submitted.task,
-        name=submitted.task.get("name") if isinstance(submitted.task, dict) else None,
+        name=submitted.task.name,
         user=submitted.user,
         run_setup=True,
         secrets_key=submitted.secrets_key,

@@ -28,6 +28,7 @@ from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import ClusterProvisioned, ClusterTerminated, OrphanFound
 
@@ -112,8 +113,10 @@ async def reconcile(
     terminating: Collection[str] = (),
     cleanup_policy: cleanup.RetryPolicy | None = None,
     now: datetime | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ReconcileReport:
-    now = now or datetime.now(timezone.utc)
+    """`now` (else `clock.now()`): how old an orphan is, when a vanished cluster ended."""
+    now = now or clock.now()
     live = await live_clusters(bus)
     report = ReconcileReport(live=sorted(live))
     wanted = list(infras) if infras is not None else sorted(
@@ -158,18 +161,19 @@ async def reconcile(
                 if node.instance_id in done:
                     await record_orphan(bus, node, infra, "terminated")
     if terminate:
-        await _sweep(bus, backends, report, cleanup_policy or cleanup.RetryPolicy())
+        await _sweep(bus, backends, report, cleanup_policy or cleanup.RetryPolicy(), now)
     return report
 
 
-async def _sweep(bus: Bus, backends: Backends, report: ReconcileReport, policy: cleanup.RetryPolicy) -> None:
+async def _sweep(bus: Bus, backends: Backends, report: ReconcileReport, policy: cleanup.RetryPolicy,
+                 now: datetime) -> None:
     """Release unused resources in every region the stage touched and every region listed (where
     any orphan just terminated was)."""
     regions = await cleanup.TouchedRegions().update(bus)
     for infra, checked in report.checked.items():
         regions.setdefault(infra, set()).update(checked)
     try:
-        swept = await cleanup.sweep(bus, backends, regions, policy)
+        swept = await cleanup.sweep(bus, backends, regions, policy, now=now)
     except Exception as exc:
         log.warning("reconcile: cleanup sweep failed: %s", exc)
         report.errors["cleanup"] = f"{type(exc).__name__}: {exc}"

@@ -38,6 +38,11 @@ never holds it up; the background sweep (cleanup.py, every `cleanup_interval_s`,
 a teardown) retries what failed and cleans every region the stage touched.
 
 Reconciliation runs every `reconcile_interval_s` (reconcile.py).
+
+Time comes from the injected clock (events/clock.py, `clock=`; the system's by default): the
+times the events carry (`launched_at`, `terminated_at`, `stopped_at`, `started_at`), when a
+cleanup retry is due and how old an orphan is. Launch polls, back-offs and the loops' pacing
+are the event loop's.
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
 from skypurza.events.jobqueue import job_queued_subject, queue_job
 from skypurza.events.models import CapacityError as CapacityErrorEvent
@@ -115,8 +120,9 @@ class ProvisionerService:
     name = CONTRACT.name
 
     def __init__(self, settings: ProvisionerSettings | None = None,
-                 backends: Mapping[str, ComputeBackend] | None = None) -> None:
+                 backends: Mapping[str, ComputeBackend] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings or ProvisionerSettings.load()
+        self.clock = clock
         # Read by ServiceRunner: handlers at once (ordered per cluster) and the ack wait.
         self.contract = replace(CONTRACT, delivery=Keyed(max(1, self.settings.concurrency), _cluster_of),
                                 ack_wait_s=self.settings.ack_wait_s)
@@ -196,7 +202,7 @@ class ProvisionerService:
                                            "it was not launched")
             if state.terminated_seq > state.provisioned_seq and state.terminated_seq > down_seq:
                 return [failed]  # the down was already answered with the cluster's end
-            return [ClusterTerminated(cluster=pc.cluster, terminated_at=datetime.now(timezone.utc),
+            return [ClusterTerminated(cluster=pc.cluster, terminated_at=self.clock.now(),
                                       reason="down requested before launch", instance_ids=[]), failed]
         try:
             backend = self.backends.get(pc.candidate.infra)
@@ -213,7 +219,7 @@ class ProvisionerService:
                         pc.candidate.label(), getattr(result, "code", ""))
             return [result]
         provisioned = plan.provisioned_event(placement=pc, placement_id=placement_id, submitted=submitted,
-                                             nodes=result, launched_at=datetime.now(timezone.utc))
+                                             nodes=result, launched_at=self.clock.now())
         # In the log before job 1 is queued (the agents read the cluster before its jobs).
         await ctx.publish(provisioned)
         await self._queue_first_job(ctx, placement_id, pc.cluster, submitted)
@@ -330,7 +336,7 @@ class ProvisionerService:
             # for such a name). The cluster ends now, so the waiting command and `spz status` see
             # it end; the placement, when it comes, is cancelled (on_placement). A cluster that
             # was up and has ended needs nothing: a new launch under its name is cancelled there.
-            return [ClusterTerminated(cluster=ev.cluster, terminated_at=datetime.now(timezone.utc),
+            return [ClusterTerminated(cluster=ev.cluster, terminated_at=self.clock.now(),
                                       reason="down requested before launch", instance_ids=[])]
         if backend is None:
             return []  # an infra this build cannot reach (logged by _state)
@@ -352,7 +358,7 @@ class ProvisionerService:
         self._tearing_down_in[region or ""] += 1
         try:
             ids = await backend.terminate(state.ref(self.bus.stage), release=False)
-            ended = datetime.now(timezone.utc)
+            ended = self.clock.now()
             if region:
                 await self._release_after_teardown(ctx, state.cluster, state.provisioned.candidate.infra, region)
             known = [n.instance_id for n in state.nodes]
@@ -393,7 +399,7 @@ class ProvisionerService:
         except FatalProvisionError as err:
             log.warning("cannot stop cluster %s: %s", ev.cluster, err)
             return []
-        return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     @handles(StartRequested)
     async def on_start(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -407,7 +413,7 @@ class ProvisionerService:
         except (CapacityError, FatalProvisionError) as err:
             log.warning("cannot start cluster %s: %s", ev.cluster, err)
             return []
-        return [ClusterStarted(cluster=ev.cluster, started_at=datetime.now(timezone.utc),
+        return [ClusterStarted(cluster=ev.cluster, started_at=self.clock.now(),
                                nodes=plan.event_nodes(nodes))]
 
     @handles(ClusterIdle)
@@ -430,7 +436,7 @@ class ProvisionerService:
             log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
             await self._terminate(ctx, stored, state, backend, "autostop")
             return []
-        return [ClusterStopped(cluster=ev.cluster, stopped_at=datetime.now(timezone.utc))]
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     # ------------------------------------------------------------------ reconciliation
 
@@ -439,7 +445,7 @@ class ProvisionerService:
             self.bus, self.backends,
             terminate=self.settings.reconcile_terminate if terminate is None else terminate,
             grace_s=self.settings.reconcile_grace_s, infras=infras, launching=set(self._launching),
-            terminating=set(self._terminating), cleanup_policy=self._cleanup_policy(),
+            terminating=set(self._terminating), cleanup_policy=self._cleanup_policy(), now=self.clock.now(),
         )
 
     async def sweep(self) -> cleanup.SweepReport:
@@ -456,7 +462,7 @@ class ProvisionerService:
         are then its reactions); otherwise the service's own."""
         async with self._sweep_lock:
             return await cleanup.sweep(bus or self.bus, self.backends, regions, self._cleanup_policy(),
-                                       cluster=cluster)
+                                       cluster=cluster, now=self.clock.now())
 
     async def _cleanup_loop(self) -> None:
         while True:

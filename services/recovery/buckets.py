@@ -21,35 +21,34 @@ from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.awsconfig import aws_config_files, aws_configured
+from skypurza.events.payloads import StorageMount, TaskPayload
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
-def is_checkpoint_mount(value: Any) -> bool:
-    if not isinstance(value, dict) or str(value.get("store") or "").lower() != "s3":
+def is_checkpoint_mount(value: str | StorageMount) -> bool:
+    if not isinstance(value, StorageMount) or not value.is_s3():
         return False
-    source = value.get("source")
-    if source is None:
+    if value.source is None:
         return True
     # A source that is the bucket itself is still the bucket; a local path or another URL is a copy.
-    return bool(value.get("name")) and source in (f"s3://{value['name']}", f"s3://{value['name']}/")
+    return bool(value.name) and value.source in (f"s3://{value.name}", f"s3://{value.name}/")
 
 
-def checkpoint_buckets(task: dict[str, Any], stage: str, job_id: int) -> tuple[dict[str, Any], dict[str, str]]:
+def checkpoint_buckets(task: TaskPayload, stage: str, job_id: int) -> tuple[TaskPayload, dict[str, str]]:
     """(the task with every checkpoint mount named, {mount point: bucket name})."""
-    mounts = task.get("file_mounts") or {}
     named: dict[str, str] = {}
     out_mounts: dict[str, Any] = {}
-    for dst, value in mounts.items():
-        if is_checkpoint_mount(value) or (isinstance(value, dict) and str(value.get("store") or "").lower() == "s3"
-                                          and not value.get("name") and _is_local(value.get("source"))):
-            name = value.get("name") or default_bucket_name(stage, job_id, dst)
+    for dst, value in (task.file_mounts or {}).items():
+        if isinstance(value, StorageMount) and (
+                is_checkpoint_mount(value) or (value.is_s3() and not value.name and _is_local(value.source))):
+            name = value.name or default_bucket_name(stage, job_id, dst)
             named[dst] = name
-            value = {**value, "name": name}
-        out_mounts[dst] = value
+            value = value.edited(name=name)
+        out_mounts[dst] = value if isinstance(value, str) else value.to_dict()
     if not named:
         return task, {}
-    return {**task, "file_mounts": out_mounts}, named
+    return task.edited(file_mounts=out_mounts), named
 
 
 def default_bucket_name(stage: str, job_id: int, mount_point: str) -> str:

@@ -1,27 +1,28 @@
 """Heartbeat watching: a node of a live managed cluster that beat and then went silent is lost.
 
 Agents beat every few seconds on core NATS (`naming.heartbeats_filter`); this keeps the last
-beat of each (cluster, rank) by a monotonic clock and, every quarter of the timeout (at most
-5 s), reports the watched nodes silent for longer than the timeout (`detect.silent_nodes`: a
-node never heard from is not judged, so a slow boot is never a death). Its inputs are injected
-— the bus (the service's, checked against its contract), the nodes to watch, the clocks — so a
-test drives `check()` with a clock of its own.
+beat of each (cluster, rank) by the injected clock's monotonic reading and, every quarter of the
+timeout (at most 5 s, paced by the event loop), reports the watched nodes silent for longer
+than the timeout (`detect.silent_nodes`: a node never heard from is not judged, so a slow boot
+is never a death). Its inputs are injected — the bus (the service's, checked against its
+contract), the nodes to watch, the clock (events/clock.py) — so a test drives `beat()` and
+`check()` with a `ManualClock` instead of sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from datetime import timedelta
 from typing import Any, Awaitable, Callable
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event
 
 from . import detect
-from .losses import Clock, LossReporter, utcnow
+from .losses import LossReporter
 
 log = logging.getLogger("skypurza.recovery")
 
@@ -31,13 +32,12 @@ Nodes = Callable[[], Awaitable[list[Node]]]
 
 class HeartbeatWatch:
     def __init__(self, bus: Bus, reporter: LossReporter, nodes: Nodes, *, timeout_s: float,
-                 monotonic: Callable[[], float] = time.monotonic, now: Clock = utcnow):
+                 clock: Clock = SYSTEM_CLOCK):
         self._bus = bus
         self._reporter = reporter
         self._nodes = nodes
         self.timeout_s = timeout_s
-        self._monotonic = monotonic
-        self._now = now
+        self._clock = clock
         self._beats: dict[tuple[str, int], float] = {}
         self._sub: Any = None
 
@@ -59,7 +59,7 @@ class HeartbeatWatch:
             self.beat(*parsed)
 
     def beat(self, cluster: str, rank: int) -> None:
-        self._beats[(cluster, rank)] = self._monotonic()
+        self._beats[(cluster, rank)] = self._clock.monotonic()
 
     def heard(self) -> dict[tuple[str, int], float]:
         """The last beat of every (cluster, rank) heard and not yet judged lost."""
@@ -69,11 +69,11 @@ class HeartbeatWatch:
         """Report the watched nodes silent for longer than the timeout; what was published."""
         watched = await self._nodes()
         out = []
-        for silent in detect.silent_nodes(self._beats, watched, self._monotonic(), self.timeout_s):
+        for silent in detect.silent_nodes(self._beats, watched, self._clock.monotonic(), self.timeout_s):
             ev = await self._reporter.report(
                 silent.cluster, silent.rank, silent.instance_id, "node_lost",
                 {"source": "heartbeat", "silent_s": round(silent.seconds, 1), "timeout_s": self.timeout_s},
-                last_heartbeat=self._now() - timedelta(seconds=silent.seconds))
+                last_heartbeat=self._clock.now() - timedelta(seconds=silent.seconds))
             self._beats.pop((silent.cluster, silent.rank), None)
             if ev is not None:
                 out.append(ev)

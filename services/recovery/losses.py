@@ -10,30 +10,25 @@ two services reporting it at once store it once.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import datetime
+from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
 from skypurza.events.models import NodeLost, SpotPreempted
 
 log = logging.getLogger("skypurza.recovery")
 
-Clock = Callable[[], datetime]
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
 class LossReporter:
-    """Publishes on `bus` — the service's own, checked against its contract — as `service`."""
+    """Publishes on `bus` — the service's own, checked against its contract — as `service`;
+    `detected_at` and the envelope's time are `clock.now()`."""
 
-    def __init__(self, bus: Bus, *, service: str, now: Clock = utcnow):
+    def __init__(self, bus: Bus, *, service: str, clock: Clock = SYSTEM_CLOCK):
         self._bus = bus
         self._service = service
-        self._now = now
+        self._clock = clock
         self._reported: set[tuple[str, str]] = set()  # (cluster, instance or rank) already reported lost
 
     async def report(self, cluster: str, rank: int | None, instance_id: str | None, kind: str,
@@ -49,14 +44,15 @@ class LossReporter:
                 and getattr(prior.event, "rank", None) == rank:
             self._reported.add(key)
             return None
-        now = self._now()
+        now = self._clock.now()
         if cls is SpotPreempted:
             event: Event = SpotPreempted(cluster=cluster, rank=rank, instance_id=instance_id or "", detected_at=now,
                                          evidence=evidence)
         else:
             event = NodeLost(cluster=cluster, rank=rank if rank is not None else 0, instance_id=instance_id,
                              last_heartbeat=last_heartbeat, detected_at=now, evidence=evidence)
-        await self._bus.publish(self._bus.envelope(event, id=derive_id(f"{cluster}|{key[1]}", self._service, kind)))
+        await self._bus.publish(self._bus.envelope(event, id=derive_id(f"{cluster}|{key[1]}", self._service, kind),
+                                                   time=now))
         self._reported.add(key)
         log.warning("%s: node %s (%s) %s: %s", cluster, rank, instance_id, kind, evidence)
         return event

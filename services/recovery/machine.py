@@ -36,6 +36,7 @@ from skypurza.events.managed_events import (
     ManagedJobSubmitted,
     ManagedTransitionKind,
 )
+from skypurza.events.payloads import ManagedTask
 
 from .strategy import NONE, Recovery, recovery_of
 
@@ -55,7 +56,7 @@ _END_OF_FAILURE: dict[str, ManagedTransitionKind] = {
 class JobState:
     job_id: int
     name: str
-    tasks: list[dict[str, Any]]
+    tasks: list[ManagedTask]
     skypilot_task_ids: list[str] = field(default_factory=list)
     user: str = ""
     team: str | None = None
@@ -84,8 +85,8 @@ class JobState:
         return self.status in TERMINAL_STATUSES
 
     @property
-    def task(self) -> dict[str, Any]:
-        return self.tasks[self.task_index] if self.tasks else {}
+    def task(self) -> ManagedTask:
+        return self.tasks[self.task_index] if self.tasks else ManagedTask()
 
     @property
     def recovery(self) -> Recovery:
@@ -104,7 +105,7 @@ class JobState:
             "id": self.job_id, "name": self.name, "status": self.status, "recoveries": self.recoveries,
             "restarts_on_errors": self.restarts_on_errors, "cluster": self.cluster,
             "task_index": self.task_index, "num_tasks": len(self.tasks),
-            "task_name": (self.task.get("name") if self.tasks else None), "user": self.user,
+            "task_name": self.task.name, "user": self.user,
             "submitted_at": self.submitted_at.isoformat() if self.submitted_at else None,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "ended_at": self.ended_at.isoformat() if self.ended_at else None,
@@ -315,7 +316,8 @@ def decide(s: JobState, fact: Fact) -> Transition | None:
 
 def _after_failure(s: JobState, fact: JobFailedF) -> Transition:
     counted = s.recovery.restart_counted(fact.exit_code, s.task_restarts)
-    what = f"{fact.phase} exited with {fact.exit_code}" + (f" ({fact.detail})" if fact.detail else "")
+    what = (f"{fact.phase} exited with {fact.exit_code}" if fact.exit_code is not None else f"{fact.phase} failed") \
+        + (f" ({fact.detail})" if fact.detail else "")
     if counted is None:
         # The one fold's job status, as SkyPilot's jobs controller maps it: FAILED_SETUP stays,
         # FAILED_DRIVER (the process was lost with its agent) is FAILED_CONTROLLER, else FAILED.

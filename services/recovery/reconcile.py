@@ -2,8 +2,9 @@
 `reconcile_s`, so a crash between a transition and its effects (a teardown or a launch not yet
 asked for) is repaired, and a job left PENDING (or with a cancel not yet acted on) is kicked.
 
-`due` is the pure part (which job gets which look); `Reconciler` is the loop, with the service's
-two actions injected (`kick`: decide on machine.Kick; `realize`: see the state's effects through).
+`due` is the pure part (which job gets which look, at a given `now`); `Reconciler` is the loop,
+with the service's two actions and its clock injected (`kick`: decide on machine.Kick;
+`realize`: see the state's effects through).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Awaitable, Callable, Iterable, Literal
 
-from .losses import Clock, utcnow
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
+
 from .machine import JobState
 
 log = logging.getLogger("skypurza.recovery")
@@ -44,16 +46,16 @@ def due(jobs: Iterable[JobState], now: datetime, recheck_ended_s: float, include
 class Reconciler:
     def __init__(self, jobs: Callable[[], Iterable[JobState]], kick: Callable[[int], Awaitable[None]],
                  realize: Callable[[int], Awaitable[None]], *, period_s: float, recheck_ended_s: float,
-                 now: Clock = utcnow):
+                 clock: Clock = SYSTEM_CLOCK):
         self._jobs = jobs
         self._kick = kick
         self._realize = realize
         self.period_s = period_s
         self.recheck_ended_s = recheck_ended_s
-        self._now = now
+        self._clock = clock
 
     async def once(self, include_recently_ended: bool = False) -> list[Due]:
-        looked = due(list(self._jobs()), self._now(), self.recheck_ended_s, include_recently_ended)
+        looked = due(list(self._jobs()), self._clock.now(), self.recheck_ended_s, include_recently_ended)
         for d in looked:
             try:
                 await (self._kick if d.look == "kick" else self._realize)(d.job_id)

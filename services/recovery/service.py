@@ -32,6 +32,10 @@ What a state needs done (`_realize`: tear down old clusters, wait until the lost
 submit the launch) is checked against the log before each publish, so it is done exactly once
 whoever does it, and redone after a crash between the transition and its effects (at start
 and every `reconcile_s`).
+
+Time comes from the injected clock (events/clock.py, `clock=`; the system's by default): the
+transitions' envelope times (a job's `ended_at`), which ended jobs are still rechecked, the
+detectors' `detected_at` and heartbeat silences. The loops' pacing is the event loop's.
 """
 
 from __future__ import annotations
@@ -40,11 +44,11 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any
 
 from skypurza.events import deadletters, naming
 from skypurza.events.bus import Bus, ConcurrencyConflict, Stored
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
 from skypurza.events.models import (
     ClusterProvisioned,
@@ -105,11 +109,12 @@ class RecoveryService:
     name = CONTRACT.name
 
     def __init__(self, settings: RecoverySettings | None = None, *, aws_session: Any = None,
-                 endpoint_url: str | None = None, bucket_store: str | None = None):
+                 endpoint_url: str | None = None, bucket_store: str | None = None, clock: Clock = SYSTEM_CLOCK):
         self.settings = settings or RecoverySettings.load()
+        self.clock = clock
         self._aws_session = aws_session
         self._endpoint_url = endpoint_url
-        self._bucket_store = bucket_store
+        self._bucket_store = bucket_store or self.settings.bucket_store
         self._bus: Bus | None = None
         self.jobs: dict[int, machine.JobState] = {}
         self._locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -134,10 +139,10 @@ class RecoveryService:
         self._bus = bus
         await self._rebuild()
         if not self._tasks:
-            reporter = LossReporter(bus, service=self.name)
+            reporter = LossReporter(bus, service=self.name, clock=self.clock)
             if self.settings.heartbeat_timeout_s > 0:
                 self._heartbeats = HeartbeatWatch(bus, reporter, self._watched_nodes,
-                                                  timeout_s=self.settings.heartbeat_timeout_s)
+                                                  timeout_s=self.settings.heartbeat_timeout_s, clock=self.clock)
                 await self._heartbeats.start()
                 self._tasks.append(asyncio.create_task(self._heartbeats.run(), name="recovery-heartbeats"))
             if self.settings.ec2_poll_s > 0:
@@ -253,7 +258,7 @@ class RecoveryService:
             state = await self._fold(self.jobs.get(job_id), s)
             if state is not None:
                 self.jobs[job_id] = state
-        now = datetime.now(timezone.utc)
+        now = self.clock.now()
         total = len(self.jobs)
         for job_id, state in list(self.jobs.items()):
             if state.terminal and (state.ended_at is None
@@ -311,7 +316,8 @@ class RecoveryService:
                 event = transition.event(job_id)
                 # Same state version + same decision = same id, whoever decides it.
                 env = self.bus.envelope(event, id=derive_id(f"mjob:{job_id}:{state.last_seq}", self.name,
-                                                            f"{transition.status}|{transition.cluster}"))
+                                                            f"{transition.status}|{transition.cluster}"),
+                                        time=self.clock.now())
                 try:
                     ack = await out.publish(env, expected_last_seq=state.last_seq)
                 except ConcurrencyConflict:
@@ -375,7 +381,7 @@ class RecoveryService:
         assert prov.envelope is not None
         reason = "managed_job_done" if state.terminal or state.status == "CANCELLING" else "recovery"
         env = self.bus.envelope(DownRequested(cluster=cluster, reason=reason, requested_by=f"recovery:job {state.job_id}"),
-                                id=derive_id(prov.envelope.id, self.name, "down"))
+                                id=derive_id(prov.envelope.id, self.name, "down"), time=self.clock.now())
         await out.publish(env)
         log.info("job %s: tearing down %s (%s)", state.job_id, cluster, reason)
         return "going"
@@ -390,20 +396,19 @@ class RecoveryService:
         if launch.episode in machine.LOSS_WHYS and launch.lost_cluster:
             placed = await self._placement(launch.lost_cluster)
             plan = recovery_launch(task, state.recovery.strategy, placed, launch.phase)
-        task_dict, named = buckets.checkpoint_buckets(plan.task, self.bus.stage, state.job_id)
+        launched, named = buckets.checkpoint_buckets(plan.task, self.bus.stage, state.job_id)
         for bucket in sorted(set(named.values())):
             await asyncio.to_thread(buckets.ensure_bucket, self.bus.stage, bucket, kind=self._bucket_store)
-        num_nodes = task.get("num_nodes")
         submitted = TaskSubmitted(
-            task_id=task_id, kind="managed", cluster=launch.cluster, task=task_dict,
-            num_nodes=int(num_nodes) if isinstance(num_nodes, int) and num_nodes > 0 else 1,
+            task_id=task_id, kind="managed", cluster=launch.cluster, task=launched, num_nodes=task.nodes(),
             user=state.user, team=state.team, project=state.project,
             secrets_key=f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None,
             down=False, managed_job_id=state.job_id, task_index=launch.task_index,
             initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
             managed_task_ids=list(state.skypilot_task_ids),
         )
-        await out.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted")))
+        await out.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted"),
+                                            time=self.clock.now()))
         log.info("job %s: launch %d of task %d on %s (%s)", state.job_id, launch.number, launch.task_index,
                  launch.cluster, plan.note or launch.episode)
 
@@ -493,7 +498,8 @@ class RecoveryService:
         lost = await self._check_cluster_now(ev.cluster)
         if lost is not None:
             return lost
-        detail = ev.reason + (f" on node {ev.failed_rank}" if ev.failed_rank is not None else "")
+        where = f"on node {ev.failed_rank}"
+        detail = ev.reason + (f" {where}" if ev.failed_rank is not None and where not in ev.reason else "")
         return machine.JobFailedF(ev.cluster, ev.phase, ev.exit_code, detail.strip())
 
     async def _placement_detail(self, job_id: int, ev: PlacementFailed) -> str:
@@ -541,7 +547,7 @@ class RecoveryService:
             await self._realize(self.bus, job_id)
 
         return Reconciler(lambda: list(self.jobs.values()), kick, realize, period_s=self.settings.reconcile_s,
-                          recheck_ended_s=self.settings.recheck_ended_s)
+                          recheck_ended_s=self.settings.recheck_ended_s, clock=self.clock)
 
     async def _check_cluster_now(self, cluster: str) -> machine.LostF | None:
         """EC2's word on one cluster right now (after a job failure), as a loss fact or None."""

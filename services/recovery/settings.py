@@ -8,6 +8,8 @@
                                             # (0 turns the heartbeat watch off); 0-86400
     SKYPURZA_RECOVERY_RECONCILE_S=60         # how often unfinished jobs are looked at again; 0.1-86400
     SKYPURZA_RECOVERY_MISSING_POLLS=2        # polls an instance may be absent from EC2 before it is lost; 1-100
+    SKYPURZA_BUCKET_STORE=s3|dir             # where checkpoint buckets are created (environment only: the
+                                            # node agents read the same variable); unset: buckets.store_kind
 
 A value outside its range is a SettingsError naming the variable, the value and the range.
 """
@@ -30,6 +32,7 @@ class RecoverySettings:
     heartbeat_timeout_s: float = 60.0
     reconcile_s: float = 60.0
     missing_polls: int = 2
+    bucket_store: str | None = None  # None: S3 when AWS is configured (buckets.store_kind)
     # Terminal jobs whose clusters are checked again at start (a crash right after the end).
     recheck_ended_s: float = 3600.0
 
@@ -52,4 +55,5 @@ class RecoverySettings:
                                     key="recovery.reconcile_s"),
             missing_polls=src.integer("SKYPURZA_RECOVERY_MISSING_POLLS", base.missing_polls, low=1, high=100,
                                       key="recovery.missing_polls"),
+            bucket_store=src.choice("SKYPURZA_BUCKET_STORE", None, ("s3", "dir"), fold=str.lower),
         )

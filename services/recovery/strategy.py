@@ -18,7 +18,8 @@ pinned region, so the first retry lands in another zone of the same region when 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from skypurza.events.payloads import BlockScope, FailoverBlock, ResourcesPayload, TaskPayload
 
 EAGER_NEXT_REGION = "EAGER_NEXT_REGION"
 FAILOVER = "FAILOVER"
@@ -42,38 +43,26 @@ class Recovery:
         return None
 
 
-def recovery_of(task: dict[str, Any]) -> Recovery:
+def recovery_of(task: TaskPayload) -> Recovery:
     """The task's job_recovery (from its resources, or the first alternative that sets one)."""
-    resources = task.get("resources") or {}
-    value = resources.get("job_recovery")
+    res = task.resources
+    if res is None:
+        return Recovery()
+    value = res.job_recovery
     if value is None:
-        for key in ("ordered", "any_of"):
-            for alt in resources.get(key) or []:
-                if isinstance(alt, dict) and alt.get("job_recovery") is not None:
-                    value = alt["job_recovery"]
-                    break
-            if value is not None:
-                break
+        value = next((a.job_recovery for a in res.alternatives() if a.job_recovery is not None), None)
     if value is None:
         return Recovery()
     if isinstance(value, str):
         return Recovery(strategy=_strategy(value))
-    if isinstance(value, dict):
-        codes = value.get("recover_on_exit_codes")
-        if isinstance(codes, int):
-            codes = [codes]
-        return Recovery(
-            strategy=_strategy(value.get("strategy")),
-            max_restarts_on_errors=int(value.get("max_restarts_on_errors") or 0),
-            recover_on_exit_codes=frozenset(int(c) for c in (codes or [])),
-        )
-    return Recovery()
+    return Recovery(strategy=_strategy(value.strategy), max_restarts_on_errors=value.max_restarts_on_errors or 0,
+                    recover_on_exit_codes=value.exit_codes())
 
 
-def _strategy(name: Any) -> str:
+def _strategy(name: str | None) -> str:
     if name is None:
         return DEFAULT_STRATEGY
-    text = str(name).strip().upper()
+    text = name.strip().upper()
     return NONE if text == "NONE" else text
 
 
@@ -92,26 +81,26 @@ class Placed:
 class LaunchPlan:
     """What one launch of a task may use: a task (maybe pinned to a region) and the blocks."""
 
-    task: dict[str, Any]
-    blocks: tuple[dict[str, Any], ...] = ()
+    task: TaskPayload
+    blocks: tuple[FailoverBlock, ...] = ()
     note: str = ""
 
 
-def _block(scope: str, infra: str, region: str | None = None, zone: str | None = None,
+def _block(scope: BlockScope, infra: str, region: str | None = None, zone: str | None = None,
            instance_type: str | None = None, use_spot: bool | None = None, error_class: str = "preempted"
-           ) -> dict[str, Any]:
-    # The optimizer's Block.to_dict() shape (services/optimizer/placement.py).
-    return {"scope": scope, "infra": infra, "region": region, "zone": zone, "instance_type": instance_type,
-            "use_spot": use_spot, "quota_class": None, "error_class": error_class}
+           ) -> FailoverBlock:
+    # Every key given (nulls too): the log has always carried the optimizer's whole Block.
+    return FailoverBlock(scope=scope, infra=infra, region=region, zone=zone, instance_type=instance_type,
+                         use_spot=use_spot, quota_class=None, error_class=error_class)
 
 
-def recovery_launch(task: dict[str, Any], strategy: str, lost: Placed | None, phase: int) -> LaunchPlan:
+def recovery_launch(task: TaskPayload, strategy: str, lost: Placed | None, phase: int) -> LaunchPlan:
     """The launch after a preemption or node loss. `phase` 1 is the strategy's first try;
     phase 2 is the task's own constraints (what both strategies fall back to)."""
     if lost is None or phase >= 2 or lost.infra == "local" or strategy == NONE:
         return LaunchPlan(task, (), "the task's own constraints")
     if strategy == FAILOVER and lost.region:
-        blocks: tuple[dict[str, Any], ...] = ()
+        blocks: tuple[FailoverBlock, ...] = ()
         if lost.zone:
             blocks = (_block("spot_market", lost.infra, lost.region, lost.zone, lost.instance_type, True),) \
                 if lost.use_spot else (_block("zone", lost.infra, lost.region, lost.zone, lost.instance_type),)
@@ -123,33 +112,29 @@ def recovery_launch(task: dict[str, Any], strategy: str, lost: Placed | None, ph
     return LaunchPlan(task, (), "the task's own constraints")
 
 
-def pin_region(task: dict[str, Any], infra: str, region: str) -> dict[str, Any]:
+def pin_region(task: TaskPayload, infra: str, region: str) -> TaskPayload:
     """The task with every resource alternative limited to `infra/region` (a narrower pin that
     the task already has, such as a zone, is kept)."""
-    out = dict(task)
-    resources = dict(task.get("resources") or {})
-    resources = _pin(resources, infra, region)
-    for key in ("ordered", "any_of"):
-        if isinstance(resources.get(key), list):
-            resources[key] = [_pin(dict(a), infra, region, only_if_located=True) if isinstance(a, dict) else a
-                              for a in resources[key]]
-    out["resources"] = resources
-    return out
+    resources = _pin(task.resources or ResourcesPayload(), infra, region)
+    alternatives = {key: [_pin(a, infra, region, only_if_located=True).to_dict() for a in alts]
+                    for key, alts in (("ordered", resources.ordered), ("any_of", resources.any_of)) if alts is not None}
+    if alternatives:
+        resources = resources.edited(**alternatives)
+    return task.edited(resources=resources.to_dict())
 
 
-def _pin(res: dict[str, Any], infra: str, region: str, only_if_located: bool = False) -> dict[str, Any]:
-    current = res.get("infra")
-    if current is None and any(k in res for k in ("cloud", "region", "zone")):
-        current = "/".join(str(res.get(k) or "*") for k in ("cloud", "region", "zone")).rstrip("/*") or None
-    for k in ("cloud", "region", "zone"):
-        res.pop(k, None)
+_LOCATION = ("cloud", "region", "zone")  # the deprecated spelling of `infra`
+
+
+def _pin(res: ResourcesPayload, infra: str, region: str, only_if_located: bool = False) -> ResourcesPayload:
+    current = res.infra
+    if current is None and any(v is not None for v in (res.cloud, res.region, res.zone)):
+        current = "/".join(v or "*" for v in (res.cloud, res.region, res.zone)).rstrip("/*") or None
     if current is None:
-        if not only_if_located:
-            res["infra"] = f"{infra}/{region}"
-        return res
-    parts = str(current).split("/")
+        return res.edited(drop=_LOCATION, **({} if only_if_located else {"infra": f"{infra}/{region}"}))
+    parts = current.split("/")
     if len(parts) >= 2 and parts[1] not in ("", "*"):
-        res["infra"] = current  # already pinned to a region (or a zone): keep it
+        pinned = current  # already pinned to a region (or a zone): keep it
     else:
-        res["infra"] = f"{infra}/{region}" + (f"/{parts[2]}" if len(parts) > 2 else "")
-    return res
+        pinned = f"{infra}/{region}" + (f"/{parts[2]}" if len(parts) > 2 else "")
+    return res.edited(drop=_LOCATION, infra=pinned)

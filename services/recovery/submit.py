@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
+from skypurza.events.payloads import ManagedTask
 
 from . import machine
 from .history import history
@@ -36,13 +39,15 @@ def submitted_subject(stage: str) -> str:
     return naming.event_filter(stage, "mjob", ManagedJobSubmitted.EVENT_NAME)
 
 
-async def submit_managed_job(bus: Bus, *, name: str, tasks: list[dict[str, Any]], user: str = "",
+async def submit_managed_job(bus: Bus, *, name: str, tasks: Sequence[ManagedTask | dict[str, Any]], user: str = "",
                              team: str | None = None, project: str | None = None,
                              secrets: list[dict[str, str]] | None = None, attempts: int = 2000,
-                             ) -> ManagedJobSubmitted:
+                             clock: Clock = SYSTEM_CLOCK) -> ManagedJobSubmitted:
     """Append ManagedJobSubmitted with the next managed job id. `secrets[i]` are task i's secret
-    values: they go to the secrets store (never the log) under `<key>-<i>`."""
-    if not tasks:
+    values: they go to the secrets store (never the log) under `<key>-<i>`. The submission time
+    (in the tasks' SKYPILOT_TASK_IDs and the envelope) is `clock.now()`."""
+    entries = [ManagedTask.model_validate(t) for t in tasks]  # a bad task is refused before an id is taken
+    if not entries:
         raise ValueError("a managed job needs at least one task")
     secrets_key: str | None = None
     if secrets and any(secrets):
@@ -55,9 +60,9 @@ async def submit_managed_job(bus: Bus, *, name: str, tasks: list[dict[str, Any]]
         last = await bus.last_event(subject)
         job_id = (last.event.managed_job_id + 1) if last is not None and isinstance(last.event, ManagedJobSubmitted) \
             else 1
-        now = datetime.now(timezone.utc)
-        ids = [managed_task_id(now, name, job_id, i, t.get("name")) for i, t in enumerate(tasks)]
-        event = ManagedJobSubmitted(managed_job_id=job_id, name=name, tasks=tasks, user=user, team=team,
+        now = clock.now()
+        ids = [managed_task_id(now, name, job_id, i, t.name) for i, t in enumerate(entries)]
+        event = ManagedJobSubmitted(managed_job_id=job_id, name=name, tasks=entries, user=user, team=team,
                                     project=project, skypilot_task_ids=ids, secrets_key=secrets_key)
         env = bus.envelope(event, time=now)
         try:

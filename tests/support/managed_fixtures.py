@@ -209,7 +209,7 @@ class Background:
 async def recovery(bus: Bus, service: RecoveryService | None = None, consumer: str | None = None
                    ) -> AsyncIterator[RecoveryService]:
     svc = service or RecoveryService(FAST, bucket_store="dir")
-    runner = ServiceRunner(bus, svc, consumer_name=consumer)
+    runner = ServiceRunner(bus, svc, consumer_name=consumer, clock=svc.clock)  # one clock for both
     task = asyncio.create_task(runner.run())
     try:
         yield svc

@@ -104,7 +104,7 @@ def subject(aggregate: str, id: str, event: str) -> str:
 
 @contextlib.asynccontextmanager
 async def running(bus: Bus, svc: ProvisionerService) -> AsyncIterator[ServiceRunner]:
-    runner = ServiceRunner(bus, svc)
+    runner = ServiceRunner(bus, svc, clock=svc.clock)  # one clock for both
     task = asyncio.create_task(runner.run())
     try:
         yield runner

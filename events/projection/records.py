@@ -1,7 +1,8 @@
 """Bytes from the log -> a `Record` the projection applies.
 
 Decoding is `events.envelope.decode` itself (one pass from JSON into a typed envelope for the
-current versions), so the ledger reads every event exactly as the services do.
+current versions), so a projection (the status service's, the ledger's) reads every event
+exactly as the services do.
 """
 
 from __future__ import annotations

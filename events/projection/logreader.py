@@ -13,9 +13,10 @@ Two transports carry the messages:
 - `NatsPyTransport`: an inbox subscription on the bus's own nats-py connection (~10 µs a
   message), for everything else (TLS, nkeys, creds files).
 
-The consumer is ephemeral (no acks, memory storage, removed when idle): the ledger keeps its own
-position (the checkpoint in DuckDB), so after a restart, a server restart, a lost connection or a
-lost consumer the reader just creates a new consumer from the next sequence it needs.
+The consumer is ephemeral (no acks, memory storage, removed when idle): a projection (the status
+service's, the ledger's) keeps its own position (the checkpoint in DuckDB), so after a restart,
+a server restart, a lost connection or a lost consumer the reader just creates a new consumer
+from the next sequence it needs. Its consumers are named after the reader (`reader=`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from nats.js import api
 
 from skypurza.events import naming
 
-log = logging.getLogger("skypurza.ledger.reader")
+log = logging.getLogger("skypurza.projection.reader")
 
 # (stream sequence, server timestamp in ns since the epoch, payload)
 RawMsg = tuple[int, int, bytes]
@@ -129,7 +130,7 @@ class RawTransport:
             raise ConnectionError("the server requires TLS")
         connect: dict[str, Any] = {"verbose": False, "pedantic": False, "headers": True,
                                    "no_responders": True, "protocol": 1, "lang": "python-raw",
-                                   "version": "1", "name": "ledger-log-reader"}
+                                   "version": "1", "name": "projection-log-reader"}
         if self.user:
             connect.update(user=self.user, **({"pass": self.password} if self.password else {}))
         if self.token:
@@ -244,8 +245,9 @@ class LogReader(Sink):
     def __init__(self, bus: Any, *, start_seq: int = 1, until_seq: int | None = None,
                  until_time: datetime | None = None, follow: bool = False, batch: int = 5000,
                  expires_s: float = 2.0, filter_subject: str | None = None,
-                 start_time: datetime | None = None, transport: str = "auto"):
+                 start_time: datetime | None = None, transport: str = "auto", reader: str = "ledger"):
         self.bus = bus
+        self.reader = reader  # the component its consumers are named after (naming.consumer)
         self.next_seq = max(1, start_seq)
         self.start_time = start_time  # instead of start_seq, until the first message is read
         self.until_seq = until_seq
@@ -329,7 +331,7 @@ class LogReader(Sink):
         self._outstanding = 0
         self._expired = False
         self._transport = await self._new_transport()
-        name = naming.consumer(self.bus.stage, "ledger", f"r{uuid.uuid4().hex[:12]}")
+        name = naming.consumer(self.bus.stage, self.reader, f"r{uuid.uuid4().hex[:12]}")
         cfg = api.ConsumerConfig(
             name=name, ack_policy=api.AckPolicy.NONE, filter_subject=self.filter_subject,
             mem_storage=True, num_replicas=1, inactive_threshold=30.0, max_waiting=8,

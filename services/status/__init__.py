@@ -1,0 +1,1 @@
+"""The status service (open): the projections `spz status`, `spz queue` and `spz jobs queue` read."""

@@ -1,0 +1,147 @@
+"""The status service's read side: status, queue and managed jobs queue, as plain JSON-able data.
+
+Each function takes a DuckDB connection (a cursor of the status service's own connection, or a
+file opened read-only) and the request's parameters. Every query orders its rows fully, and
+times are ISO 8601 UTC strings, so the same projection always gives the same bytes.
+docs/status.md has the request and response shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from skypurza.events.fold import JOB_TERMINAL_SQL
+from skypurza.events.managed_events import TERMINAL_STATUSES
+
+_TS_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso(t: datetime | None) -> str | None:
+    if t is None:
+        return None
+    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    return t.strftime(_TS_FMT)
+
+
+def _dicts(cur: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    res = cur.execute(sql, params or [])
+    names = [d[0] for d in res.description]
+    out = []
+    for row in res.fetchall():
+        d = {}
+        for k, v in zip(names, row):
+            d[k] = iso(v) if isinstance(v, datetime) else v
+        out.append(d)
+    return out
+
+
+def _names(value: Any) -> list[str] | None:
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Clusters (without terminated ones unless `all`), newest first, with their nodes and cost."""
+    where, args = [], []
+    if not params.get("all"):
+        where.append("c.status <> 'TERMINATED'")
+    names = _names(params.get("clusters"))
+    if names:
+        where.append("c.name IN (SELECT unnest(?::VARCHAR[]))")
+        args.append(names)
+    if params.get("user"):
+        where.append('c."user" = ?')
+        args.append(params["user"])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = _dicts(cur, f"""
+        SELECT c.name, c.status, c.infra, c.region, c.zone, c.instance_type, c.market, c.accelerators,
+               c.num_nodes, c.hourly_price_micros, c.launched_at, c.started_at, c.stopped_at,
+               c.terminated_at, c.termination_reason, c.status_reason, c."user", c.team, c.project,
+               c.managed_job_id, c.task_id, c.autostop_minutes, c.autostop_down, c.down_after_job,
+               c.idle_since, c.last_event_seq,
+               coalesce((SELECT sum((m.hourly_price_micros::HUGEINT
+                          * (epoch_us(m.metered_until) - epoch_us(m.lifetime_start))) // 3600000000)
+                         FROM node_runs m
+                         WHERE m.cluster = c.name AND m.metered_until IS NOT NULL
+                           AND m.lifetime_start >= c.launched_at), 0)::BIGINT AS cost_micros
+        FROM clusters c {cond}
+        ORDER BY c.launched_at DESC NULLS FIRST, c.name""", args)
+    if not rows:
+        return rows
+    nodes = _dicts(cur, """
+        SELECT cluster, rank, instance_id, private_ip, public_ip, zone, status, ready_at, host
+        FROM nodes WHERE cluster IN (SELECT unnest(?::VARCHAR[])) ORDER BY cluster, rank""",
+                   [[r["name"] for r in rows]])
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for n in nodes:
+        by_cluster.setdefault(n.pop("cluster"), []).append(n)
+    for r in rows:
+        r["accelerators"] = json.loads(r["accelerators"]) if r["accelerators"] else None
+        r["use_spot"] = r["market"] == "spot"
+        r["autostop"] = r["autostop_minutes"]  # the names `spz status -o json` uses
+        r["autodown"] = bool(r["autostop_down"])
+        r["nodes"] = by_cluster.get(r["name"], [])
+        r["cost_usd"] = str(Decimal(r["cost_micros"]).scaleb(-6))  # exact dollars
+    return rows
+
+
+# ---------------------------------------------------------------- queues
+
+_JOB_TERMINAL = JOB_TERMINAL_SQL  # the one fold's final states (events/fold.py)
+
+
+def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Jobs of the given clusters (all clusters when none), newest job first per cluster."""
+    where, args = [], []
+    names = _names(params.get("clusters") or params.get("cluster"))
+    if names:
+        where.append("cluster IN (SELECT unnest(?::VARCHAR[]))")
+        args.append(names)
+    if params.get("skip_finished"):
+        where.append(f"status NOT IN {_JOB_TERMINAL}")
+    if params.get("user"):
+        where.append('"user" = ?')
+        args.append(params["user"])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    return _dicts(cur, f"""
+        SELECT cluster, job_id, name, "user", num_nodes, status, submitted_at, started_at, ended_at, exit_code,
+               failed_rank, failed_phase, reason, task_id, managed_job_id, skypilot_task_id,
+               cancel_requested
+        FROM jobs {cond} ORDER BY cluster, job_id DESC""", args)
+
+
+_MANAGED_TERMINAL = tuple(sorted(TERMINAL_STATUSES))
+
+
+def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Managed jobs, newest first; `skip_finished` (or `all: false`) hides ended ones; `user` filters."""
+    where, args = [], []
+    if params.get("skip_finished") or params.get("all") is False:
+        where.append(f"status NOT IN {_MANAGED_TERMINAL}")
+    if params.get("user") and not params.get("all_users", True):
+        where.append('"user" = ?')
+        args.append(params["user"])
+    ids = params.get("job_ids")
+    if ids:
+        where.append("job_id IN (SELECT unnest(?::BIGINT[]))")
+        args.append([int(i) for i in ids])
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    limit = f"LIMIT {int(params['limit'])}" if params.get("limit") else ""
+    return _dicts(cur, f"""
+        SELECT job_id, name, "user", team, project, status, num_tasks, task_index, cluster, recoveries,
+               restarts_on_errors, submitted_at, started_at, ended_at, cancel_requested, reason
+        FROM managed_jobs {cond} ORDER BY job_id DESC {limit}""", args)
+
+
+def position(cur: Any) -> dict[str, Any]:
+    row = cur.execute("SELECT last_seq, records FROM checkpoint").fetchall()[0]
+    return {"checkpoint": int(row[0]) if row else 0, "records": int(row[1]) if row else 0}
