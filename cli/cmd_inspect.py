@@ -260,14 +260,23 @@ def status_command(
     rows = run_async(run())
     if not all_:
         rows = [r for r in rows if r["status"] != "TERMINATED"]
+    missing: list[str] = []
     if clusters:
+        missing = [p for p in clusters if not any(fnmatch.fnmatchcase(r["name"] or "", p) for r in rows)]
         rows = [r for r in rows if any(fnmatch.fnmatchcase(r["name"] or "", p) for p in clusters)]
+    # Newest first, the same order whichever answered (the status service or the log) and after
+    # a restart: launch time, then name.
+    rows.sort(key=lambda r: r["name"] or "")
+    rows.sort(key=lambda r: str(r["launched_at"] or "~"), reverse=True)  # not launched yet: the newest
+    if missing:  # as sky: the names asked for that are not there, on stderr
+        typer.echo(f"Cluster(s) not found: {', '.join(missing)}.", err=True)
     if output == "json":
         print_json(rows)
         return
     managed = _managed_in_progress() if show_managed_jobs else []
     if not rows:
-        print_line("No existing clusters.")
+        if not missing:
+            print_line("No existing clusters.")
         _print_managed(managed)
         return
     now = datetime.now(timezone.utc)

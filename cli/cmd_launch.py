@@ -238,7 +238,10 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         code = await _stream(bus, cluster, job_id, status, out)
         final = (await read_cluster(bus, cluster)).jobs.get(job_id)
         summary["status"] = final.status if final else None
-        summary["exit_code"] = code if final is None else exit_code_of(final.status)
+        # One name, one meaning (as `queue -o json`): `exit_code` is the job's own exit status;
+        # what this command exits with (SkyPilot's 100 for a failed job, ...) is `cli_exit_code`.
+        summary["exit_code"] = final.state.exit_code if final else None
+        summary["cli_exit_code"] = code if final is None else exit_code_of(final.status)
         return code, summary
     finally:
         await bus.close()

@@ -353,5 +353,11 @@ async def connect_bus(stage: str, source: str = "cli"):
     url = await asyncio.to_thread(ControlPlane(stage).ensure_url)
     # Bounded, then watched: a command never waits for ever on a control plane that is not
     # there or is gone (cli/lostplane.py).
-    return watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",
-                                                   ping_interval=PING_INTERVAL_S), url))
+    bus = watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",
+                                                  ping_interval=PING_INTERVAL_S), url))
+    # What the CLI publishes is checked against its declared contract, as a service's is.
+    from skypurza.events.service import declared_bus
+
+    from .contracts import CLI
+
+    return declared_bus(bus, CLI)

@@ -134,6 +134,16 @@ def test_progress_bars_and_partial_lines_on_a_real_job(tmp_path: Path):
         ends = [(c["line"], c.get("end", "\n")) for c in got if c.get("stream") == "run"]
         assert ("Downloading... ", "") in ends and ("done", "\n") in ends, ends
         assert (" 30%|bar|", "\r") in ends, ends
+        # `exit_code` means one thing everywhere: the job's own (issue 12 §6).
+        failed = spz(env, "launch", "-y", "-c", "prog", "-o", "json", "exit 3")
+        assert failed.returncode == 100, failed.stderr
+        summary = _json.loads(failed.stdout)
+        assert (summary["exit_code"], summary["cli_exit_code"], summary["status"]) == (3, 100, "FAILED")
+        queued = {r["job_id"]: r for r in _json.loads(spz(env, "queue", "prog", "-o", "json").stdout)}
+        assert queued[summary["job_id"]]["exit_code"] == 3
+        # An unknown name is said to be unknown, beside the clusters that are there.
+        st = spz(env, "status", "prog", "nosuch")
+        assert st.returncode == 0 and "Cluster(s) not found: nosuch." in st.stderr and "prog" in st.stdout
         assert spz(env, "down", "-y", "prog").returncode == 0
 
 

@@ -259,3 +259,35 @@ def test_the_docs_table_is_the_declarations():
         assert emitters == {c.name for c in contracts if cls in c.emits}, cls.__name__
         assert reactors - {"nobody"} == {c.name for c in contracts if cls in c.consumes or cls in c.reads}, \
             cls.__name__
+
+
+def test_the_clis_bus_publishes_only_what_the_cli_declares(nats_server, tmp_path, monkeypatch):
+    """`spz` is checked like a service: its bus (cli/control.connect_bus) refuses an event type the
+    CLI's contract (cli/contracts.CLI) does not declare, before anything is stored."""
+    from skypurza.cli.control import connect_bus as cli_bus
+    from skypurza.events.contract import UndeclaredEmit
+    from skypurza.events.models import DownRequested, UsageRecorded
+
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path))
+    monkeypatch.setenv("SKYPURZA_NATS_URL", nats_server.url)
+    forget_undeclared_emits()
+
+    from datetime import datetime, timezone
+
+    when = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+    async def main():
+        bus = await cli_bus("clitest", "test")
+        try:
+            await bus.publish(DownRequested(cluster="c"))  # declared: `spz down`
+            with pytest.raises(UndeclaredEmit):
+                await bus.publish(UsageRecorded(cluster="c", rank=0, instance_id="i", start=when, end=when,
+                                                hourly_price_micros=0, cost_micros=0))
+            names = [s.envelope.event_name async for s in bus.replay()]
+            assert names == ["down_requested"]
+        finally:
+            await bus.close()
+
+    asyncio.run(main())
+    assert any("UsageRecorded" in u or "usage_recorded" in u for u in undeclared_emits())
+    forget_undeclared_emits()

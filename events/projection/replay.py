@@ -12,6 +12,7 @@ import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import duckdb
@@ -108,6 +109,41 @@ def compare_attached(cur: Any, replay_path: Path, projection: Projection) -> dic
         return compare(cur, live, alias, projection)
     finally:
         cur.execute(f"DETACH {alias}")
+
+
+async def audit_live(bus: Any, *, live_path: Path, projection: Projection, projector: Any, pipeline: Any,
+                     lock: asyncio.Lock, read: Callable[[Callable[[Any], Any]], Awaitable[Any]],
+                     open_replay: Callable[[Path], Any], keep: str | None = None) -> dict[str, Any]:
+    """Replay the log into a fresh file and compare it with a live projection, table by table.
+
+    The replay runs up to the live position while the projection goes on; then the projection
+    pauses (holding `lock`; queries still answer) while the replay catches up with it and the files
+    are compared. The one audit routine of every projection (status, ledger)."""
+    path = Path(keep) if keep else live_path.with_name(live_path.stem + ".audit.duckdb")
+    for f in (path, Path(f"{path}.wal")):
+        f.unlink(missing_ok=True)
+    replay = await asyncio.to_thread(open_replay, path)
+    closed = False
+    try:
+        await catch_up_into(bus, replay, projector.written_seq)
+        async with lock:
+            await pipeline.flush()
+            through = projector.written_seq
+            await catch_up_into(bus, replay, through)
+            await asyncio.to_thread(replay.close)
+            closed = True
+            result = await read(lambda cur: compare_attached(cur, path, projection))
+    finally:
+        if not closed:
+            replay.close()
+        if not keep:
+            for f in (path, Path(f"{path}.wal")):
+                f.unlink(missing_ok=True)
+    result["through_seq"] = through
+    result["live_file"] = str(live_path)
+    if keep:
+        result["replay_file"] = str(path)
+    return result
 
 
 def quote(path: Path | str) -> str:

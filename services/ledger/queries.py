@@ -12,18 +12,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from skypurza.events.projection.reading import dicts as _dicts
+from skypurza.events.projection.reading import iso
+
 from .billing import grp_tres_minutes
 from .showback import GROUP_BYS, UNASSIGNED, micros_to_dollars, parse_period, period_of
-
-_TS_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-def iso(t: datetime | None) -> str | None:
-    if t is None:
-        return None
-    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-    return t.strftime(_TS_FMT)
-
 
 def parse_time(value: Any, name: str) -> datetime | None:
     """An ISO time or date ('2026-11-01', '2026-11-01T10:00:00Z'); naive means UTC."""
@@ -47,18 +40,6 @@ def parse_time(value: Any, name: str) -> datetime | None:
 
 def _naive(t: datetime) -> datetime:
     return t.astimezone(UTC).replace(tzinfo=None)
-
-
-def _dicts(cur: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    res = cur.execute(sql, params or [])
-    names = [d[0] for d in res.description]
-    out = []
-    for row in res.fetchall():
-        d = {}
-        for k, v in zip(names, row):
-            d[k] = iso(v) if isinstance(v, datetime) else v
-        out.append(d)
-    return out
 
 
 # ---------------------------------------------------------------- cost report
@@ -146,12 +127,7 @@ def _next_period_of(t: datetime) -> str:
     return next_period(period_of(t))
 
 
-# ---------------------------------------------------------------- position and settlements
-
-
-def position(cur: Any) -> dict[str, Any]:
-    row = cur.execute("SELECT last_seq, records FROM checkpoint").fetchall()[0]
-    return {"checkpoint": int(row[0]) if row else 0, "records": int(row[1]) if row else 0}
+# ---------------------------------------------------------------- settlements
 
 
 def settlements(cur: Any) -> list[dict[str, Any]]:

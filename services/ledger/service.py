@@ -1,10 +1,9 @@
 """The ledger service: the one writer of its accounting file, its queries, its meter.
 
-It has its own loop (`run(bus, stop)`) instead of a ServiceRunner consumer, because its position
-in the log is the checkpoint in DuckDB, written in the same transaction as the rows: it reads the
-log from checkpoint + 1 with an ephemeral consumer (`LogReader`), applies batches in memory,
-commits each batch with its checkpoint off the event loop, and answers queries over NATS
-request-reply from read cursors (cost report, settlements, settle, audit, position; `spz status`
+It is a projection service (events/projection/service.py, the loop it shares with the status
+service): its position in the log is the checkpoint in DuckDB, written in the same transaction as
+the rows; it reads the log from checkpoint + 1, applies batches in memory, commits each batch with
+its checkpoint off the event loop, and answers queries over NATS request-reply from read cursors (cost report, settlements, settle, audit, position; `spz status`
 and `queue` are the status service's, services/status/). When it has caught up with the log it meters the running node
 runs (UsageRecorded at each tick and at stop/termination) and records compensations for usage
 that arrived after its period was settled.
@@ -18,10 +17,8 @@ on a bus checked against it (`declared_bus`), so anything else raises Undeclared
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -29,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from skypurza.events import naming
-from skypurza.events.bus import Bus, ConcurrencyConflict
+from skypurza.events.bus import ConcurrencyConflict
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.models import (
     ClusterProvisioned,
@@ -43,16 +40,13 @@ from skypurza.events.models import (
     UsageRecorded,
     all_event_types,
 )
-from skypurza.events.projection.logreader import LogReader
-from skypurza.events.projection.parking import park_failed
-from skypurza.events.service import LoopContract, declared_bus
+from skypurza.events.projection.service import ProjectionService, service_main
+from skypurza.events.service import LoopContract
 
 from . import queries, settlement
 from .ledgerconfig import LedgerConfig, load_ledger_config
 from .meter import Published, due_usage, forget_applied
-from .pipeline import Failed, Pipeline, Projector
-from .projector import NewerEventError
-from .replay import catch_up_into, compare_attached
+from .pipeline import Projector
 
 log = logging.getLogger("skypurza.ledger")
 
@@ -72,128 +66,57 @@ CONTRACT = LoopContract(
 )
 
 
-class LedgerService:
+class LedgerService(ProjectionService):
     contract = CONTRACT
     name = CONTRACT.name
+    query_service = QUERY_SERVICE
+    log = log
 
     def __init__(self, db_path: Path | None = None, tick_s: float | None = None, *,
                  clock: Clock | None = None, meter: bool = True, batch: int = 5000,
                  config: LedgerConfig | None = None, meter_every_s: float | None = None,
                  readers: int = 2):
-        self.db_path = Path(db_path) if db_path else None
+        super().__init__(db_path, batch=batch, readers=readers)
         self.tick_s = tick_s
         self.clock = clock or SYSTEM_CLOCK  # what is due to meter, and when a period may settle
         self.meter_enabled = meter
-        self.batch = batch
         self.config = config
         self.meter_every_s = meter_every_s
-        self.n_readers = readers
-        self.bus: Bus | None = None
-        self.projector: Projector | None = None
-        self.caught_up = False
-        self.halted: str | None = None
+        self.tick: timedelta | None = None
         self.overlay: dict[tuple[str, int, str], Published] = {}
         self._comp_sent: set[str] = set()
         self._comp_due = True
         self._comp_lock = asyncio.Lock()
         self._meter_kick = asyncio.Event()
-        self._lock = asyncio.Lock()  # held while a batch is applied and its write started
         self._meter_lock = asyncio.Lock()
         self._settle_lock = asyncio.Lock()
-        self.pipeline: Pipeline | None = None
-        self.parked = 0  # events this instance could not apply (parked on the dead-letter stream)
-        self._written = asyncio.Condition()
-        self._readers: asyncio.Queue | None = None
-        self._ready = asyncio.Event()
-        self._own_stop: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ the projection service's hooks
 
-    @property
-    def path(self) -> Path:
-        assert self.bus is not None
-        return self.db_path or naming.projections_file(self.bus.stage)
+    def default_path(self, stage: str) -> Path:
+        return naming.projections_file(stage)
 
-    async def start(self, bus: Bus) -> None:
-        """Run in the background (until `close`); returns once queries are served."""
-        self._own_stop = asyncio.Event()
-        self._task = asyncio.create_task(self.run(bus, self._own_stop), name="ledger")
-        ready = asyncio.create_task(self._ready.wait())
-        await asyncio.wait([ready, self._task], return_when=asyncio.FIRST_COMPLETED)
-        if self._task.done():
-            ready.cancel()
-            self._task.result()
+    def open_projector(self, path: Path) -> Projector:
+        return Projector(path)
 
-    async def close(self) -> None:
-        if self._own_stop is not None and self._task is not None:
-            self._own_stop.set()
-            await self._task
-
-    async def run(self, bus: Bus, stop: asyncio.Event) -> None:
-        bus = declared_bus(bus, self.contract)  # what it publishes is checked against CONTRACT
-        self.bus = bus
+    async def prepare(self) -> None:
         cfg = self.config or load_ledger_config()
         self.config = cfg
         tick_s = self.tick_s if self.tick_s is not None else cfg.tick_s
         self.tick = timedelta(seconds=tick_s) if tick_s and tick_s > 0 else None
         if self.meter_every_s is None:
             self.meter_every_s = min(tick_s, 10.0) if self.tick else 10.0
-        self.projector = await asyncio.to_thread(Projector, self.path)
-        self.pipeline = Pipeline(self.projector, on_written=self._notify_written, on_failed=self._park,
-                                 guard=self._meter_lock)
-        self._readers = asyncio.Queue()
-        for _ in range(self.n_readers):
-            self._readers.put_nowait(self.projector.con.cursor())
-        subs = await bus.serve_queries(QUERY_SERVICE, self._handlers())
-        tasks = [asyncio.create_task(self._project_loop(), name="ledger-project")]
-        if self.meter_enabled and self.tick is not None:
-            tasks.append(asyncio.create_task(self._meter_loop(), name="ledger-meter"))
-        self._ready.set()
-        stopper = asyncio.create_task(stop.wait())
-        try:
-            done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stopper and t.exception():
-                    raise t.exception()  # type: ignore[misc]
-        finally:
-            stopper.cancel()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for s in subs:
-                try:
-                    await s.unsubscribe()
-                except Exception:
-                    pass
-            if self.pipeline.pending is not None:
-                await asyncio.gather(self.pipeline.pending, return_exceptions=True)
-            while not self._readers.empty():
-                self._readers.get_nowait().close()
-            self.projector.close()
-            self._ready.clear()
 
-    # ------------------------------------------------------------ projection
+    def pipeline_guard(self) -> asyncio.Lock | None:
+        return self._meter_lock
 
-    async def _project_loop(self) -> None:
-        assert self.bus is not None and self.projector is not None
-        while True:
-            reader = LogReader(self.bus, start_seq=self.projector.state.last_seq + 1, follow=True,
-                               batch=self.batch, reader=self.name)
-            try:
-                async for raw in reader.batches():
-                    if raw:
-                        await self._apply(raw)
-                    self.caught_up = reader.caught_up
-                    if self.caught_up and (self._comp_due or self.projector.state.meter_changed):
-                        self._meter_kick.set()
-            except NewerEventError as exc:
-                self.halted = str(exc)
-                log.error("ledger halted: %s (upgrade the ledger; it retries every 30 s)", exc)
-                await reader.close()
-                await asyncio.sleep(30)
-            finally:
-                await reader.close()
+    def background(self) -> list[Any]:
+        return [self._meter_loop()] if self.meter_enabled and self.tick is not None else []
+
+    def after_batch(self) -> None:
+        assert self.projector is not None
+        if self.caught_up and (self._comp_due or self.projector.state.meter_changed):
+            self._meter_kick.set()
 
     async def _apply(self, raw: list) -> None:
         assert self.projector is not None and self.pipeline is not None
@@ -208,31 +131,13 @@ class LedgerService:
                     self._meter_kick.set()
             self.halted = None
 
-    async def _notify_written(self) -> None:
-        async with self._written:
-            self._written.notify_all()
+    def query_handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
+        async def settle(params: dict[str, Any]) -> Any:
+            return await self.settle(str(params.get("period") or ""))
 
-    async def _park(self, failure: Failed) -> None:
-        """An event the projection cannot apply: on the dead-letter stream with why, before the
-        checkpoint moves past it."""
-        assert self.bus is not None
-        self.parked += 1
-        await park_failed(self.bus, self.name, failure, log)
-
-    async def wait_written(self, seq: int, timeout: float = 10.0) -> bool:
-        """Wait until the projection has committed everything up to `seq`."""
-        assert self.projector is not None
-        try:
-            async with self._written:
-                await asyncio.wait_for(self._written.wait_for(lambda: self.projector.written_seq >= seq), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-    async def wait_caught_up(self, timeout: float = 10.0) -> bool:
-        """Wait until the projection has committed the whole log as it is now."""
-        assert self.bus is not None
-        return await self.wait_written(await self.bus.last_seq(), timeout)
+        return {"cost_report": self.reading(queries.cost_report),
+                "settlements": self.reading(lambda cur, p: queries.settlements(cur)),
+                "settle": settle}
 
     # ------------------------------------------------------------ meter and compensations
 
@@ -287,45 +192,7 @@ class LedgerService:
                 self._comp_sent.update(ev.usage_event_id for _, ev in items)
             return len(items)
 
-    # ------------------------------------------------------------ queries
-
-    async def _read(self, fn: Callable[[Any], Any]) -> Any:
-        assert self._readers is not None
-        cur = await self._readers.get()
-        try:
-            return await asyncio.to_thread(fn, cur)
-        finally:
-            self._readers.put_nowait(cur)
-
-    def _handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
-        def read(fn: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
-            async def handler(params: dict[str, Any]) -> Any:
-                if params.get("min_seq"):
-                    await self.wait_written(int(params["min_seq"]), float(params.get("wait_s", 10.0)))
-                return await self._read(lambda cur: fn(cur, params))
-            return handler
-
-        async def position(params: dict[str, Any]) -> Any:
-            assert self.projector is not None
-            return {"checkpoint": self.projector.written_seq, "applied_seq": self.projector.state.last_seq,
-                    "records": self.projector.state.records, "caught_up": self.caught_up,
-                    "halted": self.halted, "file": str(self.path), "parked": self.parked}
-
-        async def settle(params: dict[str, Any]) -> Any:
-            return await self.settle(str(params.get("period") or ""))
-
-        async def audit(params: dict[str, Any]) -> Any:
-            return await self.audit(params.get("keep"))
-
-        return {
-            "cost_report": read(queries.cost_report),
-            "settlements": read(lambda cur, p: queries.settlements(cur)),
-            "position": position,
-            "settle": settle,
-            "audit": audit,
-        }
-
-    # ------------------------------------------------------------ settlement and audit
+    # ------------------------------------------------------------ settlement
 
     async def settle(self, period: str) -> dict[str, Any]:
         """Close `period` at the current position of the projection (see settlement.py)."""
@@ -356,69 +223,17 @@ class LedgerService:
                 "total_usd": str(micros_to_dollars(sum(ev.totals_micros.values()))),
             }
 
-    async def audit(self, keep: str | None = None) -> dict[str, Any]:
-        """Replay the log into a fresh file and compare it with the live tables, table by table.
-
-        The replay runs up to the live position while the ledger goes on; then the ledger pauses
-        (queries still answer) while the replay catches up with it and the files are compared.
-        """
-        assert self.bus is not None and self.projector is not None
-        path = Path(keep) if keep else self.path.with_name(self.path.stem + ".audit.duckdb")
-        for p in (path, Path(f"{path}.wal")):
-            p.unlink(missing_ok=True)
-        replay = await asyncio.to_thread(Projector, path)
-        closed = False
-        try:
-            await catch_up_into(self.bus, replay, self.projector.written_seq)
-            async with self._lock:
-                assert self.pipeline is not None
-                await self.pipeline.flush()
-                through = self.projector.written_seq
-                await catch_up_into(self.bus, replay, through)
-                await asyncio.to_thread(replay.close)
-                closed = True
-                result = await self._read(lambda cur: compare_attached(cur, path))
-        finally:
-            if not closed:
-                replay.close()
-            if not keep:
-                for p in (path, Path(f"{path}.wal")):
-                    p.unlink(missing_ok=True)
-        result["through_seq"] = through
-        result["live_file"] = str(self.path)
-        if keep:
-            result["replay_file"] = str(path)
-        return result
-
 
 # ---------------------------------------------------------------- process entry point
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m skypurza.services.ledger.service", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nats", required=True, help="NATS URL")
-    p.add_argument("--stage", default=naming.DEFAULT_STAGE)
-    p.add_argument("--db", type=Path, default=None, help="projections file (default: the stage's)")
-    p.add_argument("--tick", type=float, default=None, help="metering tick in seconds (0: no metering)")
-    p.add_argument("--batch", type=int, default=5000, help="events per pull request and commit")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    def add_args(p: Any) -> None:
+        p.add_argument("--tick", type=float, default=None, help="metering tick in seconds (0: no metering)")
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        bus = await Bus.connect(args.nats, args.stage, source=f"/skypurza/{args.stage}/ledger")
-        svc = LedgerService(args.db, args.tick, meter=args.tick != 0, batch=args.batch)
-        try:
-            await svc.run(bus, stop)
-        finally:
-            await bus.close()
-
-    asyncio.run(run())
-    return 0
+    return service_main(argv, prog="python -m skypurza.services.ledger.service", doc=__doc__, name="ledger",
+                        build=lambda a: LedgerService(a.db, a.tick, meter=a.tick != 0, batch=a.batch),
+                        add_args=add_args)
 
 
 if __name__ == "__main__":

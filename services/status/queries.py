@@ -9,34 +9,13 @@ docs/status.md has the request and response shapes.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from skypurza.events.projection.reading import dicts as _dicts
+
 from skypurza.events.fold import JOB_TERMINAL_SQL
 from skypurza.events.managed_events import TERMINAL_STATUSES
-
-_TS_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-def iso(t: datetime | None) -> str | None:
-    if t is None:
-        return None
-    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-    return t.strftime(_TS_FMT)
-
-
-def _dicts(cur: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    res = cur.execute(sql, params or [])
-    names = [d[0] for d in res.description]
-    out = []
-    for row in res.fetchall():
-        d = {}
-        for k, v in zip(names, row):
-            d[k] = iso(v) if isinstance(v, datetime) else v
-        out.append(d)
-    return out
-
 
 def _names(value: Any) -> list[str] | None:
     if value in (None, "", []):
@@ -140,8 +119,3 @@ def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
         SELECT job_id, name, "user", team, project, status, num_tasks, task_index, cluster, recoveries,
                restarts_on_errors, submitted_at, started_at, ended_at, cancel_requested, reason
         FROM managed_jobs {cond} ORDER BY job_id DESC {limit}""", args)
-
-
-def position(cur: Any) -> dict[str, Any]:
-    row = cur.execute("SELECT last_seq, records FROM checkpoint").fetchall()[0]
-    return {"checkpoint": int(row[0]) if row else 0, "records": int(row[1]) if row else 0}
