@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any, Coroutine, TypeVar
 
@@ -51,9 +52,25 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     from .lostplane import EXIT_LOST_CONTROL_PLANE, LostControlPlane, guarded
 
     try:
-        return asyncio.run(guarded(coro))
+        return asyncio.run(_quiet_loop(guarded(coro)))
     except LostControlPlane as exc:
         raise error_line(str(exc), EXIT_LOST_CONTROL_PLANE)
+
+
+async def _quiet_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on a loop whose stray errors stay out of the user's terminal: a task of the
+    NATS client that failed while a connection was closing (a server killed at that moment)
+    would otherwise print its traceback when the loop shuts down. SKYPURZA_DEBUG=1 shows them."""
+    loop = asyncio.get_running_loop()
+    if not os.environ.get("SKYPURZA_DEBUG"):
+        loop.set_exception_handler(_log_loop_error)
+    return await coro
+
+
+def _log_loop_error(loop: Any, context: dict[str, Any]) -> None:
+    import logging
+
+    logging.getLogger("skypurza.cli").debug("event loop: %s (%r)", context.get("message"), context.get("exception"))
 
 
 def error_line(message: str, code: int) -> "typer.Exit":

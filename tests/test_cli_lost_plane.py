@@ -299,3 +299,28 @@ def test_no_responders_is_a_missing_service_not_a_lost_control_plane(nats_server
     assert not is_connection_error(exc)
     code, message = top_level_error(exc)
     assert code == 1 != EXIT_LOST_CONTROL_PLANE and "no service answered" in message
+
+
+def test_a_stray_task_error_at_shutdown_is_no_traceback_for_the_user() -> None:
+    """A NATS client task that fails while its connection closes (seen in the chaos campaign as a
+    CancelledError traceback from `spz jobs launch`) is logged, not printed: run_async's loop."""
+    code = (
+        "import asyncio\n"
+        "from skypurza.cli.context import run_async\n"
+        "async def main():\n"
+        "    async def stray():\n"
+        "        try:\n"
+        "            await asyncio.sleep(10)\n"
+        "        finally:\n"
+        "            raise RuntimeError('stray')\n"
+        "    asyncio.get_running_loop().create_task(stray())\n"
+        "    await asyncio.sleep(0.05)\n"
+        "    return 7\n"
+        "print(run_async(main()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "SKYPURZA_DEBUG"}
+    quiet = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert quiet.returncode == 0 and quiet.stdout == "7\n" and "Traceback" not in quiet.stderr, quiet.stderr
+    # The same loop without the handler prints it (what the user saw), and SKYPURZA_DEBUG=1 shows it.
+    loud = subprocess.run([sys.executable, "-c", code], env={**env, "SKYPURZA_DEBUG": "1"}, capture_output=True,
+                          text=True, timeout=60)
+    assert "RuntimeError: stray" in loud.stderr
