@@ -385,6 +385,8 @@ class Bus:
         killed between storing and answering never answers: an unbounded wait would hang its
         caller for ever (and hold one of nats-py's pending-publish slots)."""
         try:
+            if fut.done():  # the common case in a pipeline: no timer to set up
+                return fut.result()
             return await asyncio.wait_for(fut, timeout)  # cancelling on timeout frees the slot
         except asyncio.CancelledError:
             raise
