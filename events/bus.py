@@ -129,6 +129,7 @@ class PublishHooks(Protocol):
 class _Link:
     reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     disconnected_at: float | None = None
+    closed_on_purpose: bool = False  # `close()` was called: a closed connection is not a lost one
 
 
 
@@ -235,7 +236,9 @@ class Bus:
         """Seconds since the connection to the server was lost (0.0 while connected; infinite
         once the client gave up and closed)."""
         if self.nc.is_closed:
-            return float("inf")
+            # Closed by its owner (a command that is done), not lost: a watchdog polling between
+            # that close and the command's return must not call the control plane gone.
+            return 0.0 if self._link.closed_on_purpose else float("inf")
         if self.disconnected_at is None:
             return 0.0
         return time.monotonic() - self.disconnected_at
@@ -243,6 +246,7 @@ class Bus:
     async def close(self) -> None:
         # Not drain(): draining idle pull subscriptions waits out its 30 s timeout. Everything we
         # publish is awaited (acked) already, so a flush and close lose nothing.
+        self._link.closed_on_purpose = True
         if self.nc.is_connected:  # a flush while reconnecting would wait out its timeout
             try:
                 await self.nc.flush(timeout=2)

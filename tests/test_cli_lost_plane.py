@@ -324,3 +324,19 @@ def test_a_stray_task_error_at_shutdown_is_no_traceback_for_the_user() -> None:
     loud = subprocess.run([sys.executable, "-c", code], env={**env, "SKYPURZA_DEBUG": "1"}, capture_output=True,
                           text=True, timeout=60)
     assert "RuntimeError: stray" in loud.stderr
+
+
+def test_a_command_that_closed_its_own_bus_has_not_lost_the_control_plane(nats_server) -> None:
+    """A command closes its bus on its way out; the watchdog polling in between (a slow close:
+    the client's transport still winding down) must not call that a lost control plane. Seen as
+    `launch --async` exiting 69 under load after it had submitted."""
+    from skypurza.cli import lostplane
+    from skypurza.events.bus import Bus
+
+    async def command() -> str:
+        bus = lostplane.watch(await Bus.connect(nats_server.url, "lostplane", source="/tests"))
+        await bus.close()
+        await asyncio.sleep(lostplane.POLL_S * 3)  # the watchdog polls while the command finishes
+        return "done"
+
+    assert asyncio.run(lostplane.guarded(command())) == "done"
