@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from local_cli import agent_pids
 
 from skypurza.events.natsserver import free_port
 
@@ -45,13 +46,6 @@ def spz(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _agent_pids(home: Path) -> list[int]:
-    pids = []
-    for record in home.glob("*/clusters/*/cluster.json"):
-        pids += [n["pid"] for n in json.loads(record.read_text())["nodes"] if n.get("pid")]
-    return pids
-
-
 @pytest.fixture
 def cli_env(tmp_path: Path):
     home = tmp_path / "home"
@@ -60,7 +54,7 @@ def cli_env(tmp_path: Path):
            "HOME": str(tmp_path)}  # --sync-down writes under ~/sky_logs
     env.pop("SKYPURZA_NATS_URL", None)
     yield env
-    for pid in _agent_pids(home):
+    for pid in agent_pids(home):
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from local_cli import agent_pids
 from agent_harness import ENV_DUMP, parse_env_dump
 
 from skypurza.events.natsserver import free_port
@@ -38,13 +39,6 @@ run: |
 """
 
 
-def _agent_pids(home: Path) -> list[int]:
-    pids = []
-    for record in home.glob("*/clusters/*/cluster.json"):
-        pids += [n["pid"] for n in json.loads(record.read_text())["nodes"] if n.get("pid")]
-    return pids
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -62,7 +56,7 @@ def cli_env(tmp_path: Path):
     env.pop("SKYPURZA_NATS_URL", None)
     yield env
     # Leave nothing behind, even when the test failed half-way.
-    for pid in _agent_pids(home):
+    for pid in agent_pids(home):
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
     subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=env, capture_output=True,
@@ -193,7 +187,7 @@ def test_launch_logs_queue_exec_cancel_down_on_local(cli_env, tmp_path: Path) ->
     assert spz(cli_env, "logs", "dist", "5", "--status").returncode == 103
 
     # ------------------------------------------------------------------ down; logs outlive the cluster
-    agents = _agent_pids(tmp_path / "home")
+    agents = agent_pids(tmp_path / "home")
     assert len(agents) == 2
     r = spz(cli_env, "down", "-y", "dist")
     assert r.returncode == 0 and "TERMINATED" in r.stderr, r.stdout + r.stderr

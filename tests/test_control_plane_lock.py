@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from local_cli import agent_pids
 
 from skypurza.cli import planeprocs
 from skypurza.events import naming
@@ -56,13 +57,6 @@ def _kill_stage(home: Path, stage: str) -> None:
             pass
 
 
-def _agent_pids(home: Path) -> list[int]:
-    pids = []
-    for record in home.glob("*/clusters/*/cluster.json"):
-        pids += [n["pid"] for n in json.loads(record.read_text())["nodes"] if n.get("pid")]
-    return pids
-
-
 @pytest.fixture
 def homes(tmp_path: Path):
     made: list[tuple[Path, str]] = []
@@ -74,7 +68,7 @@ def homes(tmp_path: Path):
 
     yield new
     for home, stage in made:  # whatever a failing round left behind
-        for pid in _agent_pids(home):
+        for pid in agent_pids(home):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -129,7 +123,7 @@ def test_concurrent_first_use_launches_share_one_control_plane(homes, tmp_path):
         assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1}), f"round {i}"
         assert _stop(env).returncode == 0
         assert _roles(home, "locktest") == Counter(), f"round {i}: api stop left a process behind"
-        for pid in _agent_pids(home):  # the clusters are not the control plane's: tidy them here
+        for pid in agent_pids(home):  # the clusters are not the control plane's: tidy them here
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -216,9 +210,9 @@ def test_down_all_right_after_launches_leaves_no_cluster_and_no_agent(homes, tmp
                             capture_output=True, text=True, timeout=120)
     assert json.loads(status.stdout) == []
     deadline = time.monotonic() + 20
-    while any(_alive_pid(p) for p in _agent_pids(home)) and time.monotonic() < deadline:
+    while any(_alive_pid(p) for p in agent_pids(home)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in _agent_pids(home) if _alive_pid(p)], "an agent outlived spz down -a"
+    assert not [p for p in agent_pids(home) if _alive_pid(p)], "an agent outlived spz down -a"
     assert _stop(env).returncode == 0
 
 

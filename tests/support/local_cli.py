@@ -17,6 +17,18 @@ from skypurza.events.natsserver import free_port
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
+def agent_pids(home: Path) -> list[int]:
+    """The node agents of every local cluster under `home`, as their records name them."""
+    pids = []
+    for record in home.glob("*/clusters/*/cluster.json"):
+        try:
+            nodes = json.loads(record.read_text()).get("nodes", [])
+        except (OSError, ValueError):
+            continue
+        pids += [n["pid"] for n in nodes if isinstance(n, dict) and n.get("pid")]
+    return pids
+
+
 @contextmanager
 def local_cli(tmp_path: Path, stage: str) -> Iterator[dict[str, str]]:
     home = tmp_path / "home"
@@ -26,12 +38,11 @@ def local_cli(tmp_path: Path, stage: str) -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
-        for record in home.glob("*/clusters/*/cluster.json"):
-            for node in json.loads(record.read_text()).get("nodes", []):
-                try:
-                    os.killpg(node["pid"], signal.SIGKILL)
-                except (KeyError, ProcessLookupError, PermissionError, TypeError):
-                    pass
+        for pid in agent_pids(home):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=env, capture_output=True,
                        timeout=60)
 
