@@ -147,6 +147,19 @@ async def _settled(call: Callable[[], Awaitable[T]], attempts: int = API_ATTEMPT
             delay = min(delay * 2, 2.0)
     raise AssertionError("unreachable")
 
+async def fetch(sub: Any, *, batch: int, timeout: float) -> list[Any]:
+    """`sub.fetch(...)`, except that a cancellation nats-py swallowed is raised. Python 3.11's
+    `asyncio.wait_for` (inside nats-py's fetch) returns the result instead of raising when the
+    wait it guards finishes in the same turn as the cancel, so a reader looping on fetch would
+    never stop: a follower cancelled at that moment kept a test's teardown waiting for ever."""
+    try:
+        return await sub.fetch(batch=batch, timeout=timeout)
+    finally:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+
+
 class Bus:
     def __init__(self, nc: Any, stage: str, source: str):
         self.nc = nc
@@ -470,7 +483,7 @@ class Bus:
             while True:
                 lost = False
                 try:
-                    msgs = await sub.fetch(batch=batch, timeout=1.0)
+                    msgs = await fetch(sub, batch=batch, timeout=1.0)
                 except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                     # Nothing in a second: the end, unless the server says more is pending (a
                     # server just restarted, or busy, is slow to deliver: do not cut a replay short).
@@ -539,7 +552,7 @@ class Bus:
             try:
                 while True:
                     try:
-                        msgs = await sub.fetch(batch=256, timeout=2.0)
+                        msgs = await fetch(sub, batch=256, timeout=2.0)
                     except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                         continue
                     for msg in msgs:

@@ -50,6 +50,7 @@ from nats.js import api
 
 from . import deadletters, naming
 from .bus import Bus, Stored, stored_from_msg
+from .bus import fetch as bus_fetch
 from .clock import SYSTEM_CLOCK, Clock
 from .contract import (  # noqa: F401  (the names a service module needs, in one import)
     Contract,
@@ -281,7 +282,7 @@ class ServiceRunner:
                     await asyncio.wait(set(self._in_flight), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                 batch = max(1, min(self.batch, self.max_in_flight - len(self._in_flight)))
             try:
-                msgs = await self._sub.fetch(batch=batch, timeout=1.0)
+                msgs = await bus_fetch(self._sub, batch=batch, timeout=1.0)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py also raises a bare one
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.Error, Exception) as exc:

@@ -12,7 +12,20 @@ pytest_plugins = ["nats_fixtures", "aws_fixtures"]
 
 import pytest  # noqa: E402
 
+from hang_report import arm  # noqa: E402
 from leftovers import kill_under  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _hang_report(request: pytest.FixtureRequest):
+    """A test about to hit its timeout prints every asyncio task's stack first (hang_report.py),
+    so a hang seen once in CI says where it was."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    timer = arm(max(limit - 15, limit * 0.9)) if limit > 0 else None
+    yield
+    if timer is not None:
+        timer.cancel()
 
 
 @pytest.fixture(autouse=True)

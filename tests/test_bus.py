@@ -10,7 +10,7 @@ import pytest
 from nats_fixtures import connect_bus
 
 from skypurza.events import naming
-from skypurza.events.bus import Bus, ConcurrencyConflict
+from skypurza.events.bus import Bus, ConcurrencyConflict, fetch
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import PlacementChosen, TaskSubmitted
 from skypurza.events.service import ServiceContract, ServiceRunner, dead_letters, handles
@@ -309,6 +309,43 @@ def test_a_replay_goes_on_across_a_server_restart(nats_server):
                 nats_server.start()
         assert seen == [f"t{i}" for i in range(600)]
         await bus.close()
+
+    asyncio.run(main())
+
+
+def test_a_reader_whose_cancellation_nats_py_swallowed_still_stops():
+    """Python 3.11's wait_for (inside nats-py's fetch) returns its result instead of raising when
+    the wait it guards ends in the same turn as the cancel; a reader looping on fetch then never
+    stopped (seen: a follower kept a test's teardown waiting until the 300 s timeout). The
+    subscription here does exactly that, every time: `fetch` raises the lost cancellation."""
+
+    class SwallowingSubscription:
+        fetched = 0
+
+        async def fetch(self, batch: int, timeout: float) -> list:
+            self.fetched += 1
+            try:
+                await asyncio.sleep(timeout)
+            except asyncio.CancelledError:
+                return []  # what wait_for does when the inner wait finished as it was cancelled
+            return []
+
+    async def main() -> None:
+        sub = SwallowingSubscription()
+
+        async def reader() -> None:
+            while True:
+                await fetch(sub, batch=10, timeout=0.05)
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        assert done, "a cancelled reader went on fetching"
+        assert task.cancelled()
+        before = sub.fetched
+        await asyncio.sleep(0.2)
+        assert sub.fetched == before
 
     asyncio.run(main())
 
