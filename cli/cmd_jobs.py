@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import typer
 
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of
 
 from . import bounds, options
@@ -290,9 +291,7 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
             if state.terminal and ended_at is None:
                 ended_at = asyncio.get_running_loop().time()  # the last lines may still be on their way
     finally:
-        for t in followers.values():
-            t.cancel()
-        await asyncio.gather(*followers.values(), return_exceptions=True)
+        await stop_tasks(*followers.values())
     _final_note(status, job_id, state)
     return state.status
 

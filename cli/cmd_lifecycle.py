@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 import typer
 
+from skypurza.events.aiotasks import stop_tasks
+
 from . import bounds, options
 from .context import fail, run_async, stage
 from .verbs import EXIT_CLEANUP_INCOMPLETE, WAIT_S, _clusters_from_log, _config, _confirm, _watched
@@ -246,9 +248,7 @@ def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async
                 return 1
             finally:
                 status.stop()
-                for t in [*watchers.values(), parked]:
-                    t.cancel()
-                await asyncio.gather(*watchers.values(), parked, return_exceptions=True)
+                await stop_tasks(*watchers.values(), parked)
             for n, why in failed.items():
                 typer.echo(f"Cluster {n}: {what.lower()} failed: {why}", err=True)
             for n in pending:

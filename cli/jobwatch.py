@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, AsyncIterator, Callable
 
 from skypurza.events import naming
+from skypurza.events.aiotasks import stop_tasks
 
 from .clusterlog import Cluster, Job, apply, read_cluster
 
@@ -127,9 +128,7 @@ async def merged_follow(bus: Any, filters: list[str], start_seq: int) -> AsyncIt
         while True:
             yield await queue.get()
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(*tasks)
 
 
 async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
@@ -249,9 +248,7 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
         await done.wait()
         await asyncio.sleep(DRAIN_S)
     finally:
-        ev_task.cancel()
-        log_task.cancel()
-        await asyncio.gather(ev_task, log_task, return_exceptions=True)
+        await stop_tasks(ev_task, log_task)
     async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject, start_seq=last + 1):
         line = parse_log(msg)
         if line.seq > last:

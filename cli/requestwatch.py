@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from skypurza.events import deadletters, naming
+from skypurza.events.aiotasks import stop_tasks
 
 T = TypeVar("T")
 
@@ -85,6 +86,4 @@ async def unless_parked(bus: Any, coro: Coroutine[Any, Any, T], *, failure: Call
         letter = watch.result()
         raise failure(letter.reason())
     finally:
-        for task in (main, watch):
-            task.cancel()
-        await asyncio.gather(main, watch, return_exceptions=True)
+        await stop_tasks(main, watch)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from skypurza.events import naming
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus
 from skypurza.events.config import ConfigError
 from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
@@ -113,9 +114,7 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     await stop.wait()
     if tasks:
         await asyncio.wait(tasks, timeout=10)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await stop_tasks(*tasks)
     await bus.close()
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from skypurza.events.aiotasks import stop_tasks
+
 from . import bounds
 from .context import fail, stage
 
@@ -130,8 +132,7 @@ async def _watched(coro: Any, service: str = "provisioner") -> Any:
         done, _ = await asyncio.wait([main, dog], return_when=asyncio.FIRST_COMPLETED)
         if main in done:
             return main.result()
-        main.cancel()
-        await asyncio.gather(main, return_exceptions=True)
+        await stop_tasks(main)
         return dog.result()
     finally:
         dog.cancel()

@@ -67,6 +67,7 @@ from .contract import (  # noqa: F401  (the names a service module needs, in one
     handles,
 )
 from .envelope import Envelope, Event
+from .aiotasks import stop_tasks
 
 log = logging.getLogger("skypurza.service")
 
@@ -266,10 +267,7 @@ class ServiceRunner:
         finally:
             # Unfinished handlers are abandoned unacked: their messages come back to whoever
             # consumes next (handlers are idempotent).
-            for task in list(self._in_flight):
-                task.cancel()
-            if self._in_flight:
-                await asyncio.gather(*self._in_flight, return_exceptions=True)
+            await stop_tasks(*self._in_flight)
 
     async def _loop(self) -> None:
         while not self._stop.is_set():

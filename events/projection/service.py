@@ -25,6 +25,7 @@ from .parking import park_failed
 from .pipeline import Failed, Pipeline, Projector
 from .replay import audit_live
 from .state import NewerEventError
+from ..aiotasks import stop_tasks
 
 Handler = Callable[[dict[str, Any]], Any]
 
@@ -123,9 +124,7 @@ class ProjectionService:
                     raise t.exception()  # type: ignore[misc]
         finally:
             stopper.cancel()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_tasks(*tasks)
             for s in subs:
                 try:
                     await s.unsubscribe()

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
 from skypurza.events import deadletters
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, Stored, log_chunk_id
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
@@ -191,12 +192,7 @@ class Agent:
                 await self._wait()
             return 0
         finally:
-            for t in (heartbeat, follower):
-                if t is not None:
-                    t.cancel()
-            for t in list(self._watchers):
-                t.cancel()
-            await asyncio.gather(heartbeat, *(t for t in [follower] if t), *self._watchers, return_exceptions=True)
+            await stop_tasks(heartbeat, follower, *self._watchers)
             await self.bus.close()
 
     async def _connect(self) -> Bus:

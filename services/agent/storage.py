@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from skypurza.events import naming
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.awsconfig import aws_config_files, aws_configured
 
 from .mounts import remote_path
@@ -281,8 +282,7 @@ class Checkpoints:
             return
         syncer, loop = entry
         if loop is not None:
-            loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)
+            await stop_tasks(loop)
         try:
             await asyncio.to_thread(syncer.upload)
         except Exception as exc:

@@ -55,6 +55,7 @@ from dataclasses import replace
 from typing import Any
 
 from skypurza.events import naming
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
@@ -149,10 +150,7 @@ class ProvisionerService:
             self._cleaner = asyncio.create_task(self._cleanup_loop(), name="provisioner-cleanup")
 
     async def close(self) -> None:
-        for task in (self._reconciler, self._cleaner):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks(self._reconciler, self._cleaner)
         self._reconciler = self._cleaner = None
         if self._backends is not None:
             await self._backends.close()

@@ -47,6 +47,7 @@ from dataclasses import replace
 from typing import Any
 
 from skypurza.events import deadletters, naming
+from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, ConcurrencyConflict, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
@@ -154,9 +155,7 @@ class RecoveryService:
             self._tasks.append(asyncio.create_task(self._reconciler().run(), name="recovery-reconcile"))
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(*self._tasks)
         self._tasks.clear()
         if self._heartbeats is not None:
             await self._heartbeats.close()
