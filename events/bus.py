@@ -480,6 +480,13 @@ class Bus:
         sub = await _settled(lambda: self.js.pull_subscribe(subject, stream=stream, config=cfg))
         quiet = recreated = 0
         try:
+            # Nothing matches (a new cluster's history, logs of an unknown job): say so at once,
+            # not after a fetch has waited out its timeout (a second on every such replay).
+            try:
+                if (await sub.consumer_info()).num_pending == 0:
+                    return
+            except (NatsTimeout, asyncio.TimeoutError, NotFoundError, ServiceUnavailableError):
+                pass  # the loop below copes with a slow or restarted server
             while True:
                 lost = False
                 try:

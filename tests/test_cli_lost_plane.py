@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import subprocess
 import sys
 import time
@@ -107,6 +108,21 @@ def _up(plane: Plane, cluster: str) -> None:
     assert "up" in r.stdout.splitlines()
 
 
+def _wait_output(proc: subprocess.Popen, text: str, timeout: float = 60) -> None:
+    """Until `text` is on the process's stdout (read from the pipe itself, so a later
+    communicate() still gets the rest)."""
+    deadline, seen = time.monotonic() + timeout, b""
+    fd = proc.stdout.fileno()  # type: ignore[union-attr]
+    while text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {text!r} on stdout within {timeout} s; saw {seen!r}")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError(f"stdout closed before {text!r}; saw {seen!r}")
+        seen += chunk
+
+
 def _gives_up(proc: subprocess.Popen, since: float) -> tuple[int, str, float]:
     out, err = proc.communicate(timeout=30)
     return proc.returncode, err.decode(errors="replace"), time.monotonic() - since
@@ -138,7 +154,7 @@ def test_logs_follow_gives_up_when_the_control_plane_is_stopped(plane: Plane) ->
     assert job.returncode == 0, job.stderr
     asyncio.run(_wait_started(plane.url, "f", 2))
     follower = plane.spz_background("logs", "f", "2")
-    time.sleep(2.0)  # following now
+    _wait_output(follower, "started")  # following now (not a guess of how long start-up takes)
     plane.server.stop()
     t0 = time.monotonic()
     code, err, took = _gives_up(follower, t0)
