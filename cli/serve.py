@@ -52,6 +52,7 @@ SERVICES = services()
 
 log = logging.getLogger("skypurza.serve")
 
+READY_WAIT_S = 20.0  # how long "ready" waits for every service to serve (the CLI's own wait is longer)
 HEALTHY_RUN_S = 60.0  # a service that ran this long before it died restarts after the first back-off step
 
 
@@ -107,7 +108,16 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
             log.warning("service %s is not available in this build (%s); skipped", name, exc)
             continue
         started.append(name)
-    tasks = [asyncio.create_task(_supervise(bus, name, stop, health), name=name) for name in started]
+    first = {name: asyncio.Event() for name in started}
+    tasks = [asyncio.create_task(_supervise(bus, name, stop, health, first[name]), name=name) for name in started]
+    # "Ready" means answering: a command run right after the control plane started (`spz
+    # cost-report` on first use) must find the projections' queries served, not "not running".
+    waits = [asyncio.create_task(e.wait()) for e in first.values()]
+    _, late = await asyncio.wait(waits, timeout=READY_WAIT_S)
+    for w in late:
+        w.cancel()
+    if late:
+        log.warning("not serving within %.0f s: %s", READY_WAIT_S, ", ".join(n for n, e in first.items() if not e.is_set()))
     log.info("services ready: %s", ", ".join(started))
     if ready:
         ready.set()
@@ -118,8 +128,13 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     await bus.close()
 
 
-async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRecorder | None = None) -> None:
+async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRecorder | None = None,
+                     first_ready: asyncio.Event | None = None) -> None:
+    """Run one service, restarting it when it stops; `first_ready` is set once its first
+    instance serves (a projection: its queries answered), or has stopped trying."""
     health = health or HealthRecorder(None)
+    first_ready = first_ready or asyncio.Event()
+    marking: set[asyncio.Task] = set()
     delay = 1.0
     while not stop.is_set():
         runner: ServiceRunner | None = None
@@ -133,6 +148,10 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRec
             job, runner = start_service(bus, svc, stop)
         log.info("service %s started", name)
         health.started(name)
+        if not first_ready.is_set():
+            mark = asyncio.create_task(_mark_serving(svc, job, first_ready))
+            marking.add(mark)  # held: the loop keeps only a weak reference to a task
+            mark.add_done_callback(marking.discard)
         began = asyncio.get_running_loop().time()
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([job, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -158,6 +177,16 @@ async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRec
         except asyncio.TimeoutError:
             pass
         delay = min(delay * 2, 30.0)
+
+
+async def _mark_serving(svc: Service | LoopService | None, job: asyncio.Future, done: asyncio.Event) -> None:
+    """Set `done` when `svc` serves (its `serving()`, when it has one), or its run ended."""
+    serving = getattr(svc, "serving", None)
+    if callable(serving):
+        waiter = asyncio.ensure_future(serving())
+        await asyncio.wait([waiter, job], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+    done.set()
 
 
 async def _close(svc: Service | LoopService | None) -> None:

@@ -262,3 +262,16 @@ def test_a_child_between_fork_and_exec_is_not_a_second_process(tmp_path):
     finally:
         os.killpg(parent.pid, signal.SIGKILL)  # its own session: the forked child goes too
         parent.wait(10)
+
+
+def test_the_first_command_finds_the_projections_answering(homes):
+    """A projection's query (`spz cost-report`, `spz audit`) as the very first command of a fresh
+    home: it starts the control plane and must find the ledger and status services answering,
+    not "is not running" (the services said ready before their queries were served)."""
+    for i in range(2):
+        home, env = homes(200 + i)
+        first = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "cost-report", "-o", "json"], env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert first.returncode == 0, first.stderr
+        assert "not running" not in first.stderr
+        assert _stop(env).returncode == 0

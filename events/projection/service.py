@@ -97,6 +97,10 @@ class ProjectionService:
             ready.cancel()
             self._task.result()
 
+    async def serving(self) -> None:
+        """Until its queries are answered (after `prepare` and opening its file)."""
+        await self._ready.wait()
+
     async def close(self) -> None:
         if self._own_stop is not None and self._task is not None:
             self._own_stop.set()
