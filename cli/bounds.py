@@ -45,6 +45,7 @@ class BoundedInt:
 
 
 NODES = BoundedInt(1, limits.MAX_NODES, "nodes of one cluster")
+NUM_JOBS = BoundedInt(1, limits.MAX_NUM_JOBS, "managed jobs of one launch")
 IDLE_MINUTES = BoundedInt(0, limits.MAX_IDLE_MINUTES, "a year; leave autostop off for never")
 DISK_GB = BoundedInt(1, limits.MAX_DISK_GB, "GB; EBS's largest volume is 64 TiB")
 JOB_ID = BoundedInt(1, limits.MAX_JOB_ID, "job ids are positive 32-bit integers")

@@ -29,6 +29,7 @@ from skypurza.events.fold import (  # noqa: F401  (the names cli code imports fr
     exit_code_of,
 )
 from skypurza.events.job_events import JobQueued
+from skypurza.events.jobdemand import describe_task
 from skypurza.events.payloads import TaskPayload
 
 # The final job states, as `spz queue --skip-finished` filters them (events/fold.py decides).
@@ -48,6 +49,7 @@ class Job:
     submitted_at: datetime
     state: JobFold
     cluster_nodes: int = 1  # the nodes setup runs on (every node of the cluster)
+    resources: str | None = None  # what it asked per node (events/jobdemand.py), as `spz queue` shows it
 
     @property
     def num_nodes(self) -> int:
@@ -95,7 +97,8 @@ class Job:
                 "submitted_at": self.submitted_at.isoformat(),
                 "started_at": self.started_at.isoformat() if self.started_at else None,
                 "ended_at": self.ended_at.isoformat() if self.ended_at else None,
-                "exit_code": self.exit_code, "failed_rank": self.failed_rank, "reason": self.reason or None}
+                "exit_code": self.exit_code, "failed_rank": self.failed_rank, "reason": self.reason or None,
+                "resources": self.resources}
 
 
 @dataclass
@@ -184,7 +187,7 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
             c.ports = _ports_of(event.task)
         c.jobs[event.job_id] = Job(event.job_id, event.task_id, event.name or event.task.name, event.user,
                                    event.run_setup, event.task.setup, at, one_fold.job_queued(event),
-                                   max(c.num_nodes, 1))
+                                   max(c.num_nodes, 1), describe_task(event.task))
     else:
         job = c.jobs.get(getattr(event, "job_id", -1))
         if job is not None:

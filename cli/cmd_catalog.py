@@ -98,13 +98,16 @@ def gpus_list_command(
                     "region": region, "rows": rows})
         return
     if name is None:
-        cols = ["accelerator", "counts", "instance_types", "hourly_price", "hourly_spot_price", "cheapest_regions"]
+        cols = ["accelerator", "counts", "instance_types", "priced_instance_type", "hourly_price",
+                "hourly_spot_price", "spot_saving", "cheapest_regions"]
         title = "AWS accelerators" + (f" in {region}" if region else "")
     else:
         cols = ["accelerator", "count", "instance_type", "gpu_memory_gib", "vcpus", "memory_gib",
-                "hourly_price", "region", "hourly_spot_price", "spot_zone"]
+                "hourly_price", "region", "hourly_spot_price", "spot_zone", "spot_saving"]
         title = f"{cat.canonical_accelerator(name)} on AWS" + (f" in {region}" if region else "")
     _print_rows(rows, output, title, cols, full=verbose)
+    typer.echo("On-demand: the cheapest region; spot: the cheapest zone, often elsewhere. SPOT SAVES compares "
+               "spot with on-demand of the same type in the spot zone's region.")
     if name is None and not show_all:
         typer.echo("Hint: use -a/--all to see all accelerators; NAME[:COUNT] for instance types and prices.")
 
@@ -120,6 +123,8 @@ def _compact_types(names: list[str]) -> str:
 def _cell(v: Any, col: str, full: bool = False) -> str:
     if col.startswith("hourly"):
         return _money(v)
+    if col == "spot_saving":
+        return "-" if v is None else f"{v:.0%}"
     if col == "instance_types":
         return ", ".join(v) if full else _compact_types(list(v))
     if isinstance(v, (list, tuple)):
@@ -137,11 +142,13 @@ def _print_rows(rows: list[dict[str, Any]], output: str, title: str, cols: list[
     from rich.table import Table
 
     headers = {"hourly_price": "ON-DEMAND $/h", "hourly_spot_price": "SPOT $/h", "gpu_memory_gib": "GPU MEM GiB",
-               "memory_gib": "HOST MEM GiB", "vcpus": "vCPUs", "cheapest_regions": "CHEAPEST REGIONS"}
+               "memory_gib": "HOST MEM GiB", "vcpus": "vCPUs", "cheapest_regions": "CHEAPEST REGIONS",
+               "priced_instance_type": "PRICED TYPE", "spot_saving": "SPOT SAVES",
+               "region": "ON-DEMAND REGION"}
     table = Table(title=title)
     for c in cols:
         table.add_column(headers.get(c, c.upper().replace("_", " ")),
-                         justify="right" if c.startswith(("hourly", "vcpus", "memory", "gpu_mem", "count")) else "left")
+                         justify="right" if c.startswith(("hourly", "vcpus", "memory", "gpu_mem", "count", "spot_saving")) else "left")
     for r in rows:
         table.add_row(*[_cell(r.get(c), c, full) for c in cols])
     make_console().print(table)

@@ -473,11 +473,11 @@ def queue_command(
     if not by_cluster:
         print_line("No jobs.")
     for cname, jobs in by_cluster.items():
-        print_table(("ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "NODES", "STATUS"),
+        print_table(("ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "NODES", "RESOURCES", "STATUS"),
                     [[str(r.get("job_id")), r.get("name") or "-", r.get("user") or "-",
                       since(parse_time(r.get("submitted_at")), now), since(parse_time(r.get("started_at")), now),
                       duration(parse_time(r.get("started_at")), parse_time(r.get("ended_at")), now),
-                      str(r.get("num_nodes") or 1), str(r.get("status"))]
+                      str(r.get("num_nodes") or 1), r.get("resources") or "-", str(r.get("status"))]
                      for r in sorted(jobs, key=lambda r: -int(r.get("job_id") or 0))],
                     title=f"[bold]Job queue of cluster {cname}[/bold]")
 

@@ -23,7 +23,7 @@ import typer
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of
 
-from . import bounds, options
+from . import bounds, fanout, options
 from .context import check_output, fail, print_json, run_async, stage
 
 jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
@@ -35,9 +35,10 @@ POLL_S = 0.5
 # ------------------------------------------------------------------------------------------ launch
 
 def load_job(entrypoint: list[str], overrides: Any, job_recovery: str | None, name: str | None,
-             cwd: Path) -> tuple[str, list[Any], list[dict[str, Any]]]:
-    """(job name, tasks, public task dicts) for an entrypoint: a YAML file (a pipeline allowed) or
-    a command; overrides apply to a single task (SkyPilot refuses them for pipelines)."""
+             cwd: Path, group: dict[str, Any] | None = None) -> tuple[str, list[Any], list[dict[str, Any]]]:
+    """(job name, tasks, public task dicts) for an entrypoint: a YAML file (a pipeline or a job
+    group allowed) or a command; overrides apply to a single task (SkyPilot refuses them for
+    pipelines). A job group's header is put in `group` (when given; else a group is refused)."""
     from skypurza.events.taskspec import TaskSpecError, apply_overrides, is_yaml_entrypoint, load_tasks
     from skypurza.events.taskspec.overrides import task_from_command
 
@@ -54,15 +55,18 @@ def load_job(entrypoint: list[str], overrides: Any, job_recovery: str | None, na
             if loaded.at_launch:
                 raise TaskSpecError(loaded.at_launch)
             if loaded.is_job_group:
-                raise SubmitError(f"{text} is a job group (execution: parallel); spz runs pipelines (serial) only")
+                if group is None:
+                    raise SubmitError(f"{text} is a job group (execution: parallel): launch it with spz jobs launch")
+                group.update(loaded.header)
             tasks = list(loaded.tasks)
             header_name = loaded.name
-            if len(tasks) == 1:
+            if len(tasks) == 1 and not loaded.is_job_group:
                 tasks = [apply_overrides(tasks[0], overrides)]
             elif (overrides.resource_overrides() or overrides.num_nodes or overrides.workdir or overrides.git_url
                   or overrides.git_ref):
+                what = "job group" if loaded.is_job_group else "pipeline"
                 raise SubmitError("resource, --num-nodes and --workdir overrides apply to one task; "
-                                  f"{text} is a pipeline of {len(tasks)} tasks: set them in the YAML")
+                                  f"{text} is a {what} of {len(tasks)} tasks: set them in the YAML")
         else:
             tasks = [task_from_command(text, overrides)]
             header_name = "sky-cmd"
@@ -111,9 +115,11 @@ def launch_command(
     priority: Optional[str] = options.priority_option(),
     pool: Optional[str] = typer.Option(None, "-p", "--pool", help="SkyPilot pool (spz has none: clusters of the "
                                                                   "job's own)."),
-    num_jobs: Optional[int] = typer.Option(None, "--num-jobs", parser=bounds.NODES,
-                                           help="Number of jobs to submit (a job group when more than 1)."),
-    job_group: Optional[str] = typer.Option(None, "--job-group", help="Attach to an existing job group."),
+    num_jobs: Optional[int] = typer.Option(None, "--num-jobs", parser=bounds.NUM_JOBS,
+                                           help="Number of jobs to submit: N managed jobs of the same task, "
+                                                "each with SKYPILOT_JOB_RANK 0..N-1 and SKYPILOT_NUM_JOBS=N."),
+    job_group: Optional[str] = typer.Option(None, "--job-group", help="Attach to an existing job group (spz "
+                                            "refuses it: declare the group's tasks in one YAML)."),
     no_job_group: bool = typer.Option(False, "--no-job-group", help="A top-level job (spz's jobs always are)."),
     workspace: Optional[str] = options.workspace_option(),
     res: options.ResourceFlags = None,  # type: ignore[assignment]  (the options of options.with_flags)
@@ -121,14 +127,20 @@ def launch_command(
 ) -> None:
     """Launch a managed job: run to the end on clusters of its own, recovered from preemption.
 
-    Exit status (without --detach-run): 0 succeeded, 100 failed, 103 cancelled. Ctrl-C while
-    streaming detaches: the job keeps running (spz jobs cancel ID stops it).
+    A YAML whose first document says `execution: parallel` is a job group: every task at once,
+    each a managed job on clusters of its own. --num-jobs N submits N jobs of the task.
+
+    Exit status (without --detach-run): 0 succeeded, 100 failed, 103 cancelled (several jobs:
+    the first that did not succeed decides). Ctrl-C while streaming detaches: the jobs keep
+    running (spz jobs cancel ID stops one).
 
     Examples:
 
       spz jobs launch train.yaml -n llm --detach-run
 
       spz jobs launch --use-spot --job-recovery FAILOVER 'python train.py'
+
+      spz jobs launch --num-jobs 8 shard.yaml
     """
     check_output(output)
     from .verbs import _config, _confirm
@@ -137,8 +149,9 @@ def launch_command(
     if name is not None and cluster is not None and name != cluster:
         raise fail("-c/--cluster is an alias of -n/--name: give one of them", 2)
     name = name if name is not None else cluster
-    if (num_jobs or 1) > 1 or job_group is not None:
-        raise fail("job groups (--num-jobs N, --job-group) are not run by spz yet: submit the jobs one by one", 2)
+    if job_group is not None:
+        raise fail("--job-group (attaching a job to a running job group) is not supported: declare the group's "
+                   "tasks in one YAML (execution: parallel)", 2)
     if pool is not None:
         options.unused("-p/--pool", "SkyPurza has no pools; the job runs on clusters of its own")
     if no_job_group:
@@ -146,15 +159,19 @@ def launch_command(
     options.workspace_note(workspace)
     detach_run = detach_run or async_
     overrides = options.overrides_of(res, task_flags, priority=priority)
+    header: dict[str, Any] = {}
     try:
-        job_name, tasks, publics = load_job(entrypoint or [], overrides, job_recovery, name, Path.cwd())
+        job_name, tasks, publics = load_job(entrypoint or [], overrides, job_recovery, name, Path.cwd(), header)
+        plans = fanout.plan_jobs(job_name, tasks, header, num_jobs or 1)
     except SubmitError as exc:
         raise fail(str(exc), exc.code)
     except Exception as exc:  # e.g. an unknown --job-recovery strategy
         raise fail(str(exc))
     cfg = _config()
-    what = f"{len(tasks)} tasks" if len(tasks) > 1 else "task"
-    _confirm(f"Launch managed job {job_name} ({what})?", yes, destructive=False)
+    _confirm(f"Launch {fanout.describe(job_name, tasks, plans)}?", yes, destructive=False)
+    if fanout.needed(plans):
+        raise typer.Exit(fanout.launch_many(plans, tasks, publics, cfg, output=output, detach_run=detach_run,
+                                            follow_job=follow_job))
     from .progress import StatusLine, echo_err, echo_out
 
     status = StatusLine()
@@ -173,7 +190,14 @@ def launch_command(
             for t in tasks:
                 if t.resources is not None and t.resources.labels:
                     labels.update(t.resources.labels)
-            job = await submit_managed_job(bus, name=job_name, tasks=publics, user=cfg.user,
+            from .submit import SubmitError
+            from .uploads import for_submit
+
+            try:  # a managed job's tasks are placed afresh at every recovery: send local sources
+                sent = [await for_submit(bus, t, p) for t, p in zip(tasks, publics)]
+            except SubmitError as exc:
+                raise fail(str(exc), exc.code)
+            job = await submit_managed_job(bus, name=job_name, tasks=sent, user=cfg.user,
                                            team=cfg.team_of(cfg.user, labels), project=cfg.project_of(labels),
                                            secrets=[t.secret_values() for t in tasks])
             submitted.append(job.managed_job_id)
@@ -566,7 +590,7 @@ async def _on_infra(bus: Any, rows: list[dict[str, Any]], infra: str) -> list[di
 
 def cancel_command(
     job_ids: Optional[list[int]] = typer.Argument(None, metavar="[ID]...", parser=bounds.JOB_ID, help="Managed job ids."),
-    name: Optional[str] = typer.Option(None, "-n", "--name", help="Every unfinished job of this name."),
+    name: Optional[str] = typer.Option(None, "-n", "--name", help="Every unfinished job of this name (or of this job group)."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every unfinished managed job."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
     async_: bool = options.async_option("Do not wait until they are cancelled."),
@@ -580,7 +604,8 @@ def cancel_command(
     if pool is not None:
         raise fail("-p/--pool: SkyPurza has no pools; cancel the jobs by id, -n NAME or --all", 2)
     if task is not None:
-        raise fail("--task: spz runs no job groups, so a job has no dynamic task to cancel alone; cancel the job", 2)
+        raise fail("--task: spz has no dynamic tasks; each task of a job group is a managed job of its own: "
+                   "cancel it by its id (spz jobs queue)", 2)
     if graceful:
         options.unused("--graceful", "spz has no MOUNT_CACHED uploads to wait for; jobs cancel waits until the jobs "
                                      "have ended anyway")
@@ -609,7 +634,8 @@ def cancel_command(
                     if jobs[j].terminal:
                         typer.echo(f"Managed job {j} already ended ({jobs[j].status}).")
             else:
-                targets = sorted(j for j, s in jobs.items() if not s.terminal and (name is None or s.name == name))
+                targets = sorted(j for j, s in jobs.items() if not s.terminal and (
+                    name is None or s.name == name or (s.group is not None and s.group.name == name)))
             if not targets:
                 typer.echo("Nothing to cancel.")
                 return 0

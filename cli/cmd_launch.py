@@ -130,6 +130,17 @@ def launch_command(
     raise typer.Exit(code)
 
 
+async def _with_uploads(bus: Any, task: Any, public: dict[str, Any], cluster_infra: str | None) -> dict[str, Any]:
+    """The task with its local sources sent to the object store when a cloud node may run it."""
+    from .submit import SubmitError
+    from .uploads import for_submit
+
+    try:
+        return await for_submit(bus, task, public, cluster_infra=cluster_infra)
+    except SubmitError as exc:
+        raise fail(str(exc), exc.code)
+
+
 async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, idle: int | None, down: bool,
                   no_setup: bool, detach_run: bool, async_: bool, status: Any, out: Any, wait_for: str | None = None,
                   retry_until_up: bool = False) -> tuple[int, dict[str, Any]]:
@@ -166,6 +177,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                 raise SubmissionFailed(f"cluster {cluster} did not come up")
         if isinstance(plan, (TooFewNodes, Misfit)):
             raise fail(plan.message())
+        public = await _with_uploads(bus, task, public, existing.infra if isinstance(plan, QueueOn) else None)
         if isinstance(plan, QueueOn):
             job, _ = await queue_job(bus, cluster=cluster, task_id=task_id, task=public, name=task.name,
                                      user=cfg.user, run_setup=plan.run_setup,
@@ -358,6 +370,7 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
         secret_values = task.secret_values()
         if secret_values:
             await bus.put_secrets(task_id, secret_values)
+        public = await _with_uploads(bus, task, public, c.infra or "local")
         job, _ = await queue_job(bus, cluster=cluster, task_id=task_id, task=public, name=task.name, user=cfg.user,
                                  run_setup=False, secrets_key=task_id if secret_values else None)
         status.note(f"Job {job.job_id} queued on cluster {cluster}.")

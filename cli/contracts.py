@@ -38,6 +38,12 @@ from skypurza.events.models import (
     StartRequested,
     StopRequested,
     TaskSubmitted,
+    TeamAdded,
+    TeamRemoved,
+    TokenIssued,
+    TokenRevoked,
+    UserAdded,
+    UserRemoved,
 )
 
 from .plugins import service_entry_points
@@ -46,7 +52,8 @@ from .plugins import service_entry_points
 CLI = Contract(
     name="CLI",
     emits=(TaskSubmitted, DownRequested, StopRequested, StartRequested, AutostopSet, JobQueued, CancelRequested,
-           ManagedJobSubmitted, ManagedJobCancelRequested, ClusterTerminated, OrphanFound, CleanupFailed),
+           ManagedJobSubmitted, ManagedJobCancelRequested, ClusterTerminated, OrphanFound, CleanupFailed,
+           TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
     consumes=(PlacementChosen, PlacementFailed, CapacityError, ProvisionFailed, CleanupFailed, JobStarted,
               JobSucceeded, JobFailed, JobCancelled, ManagedJobStatusChanged),
     emit_notes={TaskSubmitted: "`spz launch`", DownRequested: "`spz down`", StopRequested: "`spz stop`",
@@ -54,7 +61,10 @@ CLI = Contract(
                 CancelRequested: "`spz cancel`", ManagedJobSubmitted: "`spz jobs launch`",
                 ManagedJobCancelRequested: "`spz jobs cancel`",
                 ClusterTerminated: "`spz down --purge` (a failed teardown) or `spz reconcile` (vanished)",
-                OrphanFound: "`spz reconcile`", CleanupFailed: "`spz reconcile` (its sweep)"},
+                OrphanFound: "`spz reconcile`", CleanupFailed: "`spz reconcile` (its sweep)",
+                TeamAdded: "`spz teams add`", TeamRemoved: "`spz teams remove`", UserAdded: "`spz users add`",
+                UserRemoved: "`spz users remove`", TokenIssued: "`spz users add`, `spz users token`",
+                TokenRevoked: "`spz users token` (the old token)"},
     consume_notes={PlacementChosen: "progress", CapacityError: "progress", PlacementFailed: "exit 1",
                    CleanupFailed: "`spz down` warns, exit 3", JobSucceeded: "exit 0", JobFailed: "exit 1"},
 )
@@ -66,6 +76,7 @@ CONTRACTS: dict[str, str] = {
     "agent": "skypurza.services.agent.agent:CONTRACT",
     "recovery": "skypurza.services.recovery.service:CONTRACT",
     "status": "skypurza.services.status.service:CONTRACT",
+    "api": "skypurza.services.api.contract:CONTRACT",
 }
 
 

@@ -268,7 +268,7 @@ def _job_status_text(job: Job, ahead: int = 0) -> str:
     if job.status == "PENDING":
         if ahead:
             return (f"Job {job.job_id}: queued behind {ahead} job{'s' if ahead != 1 else ''} "
-                    "(it starts when they have ended)")
+                    "(it starts when the cluster has room for it, in queue order)")
         return f"Job {job.job_id}: queued (starting)"
     if job.status == "SETTING_UP":
         return f"Job {job.job_id}: running setup ({len(job.setup_done)}/{job.cluster_nodes} node(s) done)"

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from . import cmd_api, cmd_audit, cmd_catalog, cmd_cluster, cmd_events, cmd_jobs, cmd_provision, cmd_taskspec, options, plugins
+from . import cmd_api, cmd_audit, cmd_catalog, cmd_cluster, cmd_events, cmd_identity, cmd_jobs, cmd_provision, cmd_taskspec, options, plugins
 from .context import settings
 
 options.quiet_flag_types()  # `--help` prints no `<bool>` on the flags
@@ -65,6 +65,7 @@ COMMAND_MODULES = [
     cmd_api,        # api start|stop|status|logs, serve
     cmd_provision,  # reconcile (hidden for now; `spz status --refresh` calls it too)
     cmd_audit,      # audit (the status projection; platform plugins add theirs)
+    cmd_identity,   # users add|list|token|remove, teams add|list|remove
 ]
 
 

@@ -75,6 +75,11 @@ def load(app: typer.Typer, events_app: typer.Typer) -> list[str]:
     return loaded
 
 
+def failed() -> dict[str, str]:
+    """The plugins that were declared but failed to load: name -> "Type: message"."""
+    return dict(_failed)
+
+
 def not_installed(command: str) -> str:
     """What a platform command says when no plugin provides it."""
     if _failed:

@@ -32,8 +32,13 @@ class JobQueued(_JobEvent):
     secrets_key: str | None = None
     skypilot_task_id: str = ""
     managed_job_id: int | None = None
-    # Managed-job extras for the env contract (SKYPILOT_TASK_IDS, JOB_RANK, NUM_JOBS).
+    # Managed-job extras for the env contract (SKYPILOT_TASK_IDS, JOB_RANK, NUM_JOBS,
+    # JOBGROUP_NAME, ROOT_JOB_ID), as the job's TaskSubmitted carries them.
     managed_task_ids: list[str] = []
+    job_rank: int = 0
+    num_jobs: int = 1
+    job_group: str | None = None
+    root_job_id: int | None = None
     down_after: bool = False
 
 
@@ -41,6 +46,9 @@ class JobQueued(_JobEvent):
 class JobStarted(_JobEvent):
     EVENT_NAME = "job_started"
     started_at: datetime
+    # The GPU indices of each of the job's nodes the head gave it (CUDA_VISIBLE_DEVICES, the same
+    # on every node; services/agent/packing.py). None: not recorded (no GPUs, or an older head).
+    gpu_indices: list[int] | None = None
 
 
 @register

@@ -51,6 +51,9 @@ MAX_RESOURCE_ALTERNATIVES = 64
 MAX_RESTARTS = 1000
 # Seconds-valued knobs of a task (autostop.hook_timeout, a job group's termination_delay): a day.
 MAX_TIMEOUT_S = 24 * 3600
+# Managed jobs one `spz jobs launch --num-jobs N` submits, and jobs of one job group: each is
+# a managed job with clusters of its own, and a launch follows them all.
+MAX_NUM_JOBS = 1000
 # max_hourly_cost, dollars per hour (micro-dollars stay well inside int64).
 MAX_HOURLY_COST = 1_000_000
 
@@ -69,6 +72,11 @@ MAX_LABELS = 64
 # (-c: part of resource names and tags; 63 as a DNS label).
 MAX_TASK_NAME_CHARS = 128
 MAX_CLUSTER_NAME_CHARS = 63
+
+# A local workdir or file-mount source sent to cloud nodes (events/uploads.py): its files, in
+# bytes. It travels through the bus's object store, to every node of every job; data sets
+# belong in a bucket (file_mounts: s3://...), and .skyignore keeps the rest at home.
+MAX_UPLOAD_BYTES = 1024 * MIB
 
 # --------------------------------------------------------------------------- the CLI only
 
@@ -107,6 +115,7 @@ def bounds() -> list[Bound]:
         Bound("any_of/ordered entries, accelerator choices", str(MAX_RESOURCE_ALTERNATIVES), "placement ranks their product"),
         Bound("max_restarts_on_errors", str(MAX_RESTARTS), "restarts cost money"),
         Bound("hook_timeout, termination_delay", f"{MAX_TIMEOUT_S:,} s (a day)", "nothing waits for ever"),
+        Bound("--num-jobs, jobs of a job group", f"1..{MAX_NUM_JOBS:,}", "each a managed job of its own"),
         Bound("max_hourly_cost", f"{MAX_HOURLY_COST:,} $/h", "micro-dollars stay in int64"),
         Bound("envs, secrets (each)", f"{MAX_ENV_VARS} entries", "exported into every job"),
         Bound("env/secret name", f"{MAX_ENV_NAME_CHARS} characters", "exported into every job"),
@@ -116,6 +125,8 @@ def bounds() -> list[Bound]:
         Bound("file_mounts, volumes, managed_secrets, volume_mounts, resources.volumes", f"{MAX_MOUNTS} entries each",
               "synced per node"),
         Bound("labels", f"{MAX_LABELS} entries", "cloud tags"),
+        Bound("workdir / local file-mount source sent to cloud nodes", f"{MAX_UPLOAD_BYTES // MIB:,} MiB of files",
+              "sent through the bus to every node"),
         Bound("task / job name", f"{MAX_TASK_NAME_CHARS} characters", "part of ids and subjects"),
         Bound("cluster name, -c", f"1..{MAX_CLUSTER_NAME_CHARS} characters", "a DNS label; part of resource names"),
         Bound("job ids", f"1..{MAX_JOB_ID:,}", "32-bit ids"),

@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 from .payloads import ManagedTaskField
 from .registry import Event, register, upcaster
+from .types import Value
 
 ManagedJobStatus = Literal[
     "PENDING", "STARTING", "RUNNING", "RECOVERING", "SUCCEEDED", "FAILED", "FAILED_SETUP",
@@ -32,6 +33,24 @@ class _ManagedEvent(Event):
     managed_job_id: int
 
 
+class JobGroupMember(Value):
+    """A managed job's place in a job group (a YAML whose header says `execution: parallel`):
+    every task of the group is a managed job of its own, submitted together, run at once, each
+    on its own clusters and recovered on its own (docs/managed-jobs.md, *Job groups*)."""
+
+    name: str  # the header's name: SKYPILOT_JOBGROUP_NAME
+    root_job_id: int  # the group's first job: SKYPILOT_ROOT_JOB_ID, and what ties the members together
+    index: int  # this job's task, in the file's order
+    size: int  # jobs in the group
+    primaries: list[int] = []  # indexes of the primary tasks (empty: every task is primary)
+    # Seconds the other tasks still run once every primary task has ended (then they are cancelled).
+    termination_delay_s: int = 0
+
+    @property
+    def primary(self) -> bool:
+        return not self.primaries or self.index in self.primaries
+
+
 @register
 class ManagedJobSubmitted(_ManagedEvent):
     EVENT_NAME = "managed_job_submitted"
@@ -42,6 +61,10 @@ class ManagedJobSubmitted(_ManagedEvent):
     project: str | None = None
     skypilot_task_ids: list[str] = []
     secrets_key: str | None = None
+    # `spz jobs launch --num-jobs N`: this job's rank 0..N-1 and N (SKYPILOT_JOB_RANK, _NUM_JOBS).
+    job_rank: int = 0
+    num_jobs: int = 1
+    group: JobGroupMember | None = None  # a member of a job group
 
 
 # What a transition was for: the recovery state machine (services/recovery/machine.py) folds

@@ -26,6 +26,20 @@ def check_stage(stage: str) -> str:
     return stage
 
 
+# Users and teams (events/identity_events.py): one subject token each, so no '.', '*', '>', '/',
+# spaces or upper case; short enough for a CloudEvents extension value and a DuckDB key.
+_PRINCIPAL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+PRINCIPAL_NAME_RULE = "1-63 lower-case letters, digits, '-' or '_', starting with a letter or digit"
+
+
+def check_principal_name(value: object, what: str = "name") -> str:
+    """A user or team name, checked at the edge (CLI, API server); ValueError says what is accepted."""
+    if not isinstance(value, str) or not _PRINCIPAL_RE.fullmatch(value):  # `$` would pass a trailing newline
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 70 else repr(value[:67] + "...")
+        raise ValueError(f"invalid {what} {shown}: use {PRINCIPAL_NAME_RULE} (no '.', '*', '>', '/' or spaces)")
+    return value
+
+
 def name(stage: str, component: str, purpose: str) -> str:
     """`skypurza-<stage>-<component>-<purpose>`: the one shape of every resource name."""
     check_stage(stage)
@@ -58,6 +72,20 @@ def secrets_bucket(stage: str) -> str:
     return name(stage, "secrets", "kv")
 
 
+def objects_bucket(stage: str) -> str:
+    """JetStream object store of the stage's uploaded workdirs and file-mount sources."""
+    return name(stage, "objects", "store")
+
+
+def upload_object(digest: str) -> str:
+    """An upload's object name: its content digest (`sha256:<hex>` -> `sha256-<hex>`), so the same
+    content is one object, whoever sent it and whatever its path."""
+    algo, _, hexdigest = digest.partition(":")
+    if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hexdigest):
+        raise ValueError(f"invalid upload digest {digest!r}: expected sha256:<64 hex digits>")
+    return f"{algo}-{hexdigest}"
+
+
 def subject_prefix(stage: str) -> str:
     check_stage(stage)
     return f"{PROJECT}.{stage}"
@@ -86,6 +114,11 @@ def event_filter(stage: str, aggregate: str, event_type: str = "*", aggregate_id
 
 def aggregate_subjects(stage: str, aggregate: str, aggregate_id: str) -> str:
     return f"{subject_prefix(stage)}.evt.{aggregate}.{subject_token(aggregate_id)}.>"
+
+
+def identity_filters(stage: str) -> tuple[str, str]:
+    """The subjects of who may do what (teams, users and their tokens): the API server follows them."""
+    return aggregate_events_subject(stage, "team"), aggregate_events_subject(stage, "user")
 
 
 def all_events_subject(stage: str) -> str:

@@ -179,6 +179,20 @@ class StorageMount(Payload):
         return (self.store or "").lower() == "s3"
 
 
+Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class UploadRef(Payload):
+    """A local workdir or file-mount source the CLI sent to the stage's object store
+    (events/uploads.py): the content digest of its archive (`kind` dir: a deterministic tar.gz)
+    or of the file itself (`kind` file), and its size in bytes. Not a SkyPilot key: the agent of
+    a cloud node reads it, and `Task.from_public_dict` leaves it out."""
+
+    digest: Digest
+    kind: Literal["dir", "file"]
+    size: Annotated[int, Field(ge=0)]
+
+
 class TaskPayload(Payload):
     """A task as the bus carries it: the public form of one SkyPilot task (no secret values).
     Declared in the task model's order (`taskspec/task.py`), so a dump reads as the CLI wrote it;
@@ -199,6 +213,9 @@ class TaskPayload(Payload):
     # Names only: a value here would be a secret in the log, so it is refused.
     secrets: Annotated[dict[EnvName, None], Field(max_length=MAX_ENV_VARS)] | Annotated[
         list[EnvName], Field(max_length=MAX_ENV_VARS)] | None = None
+    # The local sources (absolute paths as `workdir` / `file_mounts` name them) sent through the
+    # object store, so that a node that is not this machine gets them (events/uploads.py).
+    uploads: Annotated[dict[str, UploadRef], Field(max_length=MAX_MOUNTS + 1)] | None = None
 
     def nodes(self) -> int:
         """The nodes the task runs on: `num_nodes`, else 1 (SkyPilot's default)."""
@@ -244,4 +261,4 @@ BlockField = Annotated[FailoverBlock, AsGiven]
 
 # Every payload model, for docs/events.md (events/docgen.py).
 PAYLOAD_MODELS: tuple[type[Payload], ...] = (TaskPayload, ResourcesPayload, JobRecoveryPayload, GitWorkdir,
-                                             StorageMount, FailoverBlock)
+                                             StorageMount, UploadRef, FailoverBlock)

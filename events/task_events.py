@@ -44,6 +44,12 @@ class TaskSubmitted(_TaskEvent):
     skypilot_task_id: str | None = None
     # Managed pipelines: every task's SKYPILOT_TASK_ID, in order (SKYPILOT_TASK_IDS).
     managed_task_ids: list[str] = []
+    # Managed jobs: SKYPILOT_JOB_RANK / _NUM_JOBS (--num-jobs), and of a job group's member
+    # SKYPILOT_JOBGROUP_NAME / _ROOT_JOB_ID (None for every other job).
+    job_rank: int = 0
+    num_jobs: int = 1
+    job_group: str | None = None
+    root_job_id: int | None = None
 
 
 @register

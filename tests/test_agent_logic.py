@@ -157,14 +157,16 @@ def test_setup_on_every_node_then_run_and_the_head_decides():
     log.provision()
     log.queue(1)
     head, worker = LocalState(), LocalState()
-    assert decide(log.view, 0, head, T0) == [PublishStarted(1), Start(1, "setup")]
-    assert decide(log.view, 1, worker, T0) == [Start(1, "setup")]
-    head.running, worker.running = (1, "setup"), (1, "setup")
+    assert decide(log.view, 0, head, T0) == [PublishStarted(1)], "the head admits; nothing starts before its echo"
+    assert decide(log.view, 1, worker, T0) == [], "a node starts a job once its JobStarted is in the log"
     log.add(JobStarted(cluster="c", job_id=1, started_at=T0))
-    head.running, head.done[(1, "setup")] = None, 0
+    assert decide(log.view, 0, head, T0) == [Start(1, "setup")]
+    assert decide(log.view, 1, worker, T0) == [Start(1, "setup")]
+    head.running, worker.running = {(1, "setup")}, {(1, "setup")}
+    head.running, head.done[(1, "setup")] = set(), 0
     log.node(1, 0, "setup", 0)
     assert decide(log.view, 0, head, T0) == [], "run waits for every node's setup"
-    worker.running = None
+    worker.running = set()
     log.node(1, 1, "setup", 0)
     assert decide(log.view, 0, head, T0) == [Start(1, "run")]
     log.node(1, 0, "run", 0)
@@ -210,16 +212,34 @@ def test_failures_and_cancels():
     assert decide(too_big.view, 0, LocalState(), T0) == [PublishOutcome(1, job_outcome(too_big.view.jobs[1], 1, False))]
 
 
-def test_jobs_run_one_at_a_time_in_queue_order_and_ranks_outside_the_job_skip_run():
+def test_jobs_start_in_queue_order_as_they_fit_and_ranks_outside_the_job_skip_run():
     log = Log(nodes=3)
+    log.add(ClusterProvisioned(cluster="c", task_id="t", placement_id="p",
+                               candidate=Candidate(infra="local", vcpus=1.0, num_nodes=3),
+                               nodes=[NodeInfo(rank=r, instance_id=f"i{r}") for r in range(3)],
+                               hourly_price_micros=0, launched_at=T0))
     log.queue(1, nodes=1, setup=False)
     log.queue(2, nodes=3, setup=False)
+    log.add(JobQueued(cluster="c", job_id=3, task_id="t", task={"run": "x", "resources": {"cpus": 1}}))
     assert decide(log.view, 1, LocalState(), T0) == [], "a 1-node job runs on the head only"
     assert decide(log.view, 2, LocalState(), T0) == []
-    assert decide(log.view, 0, LocalState(), T0) == [PublishStarted(1), Start(1, "run")]
+    # 0.5 + 0.5 CPU (SkyPilot's default demand) fit the head's 1 CPU; job 3's 1 CPU waits
+    assert decide(log.view, 0, LocalState(), T0) == [PublishStarted(1), PublishStarted(2)]
+    log.add(JobStarted(cluster="c", job_id=1, started_at=T0))
+    log.add(JobStarted(cluster="c", job_id=2, started_at=T0))
+    assert decide(log.view, 0, LocalState(), T0) == [Start(1, "run"), Start(2, "run")], "side by side"
+    assert decide(log.view, 2, LocalState(), T0) == [Start(2, "run")]
+    both = LocalState(running={(1, "run"), (2, "run")})
+    assert decide(log.view, 0, both, T0) == [], "one phase per job; job 3 does not fit yet"
     log.node(1, 0, "run", 0)
     log.add(JobSucceeded(cluster="c", job_id=1, ended_at=T0))
-    assert decide(log.view, 2, LocalState(), T0) == [Start(2, "run")]
+    assert decide(log.view, 0, LocalState(running={(2, "run")}), T0) == [], "job 2 still holds half a CPU"
+    # a job that ended while a node still ran it: stop it, and only it
+    assert decide(log.view, 0, both, T0) == [Kill(1, "job 1 ended (succeeded)")]
+    for r in range(3):
+        log.node(2, r, "run", 0)
+    log.add(JobSucceeded(cluster="c", job_id=2, ended_at=T0))
+    assert decide(log.view, 0, LocalState(), T0) == [PublishStarted(3)]
     # a job that ended while a node still ran it: stop it
     assert decide(log.view, 2, LocalState(running=(1, "run")), T0)[0] == Kill(1, "job 1 ended (succeeded)")
 

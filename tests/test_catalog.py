@@ -209,6 +209,58 @@ def test_gpus_list_detail_rows_and_region_filter() -> None:
     assert render.parse_accelerator_arg("H100") == ("H100", None)
 
 
+def test_gpus_list_compares_spot_with_on_demand_of_the_same_type_and_region() -> None:
+    """`spz gpus list H100` showed spot above on-demand: the summary took the cheapest on-demand
+    price of one size and the cheapest spot of another, in other regions. Now every price of a
+    row is one instance type's, and the saving is against the spot zone's own region."""
+    cat = shipped_catalog()
+    for row in render.gpus_list_rows(cat, show_all=True):
+        t = row["priced_instance_type"]
+        assert t in row["instance_types"]
+        offers = cat.offerings(t)
+        if row["hourly_price_micros"] is not None:
+            assert row["hourly_price_micros"] == min(o.ondemand_micros for o in offers if o.ondemand_micros)
+        if row["hourly_spot_price_micros"] is not None:
+            assert row["hourly_spot_price_micros"] == min(
+                z.spot_micros for o in offers for z in o.zones if z.spot_micros and z.zone not in cat.local_zones)
+    for acc in cat.accelerators():
+        for row in render.gpus_list_rows(cat, acc) + render.gpus_list_rows(cat, acc, all_regions=True):
+            if row["spot_saving"] is None:
+                continue
+            od_there = next(o.ondemand_micros for o in cat.offerings(row["instance_type"])
+                            if o.region == row["spot_region"])
+            assert row["spot_region_hourly_price_micros"] == od_there
+            assert 0 <= row["spot_saving"] <= 0.95  # spot never above on-demand where it is sold
+    h100 = {r["instance_type"]: r for r in render.gpus_list_rows(cat, "H100")}["p5.4xlarge"]
+    # The cheapest on-demand region sells no spot; ap-south-1's spot is its own on-demand price.
+    assert (h100["region"], h100["spot_region"], h100["spot_saving"]) == ("us-east-1", "ap-south-1", 0.0)
+    h200 = {r["instance_type"]: r for r in render.gpus_list_rows(cat, "H200")}["p5en.48xlarge"]
+    assert (h200["spot_region"], h200["spot_region_hourly_price"], h200["spot_saving"]) == ("eu-south-2", 68.35968, 0.9)
+
+
+def test_no_implausible_spot_price_in_the_catalog(tmp_path: Path) -> None:
+    """p5en.48xlarge spot at $6.836 in eu-south-2 is AWS's floor there (10% of its $68.36), as
+    71 fact rows are: plausible. A spot price above on-demand, or below 5% of it, for the same
+    type and region is not: the build refuses such facts, naming the price."""
+    from skypurza.services.optimizer.catalog.sanity import spot_anomalies
+
+    assert spot_anomalies(shipped_catalog().all_offerings()) == []
+    rows = fact_rows()
+    header = list(rows[0])
+    for spot, kind in (("0.3", "below 5%"), ("70.5", "above the on-demand")):
+        bad = [dict(r) for r in rows]
+        for r in bad:
+            if (r["InstanceType"], r["AvailabilityZone"]) == ("p5en.48xlarge", "eus2-az2"):
+                r["SpotPrice"] = spot
+        vms = tmp_path / "vms.csv"
+        with vms.open("w", newline="") as f:
+            w = csv.DictWriter(f, header)
+            w.writeheader()
+            w.writerows(bad)
+        with pytest.raises(ValueError, match=f"p5en.48xlarge in eu-south-2 \\(eus2-az2\\).*{kind}"):
+            build(vms, FACTS / "accelerators.csv", tmp_path / "out.json")
+
+
 def test_dryrun_json_shape() -> None:
     cat = shipped_catalog()
     plan = place([R(accelerator="A100", accelerator_count=8)], 2, cat)

@@ -178,6 +178,8 @@ DECIDER_MODULES = (
     "services/recovery/strategy.py",
     "services/agent/decide.py",
     "services/agent/view.py",
+    "services/agent/packing.py",
+    "events/jobdemand.py",
     "services/ledger/meter.py",
     "services/ledger/billing.py",
     "cli/launchplan.py",

@@ -93,6 +93,7 @@ def test_scripted_history_answers_status_queue_and_jobs_queue(nats_server, tmp_p
     assert [j["job_id"] for j in queue] == [4, 3, 2, 1]
     # The task names no num_nodes: the job runs on one node of the two (events/fold.py job_num_nodes).
     assert by_id[1]["status"] == "SUCCEEDED" and by_id[1]["exit_code"] == 0 and by_id[1]["num_nodes"] == 1
+    assert by_id[1]["resources"] == "1x[CPU:0.5]", "what it asked: no cpus declared is SkyPilot's 0.5"
     assert by_id[2]["status"] == "CANCELLED" and by_id[2]["cancel_requested"] is True
     assert by_id[3]["status"] == "FAILED_SETUP" and by_id[3]["failed_rank"] == 1
     assert by_id[4]["status"] == "FAILED" and by_id[4]["exit_code"] == 3
@@ -276,3 +277,25 @@ def test_the_open_broker_runs_and_answers_status_without_the_platform(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         _spz(env, "api", "stop", timeout=60)
+
+
+def test_a_column_appended_to_a_table_is_added_to_an_older_file(tmp_path):
+    """`jobs.resources` (what `spz queue` shows as RESOURCES) was appended to the table: a status
+    file made before it opens without a rebuild, the column added, NULL in its older rows."""
+    from skypurza.events.projection import store as ps
+    from skypurza.services.status import schema as sc
+
+    path = tmp_path / "old.duckdb"
+    old = sc.JOBS.__class__(sc.JOBS.name, sc.JOBS.columns[:-1], sc.JOBS.key)
+    con = duckdb.connect(str(path))
+    con.execute(old.ddl())
+    con.execute("INSERT INTO jobs (cluster, job_id, status) VALUES ('c', 1, 'RUNNING')")
+    con.close()
+    con = ps.connect(path, PROJECTION)
+    try:
+        assert [r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE "
+                                          "table_name = 'jobs' ORDER BY ordinal_position").fetchall()] == \
+            sc.JOBS.column_names
+        assert con.execute("SELECT job_id, resources FROM jobs").fetchall() == [(1, None)]
+    finally:
+        con.close()

@@ -62,3 +62,18 @@ COMMON: tuple[Table, ...] = (CHECKPOINT, APPLIED, SKIPPED)
 def create_all(con, tables: tuple[Table, ...], schema: str = "main") -> None:  # noqa: ANN001 (duckdb)
     for t in tables:
         con.execute(t.ddl(schema))
+        _add_trailing_columns(con, t, schema)
+
+
+def _add_trailing_columns(con, t: Table, schema: str) -> None:  # noqa: ANN001 (duckdb)
+    """Columns appended to a table since the file was made are added to it (NULL in the rows it
+    has): a new column at the end of a table is an upgrade without a rebuild. Any other change
+    of a table's columns needs a new schema version (the inserts are positional)."""
+    have = [r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = ? AND table_name = ? "
+        "ORDER BY ordinal_position", [schema, t.name]).fetchall()]
+    names = t.column_names
+    if not have or have == names or have != names[:len(have)]:
+        return
+    for c, typ in t.columns[len(have):]:
+        con.execute(f'ALTER TABLE {schema}."{t.name}" ADD COLUMN "{c}" {typ}')

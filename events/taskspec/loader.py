@@ -13,9 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from skypurza.events.limits import MAX_TIMEOUT_S, MAX_YAML_FILE_BYTES
+from skypurza.events.limits import MAX_NUM_JOBS, MAX_TIMEOUT_S, MAX_YAML_FILE_BYTES
 
 from .errors import Problem, TaskSpecError
+from .jobgroup import delay_problems
 from .messages import describe, findings
 from .task import Task
 from .values import JOB_GROUP_NAME_RE
@@ -204,6 +205,9 @@ def _check_header(header: dict[str, Any], doc: Document, file: str | None, multi
         elif isinstance(delay, int) and not isinstance(delay, bool) and not 0 <= delay <= MAX_TIMEOUT_S:
             add(["termination_delay"], f"termination_delay must be 0 to {MAX_TIMEOUT_S:,} seconds (a day), "
                                        f"found {describe(delay)}")
+        elif isinstance(delay, str):
+            for path, message in delay_problems(delay, []):
+                add(path, message)
     return ("parallel" if execution == "parallel" else ("serial" if "execution" in header else None)), problems
 
 
@@ -227,6 +231,11 @@ def _check_job_group(header: dict[str, Any], tasks: list[Task], docs: list[Docum
         if isinstance(primary, str) and primary not in seen:
             problems.append(Problem(file, None, None, f"primary_tasks.{i}",
                                     f"primary task {primary!r} is not the name of a job in this group"))
+    if isinstance(header.get("termination_delay"), dict):
+        for path, message in delay_problems(header["termination_delay"], list(seen)):
+            problems.append(Problem(file, None, None, ".".join(map(str, path)), message))
+    if len(tasks) > MAX_NUM_JOBS:
+        problems.append(Problem(file, None, None, "", f"a job group has {len(tasks):,} jobs; at most {MAX_NUM_JOBS:,}"))
     return problems
 
 

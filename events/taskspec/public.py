@@ -17,6 +17,10 @@ from typing import Any
 # substitution, which the kept templates already undo.
 MIN_SCRUB_LENGTH = 4
 
+# Keys a task payload carries on the bus that are no part of the SkyPilot task: `uploads`, the
+# object-store digests of its local sources (events/payloads.py UploadRef).
+TRANSPORT_KEYS = ("uploads",)
+
 
 def public_dict(yaml_dict: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
     """`yaml_dict` (a task's `to_yaml_dict(json_safe=True)`) without the secret `values`."""

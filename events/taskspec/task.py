@@ -302,7 +302,9 @@ class Task(Strict):
 
     @classmethod
     def from_public_dict(cls, data: dict[str, Any], secrets: dict[str, str] | None = None) -> Task:
-        """Rebuild a task from `public_dict()` output and the secret values kept elsewhere."""
+        """Rebuild a task from `public_dict()` output and the secret values kept elsewhere (the
+        keys only the bus carries, `public.TRANSPORT_KEYS`, left out: they are not SkyPilot's)."""
+        data = {k: v for k, v in data.items() if k not in public.TRANSPORT_KEYS}
         return cls.model_validate(public.merge_secrets(data, secrets or {}))
 
 

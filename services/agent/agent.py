@@ -40,7 +40,7 @@ from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
 
-from . import mounts, storage, userenv
+from . import fetch, mounts, storage, userenv
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -56,7 +56,8 @@ from .decide import (
     decide,
     key,
 )
-from .envcontract import JobContext, cluster_task_id, gpus_per_node, job_environment
+from .envcontract import (UNSET_IN_SETUP, JobContext, cluster_task_id, cuda_visible_devices, gpus_per_node,
+                          job_environment)
 from .gpus import detect_gpus
 from .procs import Chunk, LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
 from .view import ClusterView, JobView
@@ -277,16 +278,16 @@ class Agent:
     async def _end(self, why: str) -> None:
         """The cluster stopped or was terminated under us: stop what runs, then exit."""
         log.info("cluster %s: %s; stopping", self.spec.cluster, why)
-        if self.local.running is not None:
-            await self._do(Kill(self.local.running[0], why))
+        for job_id in self.local.jobs():
+            await self._do(Kill(job_id, why))
         if self._watchers:
             await asyncio.wait(list(self._watchers), timeout=self.kill_grace_s + 5)
 
     # ------------------------------------------------------------------ deciding
 
     async def _step(self) -> None:
-        running = self.local.running[0] if self.local.running else None
-        for job_id in [j for j in self._prepared if j != running and self.view.jobs.get(j) is not None
+        running = set(self.local.jobs())
+        for job_id in [j for j in self._prepared if j not in running and self.view.jobs.get(j) is not None
                        and self.view.jobs[j].terminal]:
             del self._prepared[job_id]  # task and secrets of ended jobs are not kept in memory
         for _ in range(50):
@@ -311,17 +312,19 @@ class Agent:
         if isinstance(action, Start):
             await self._start(self.view.jobs[action.job_id], action.phase)
         elif isinstance(action, Kill):
-            running = self.local.running
-            if running is None:
+            phases = sorted(p for p in self.local.running if p[0] == action.job_id)
+            if not phases:
                 return
-            self.local.killing = True
-            pgid = self._pgids.get(running)
-            log.info("stopping job %s %s: %s", running[0], running[1], action.reason)
-            if pgid is not None:
-                self._background(kill_group(pgid, self.kill_grace_s))
+            self.local.killing.add(action.job_id)
+            for running in phases:  # the job's process only: the other jobs of the node go on
+                pgid = self._pgids.get(running)
+                log.info("stopping job %s %s: %s", running[0], running[1], action.reason)
+                if pgid is not None:
+                    self._background(kill_group(pgid, self.kill_grace_s))
         elif isinstance(action, PublishStarted):
             job = self.view.jobs[action.job_id]
-            await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock.now()),
+            await self._publish(JobStarted(cluster=self.spec.cluster, job_id=job.job_id, started_at=self.clock.now(),
+                                           gpu_indices=list(action.gpu_indices) if action.gpu_indices else None),
                                 cause=job.queued_id, key="started")
         elif isinstance(action, PublishOutcome):
             await self._publish_outcome(self.view.jobs[action.job_id], action.outcome)
@@ -373,10 +376,13 @@ class Agent:
         job_env = job_environment(self._context(job, prepared), phase)  # type: ignore[arg-type]
         env = userenv.job_process_environment(os.environ, self.runtime, job_env,
                                               home=self.home if self.spec.infra == "local" else None)
+        if phase == "setup":
+            for name in UNSET_IN_SETUP:
+                env.pop(name, None)
         proc = await asyncio.to_thread(spawn, files, userenv.phase_script(script, self.workdir, job_env),
                                        self.workdir, env)
-        self.local.running = (job.job_id, phase)
-        self.local.killing = False
+        self.local.running.add((job.job_id, phase))
+        self.local.killing.discard(job.job_id)
         self._pgids[(job.job_id, phase)] = proc.pid
         log.info("job %s: %s started (pid %s)", job.job_id, phase, proc.pid)
         self._watch(job, phase, files, proc.pid, proc)
@@ -398,11 +404,16 @@ class Agent:
         file_mounts = await self.checkpoints.attach(job.job_id, file_mounts, self.home, download=not synced.exists())
         confined = self.spec.infra == "local" and not mounts.host_paths_allowed(os.environ)
         steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home, confined=confined)
+        # A cloud node gets the user's local paths from the object store (fetch.py); `local` copies them.
+        uploads = (job.queued.task.uploads or {}) if self.spec.infra != "local" else {}
         for step in steps:
             try:
-                await asyncio.to_thread(mounts.apply_step, step)
+                if step.kind == "copy" and step.source in uploads:
+                    await fetch.put_in_place(self.bus, uploads[step.source], step.dest, self.state / "uploads")
+                else:
+                    await asyncio.to_thread(mounts.apply_step, step)
             except mounts.SyncError as exc:
-                hint = "" if self.spec.infra == "local" else (
+                hint = "" if self.spec.infra == "local" or step.source in uploads else (
                     " (on cloud nodes, name a bucket (s3://...) or a path that exists on the node image)")
                 raise RuntimeError(f"cannot put {step.source} in place at {step.dest}: {exc}{hint}") from None
         if self.spec.infra == "local":  # this machine's Python is shared: the task gets its own
@@ -429,7 +440,10 @@ class Agent:
             task_id=q.skypilot_task_id or cluster_task_id(job.queued_at, self.spec.cluster, job.job_id),
             user=q.user, infra=self.spec.infra, region=region, zone=zone,
             gpus_per_node=gpus_per_node(q.task, self.view.placed_accelerators()),
+            cuda_visible_devices=cuda_visible_devices(job.gpu_indices, sum(self.view.capacity().accelerators.values()),
+                                                      self.rank, self.spec.infra),
             managed_job_id=q.managed_job_id, managed_task_ids=tuple(q.managed_task_ids),
+            job_rank=q.job_rank, num_jobs=q.num_jobs, job_group=q.job_group, root_job_id=q.root_job_id,
             envs={**task.env_values(), **prepared.secrets},
         )
 
@@ -483,7 +497,7 @@ class Agent:
         if code is None:
             if proc is not None:
                 code = exit_status(proc.returncode)
-            elif self.local.killing:
+            elif job.job_id in self.local.killing:
                 code = 128 + signal.SIGTERM
             else:
                 code = LOST_EXIT
@@ -492,9 +506,9 @@ class Agent:
         if group_alive(pid):
             await kill_group(pid, self.kill_grace_s)  # what the script left running in its group
         self.local.done[(job.job_id, phase)] = code
-        if self.local.running == (job.job_id, phase):
-            self.local.running = None
-            self.local.killing = False
+        self.local.running.discard((job.job_id, phase))
+        if not self.local.runs(job.job_id):
+            self.local.killing.discard(job.job_id)
         self._pgids.pop((job.job_id, phase), None)
         log.info("job %s: %s ended with %s", job.job_id, phase, code)
         if phase == "run":
@@ -548,7 +562,7 @@ class Agent:
                     continue
                 if alive:
                     log.info("job %s: adopting the running %s (pid %s)", job_id, phase, pid)
-                    self.local.running = (job_id, phase)
+                    self.local.running.add((job_id, phase))
                     self._pgids[(job_id, phase)] = pid
                     try:
                         await self._prepare(job)  # the task and secrets again; files are in place already
@@ -637,10 +651,11 @@ class Agent:
         assert self.bus is not None
         subject = naming.heartbeat_subject(self.spec.stage, self.spec.cluster, self.rank)
         while True:
-            running = self.local.running
+            running = min(self.local.running, default=None)  # the oldest job's; `jobs` lists them all
             beat = {"cluster": self.spec.cluster, "rank": self.rank, "instance_id": self.spec.instance_id,
                     "agent_id": self.agent_id, "pid": os.getpid(), "ts": self.clock.now().isoformat(),
-                    "job_id": running[0] if running else None, "phase": running[1] if running else None}
+                    "job_id": running[0] if running else None, "phase": running[1] if running else None,
+                    "jobs": [[j, p] for j, p in sorted(self.local.running)]}
             try:
                 await self.bus.nc.publish(subject, json.dumps(beat).encode())
             except Exception as exc:

@@ -5,10 +5,15 @@ after every event it reads, every process exit and every tick; doing an action c
 local state (or publishes an event that comes back through the view), so calling it again
 gives the next step. Nothing here does I/O or reads a clock.
 
-Rules (one job at a time per cluster, in queue order):
+Rules (several jobs at once per cluster, admitted FIFO while their resources fit: packing.py):
+- the head (rank 0) admits jobs (`ClusterView.admissions`, from log facts only) and publishes
+  each one's JobStarted with its GPU indices; every node, the head included, starts a job's
+  phases only once that JobStarted is in its view — one publisher, so every node runs the same
+  jobs, and a started job is never un-started;
 - setup (when the job asks for it) runs on every node of the cluster; run starts on a node
-  once every node's setup succeeded, on ranks 0..num_nodes-1 of the job;
-- a node kills its process when the job ended, was cancelled, or another node failed;
+  once every node's setup succeeded, on ranks 0..num_nodes-1 of the job; a node runs one phase
+  of each job at a time, and the phases of several jobs side by side;
+- a node kills a job's process when the job ended, was cancelled, or another node failed;
 - the head (rank 0) decides the job's outcome from the nodes' reports: success when every
   node's run exited 0; failure at the first non-zero report (its phase, exit code, rank);
   cancelled when asked, once the head's own process is gone;
@@ -37,13 +42,30 @@ Phase = Literal["setup", "run"]
 class LocalState:
     """What this node knows about itself that the log may not show yet."""
 
-    running: tuple[int, str] | None = None  # (job_id, phase) of the process this node runs
-    killing: bool = False
+    # (job_id, phase) of every process this node runs (one phase per job; several jobs). A single
+    # (job_id, phase) pair is accepted too, as the one process this node runs.
+    running: set[tuple[int, str]] = field(default_factory=set)
+    killing: set[int] = field(default_factory=set)  # jobs whose processes are being stopped
     done: dict[tuple[int, str], int] = field(default_factory=dict)  # (job_id, phase) -> exit code
     published: set[str] = field(default_factory=set)  # keys of head publications in flight
 
+    def __post_init__(self) -> None:
+        if self.running is None:
+            self.running = set()
+        elif isinstance(self.running, tuple):
+            self.running = {self.running}  # type: ignore[arg-type]
+        if isinstance(self.killing, bool):
+            self.killing = {j for j, _ in self.running} if self.killing else set()
+
     def finished(self, job: JobView, rank: int, phase: str) -> bool:
         return (job.job_id, phase) in self.done or job.report(rank, phase) is not None
+
+    def jobs(self) -> list[int]:
+        """The jobs this node runs a process of, in id order."""
+        return sorted({j for j, _ in self.running})
+
+    def runs(self, job_id: int) -> bool:
+        return any(j == job_id for j, _ in self.running)
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,7 @@ class Kill:
 @dataclass(frozen=True)
 class PublishStarted:
     job_id: int
+    gpu_indices: tuple[int, ...] = ()  # what it may use on each of its nodes (packing.py)
 
 
 @dataclass(frozen=True)
@@ -146,21 +169,29 @@ def kill_reason(job: JobView, rank: int) -> str | None:
 
 
 def next_phase(view: ClusterView, rank: int, local: LocalState) -> Start | None:
-    """The phase this node should start now, if any."""
-    if local.running is not None:
-        return None
-    job = view.current_job()
-    if job is None or job.cancel_requested or job.first_failure() is not None or job.num_nodes > view.num_nodes:
-        return None
-    if job.queued.run_setup:
-        if not local.finished(job, rank, "setup"):
-            return Start(job.job_id, "setup")
-        setup = job.reported_ranks("setup")
-        if not all(setup.get(r) == 0 for r in range(view.num_nodes)):
-            return None  # another node's setup is still running (or failed: the head ends the job)
-    if rank < job.num_nodes and not local.finished(job, rank, "run"):
-        return Start(job.job_id, "run")
-    return None
+    """The first phase this node should start now, if any (`next_phases` gives them all)."""
+    starts = next_phases(view, rank, local)
+    return starts[0] if starts else None
+
+
+def next_phases(view: ClusterView, rank: int, local: LocalState) -> list[Start]:
+    """The phases this node should start now: of each started job it runs nothing of yet."""
+    out: list[Start] = []
+    for job_id in sorted(view.jobs):
+        job = view.jobs[job_id]
+        if (not job.started or job.terminal or local.runs(job_id) or job.cancel_requested
+                or job.first_failure() is not None or job.num_nodes > view.num_nodes):
+            continue
+        if job.queued.run_setup:
+            if not local.finished(job, rank, "setup"):
+                out.append(Start(job_id, "setup"))
+                continue
+            setup = job.reported_ranks("setup")
+            if not all(setup.get(r) == 0 for r in range(view.num_nodes)):
+                continue  # another node's setup is still running (or failed: the head ends the job)
+        if rank < job.num_nodes and not local.finished(job, rank, "run"):
+            out.append(Start(job_id, "run"))
+    return out
 
 
 def idle_due(view: ClusterView, now: datetime) -> PublishIdle | None:
@@ -177,30 +208,27 @@ def idle_due(view: ClusterView, now: datetime) -> PublishIdle | None:
 def decide(view: ClusterView, rank: int, local: LocalState, now: datetime) -> list[Action]:
     actions: list[Action] = []
     if view.terminated:
-        if local.running is not None and not local.killing:
-            actions.append(Kill(local.running[0], "the cluster was terminated"))
+        actions += [Kill(j, "the cluster was terminated") for j in local.jobs() if j not in local.killing]
         return actions
-    if local.running is not None and not local.killing:
-        job = view.jobs.get(local.running[0])
+    for job_id in local.jobs():
+        if job_id in local.killing:
+            continue
+        job = view.jobs.get(job_id)
         reason = kill_reason(job, rank) if job is not None else "unknown job"
         if reason:
-            actions.append(Kill(local.running[0], reason))
+            actions.append(Kill(job_id, reason))
     if rank == HEAD:
         for job_id in sorted(view.jobs):
             job = view.jobs[job_id]
-            head_running = local.running is not None and local.running[0] == job_id
-            outcome = job_outcome(job, view.num_nodes, head_running)
+            outcome = job_outcome(job, view.num_nodes, local.runs(job_id))
             if outcome is not None:
                 actions.append(PublishOutcome(job_id, outcome))
             elif job.terminal and job.queued.down_after and not view.down_requested and view.idle_minutes is None:
                 # With an autostop interval, `--down` means "down when idle that long" (idle_due).
                 actions.append(PublishDown(job_id))
-    start = next_phase(view, rank, local)
-    if start is not None:
-        job = view.jobs[start.job_id]
-        if rank == HEAD and not job.started:
-            actions.append(PublishStarted(start.job_id))
-        actions.append(start)
+        # Admission is the head's alone; every node starts a job once its JobStarted is seen.
+        actions += [PublishStarted(a.job_id, a.gpu_indices) for a in view.admissions()]
+    actions += next_phases(view, rank, local)
     if rank == HEAD:
         idle = idle_due(view, now)
         if idle is not None:

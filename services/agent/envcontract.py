@@ -5,7 +5,8 @@ Pure functions only (the values are tested directly). Facts from
 - run: SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (newline-separated, head first),
   SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE, SKYPILOT_TASK_ID, SKYPILOT_CLUSTER_INFO,
   SKYPILOT_USER, SKYPILOT_INTERNAL_JOB_ID, and for managed jobs SKYPILOT_MANAGED_JOB_ID,
-  SKYPILOT_TASK_IDS, SKYPILOT_JOB_RANK, SKYPILOT_NUM_JOBS;
+  SKYPILOT_TASK_IDS, SKYPILOT_JOB_RANK, SKYPILOT_NUM_JOBS, and for a job group's tasks
+  SKYPILOT_JOBGROUP_NAME and SKYPILOT_ROOT_JOB_ID (absent for every other job);
 - setup: SKYPILOT_SETUP_NODE_RANK, SKYPILOT_SETUP_NODE_IPS, SKYPILOT_SETUP_NUM_GPUS_PER_NODE,
   SKYPILOT_TASK_ID, SKYPILOT_CLUSTER_INFO, SKYPILOT_USER, SKYPILOT_NUM_NODES.
 The user's `envs` and secrets come first and the contract wins over them, as in SkyPilot
@@ -23,6 +24,9 @@ from typing import Any, Literal
 from skypurza.events.payloads import ResourcesPayload, TaskPayload
 
 SKYPILOT = "SKYPILOT_"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# Set by Ray for run, unset for setup (../shared/reference/skypilot-contract.md §2).
+UNSET_IN_SETUP = (CUDA_VISIBLE_DEVICES,)
 ALIAS = "SKYPURZA_"
 
 # SkyPilot's display names of clouds in SKYPILOT_CLUSTER_INFO ("AWS", not "aws").
@@ -118,7 +122,10 @@ class JobContext:
     managed_task_ids: tuple[str, ...] = ()
     job_rank: int = 0
     num_jobs: int = 1
+    job_group: str | None = None  # a job group's name (its tasks only)
+    root_job_id: int | None = None
     envs: dict[str, str] = field(default_factory=dict)  # the task's envs, then secrets
+    cuda_visible_devices: str | None = None  # run only; None: left as the node has it
 
 
 def contract(ctx: JobContext, phase: Literal["setup", "run"]) -> dict[str, str]:
@@ -138,12 +145,32 @@ def contract(ctx: JobContext, phase: Literal["setup", "run"]) -> dict[str, str]:
         env["SKYPILOT_NODE_IPS"] = "\n".join(ctx.cluster_ips[: ctx.job_num_nodes])
         env["SKYPILOT_NUM_GPUS_PER_NODE"] = str(ctx.gpus_per_node)
         env["SKYPILOT_INTERNAL_JOB_ID"] = str(ctx.job_id)
+        if ctx.cuda_visible_devices is not None:
+            env[CUDA_VISIBLE_DEVICES] = ctx.cuda_visible_devices
         if ctx.managed_job_id is not None:
             env["SKYPILOT_MANAGED_JOB_ID"] = str(ctx.managed_job_id)
             env["SKYPILOT_TASK_IDS"] = "\n".join(ctx.managed_task_ids or (ctx.task_id,))
             env["SKYPILOT_JOB_RANK"] = str(ctx.job_rank)
             env["SKYPILOT_NUM_JOBS"] = str(ctx.num_jobs)
+            if ctx.job_group is not None:
+                env["SKYPILOT_JOBGROUP_NAME"] = ctx.job_group
+            if ctx.root_job_id is not None:
+                env["SKYPILOT_ROOT_JOB_ID"] = str(ctx.root_job_id)
     return env
+
+
+def cuda_visible_devices(job_indices: tuple[int, ...] | None, node_gpus: int, rank: int,
+                         infra: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES of a job's run on one node: the GPU indices its JobStarted recorded
+    (packing.py; a fractional job shares its index with others, as under Ray), "" for a job that
+    asked none on a node with GPUs (Ray hides them from it too), None on a node without GPUs
+    (left as the node has it). The indices are the node's: on `local` every node is this one
+    machine, and node `rank` holds GPUs `rank*G .. rank*G+G-1` of it (the optimizer reserved
+    `G` per node, none shared between nodes)."""
+    if node_gpus <= 0:
+        return None
+    base = rank * node_gpus if infra.lower() == "local" else 0
+    return ",".join(str(base + i) for i in (job_indices or ()) if 0 <= i < node_gpus)
 
 
 def with_aliases(env: dict[str, str]) -> dict[str, str]:

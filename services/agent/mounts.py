@@ -1,8 +1,9 @@
 """Putting a job's workdir and file mounts in place on a node.
 
 SkyPilot syncs the workdir to `~/sky_workdir` and each file mount to its destination. Here:
-- a local path is copied (on `local` nodes the path is on this machine; on a cloud node it must
-  exist on the node, e.g. a shared file system — there is no upload from the laptop yet);
+- a local path is copied (on `local` nodes the path is on this machine; on a cloud node the
+  agent takes it from the object store when the CLI sent it — fetch.py, events/uploads.py —
+  else it must exist on the node, e.g. a shared file system);
 - `s3://bucket/prefix` is downloaded with boto3 (a prefix becomes a directory);
 - a git workdir `{url, ref}` is cloned;
 - a storage mapping `{source: ...}` or `{name: bucket}` is read as its source or as s3://<name>.

@@ -39,6 +39,8 @@ from skypurza.events.job_events import (
     JobSucceeded,
 )
 
+from .packing import Admission, Capacity, Demand, QueuedJob, admit, capacity_of, demand_of
+
 # The longest autostop interval a clock can count (datetime arithmetic overflows past it). Not
 # the user-facing bound (events/limits.MAX_IDLE_MINUTES, a year, checked at the edge): this one
 # guards the agent against an event that bypassed the edge.
@@ -71,6 +73,7 @@ class JobView:
     cancel_requested: bool = False
     reports: list[NodeReport] = field(default_factory=list)  # JobNodeFinished, in log order
     state: JobFold | None = None  # the job's state from the one fold (events/fold.py)
+    gpu_indices: tuple[int, ...] | None = None  # as the first JobStarted recorded them (packing.py)
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -200,6 +203,8 @@ class ClusterView:
         assert job.state is not None
         job.state = job_after(job.state, event, self.num_nodes)
         if isinstance(event, JobStarted):
+            if not job.started and event.gpu_indices is not None:
+                job.gpu_indices = tuple(event.gpu_indices)  # the first start's, for good
             job.started = True
         elif isinstance(event, JobNodeFinished):
             if job.report(event.rank, event.phase) is None:
@@ -217,7 +222,7 @@ class ClusterView:
     # ------------------------------------------------------------------ reading
 
     def current_job(self) -> JobView | None:
-        """The oldest job that has not ended: jobs run one at a time, in queue order."""
+        """The oldest job that has not ended."""
         for job_id in sorted(self.jobs):
             if not self.jobs[job_id].terminal:
                 return self.jobs[job_id]
@@ -225,6 +230,24 @@ class ClusterView:
 
     def busy(self) -> bool:
         return self.current_job() is not None
+
+    def capacity(self) -> Capacity:
+        """One node's resources, as the cluster was provisioned (packing.py)."""
+        return capacity_of(self.provisioned.candidate if self.provisioned else None, self.num_nodes)
+
+    def demand(self, job: JobView) -> Demand:
+        return demand_of(job.queued.task, self.capacity())
+
+    def admissions(self) -> list[Admission]:
+        """The jobs that start now (FIFO, packed by their resources: packing.py), from log facts
+        only — JobQueued order, JobStarted, the ends — so every node derives the same answer.
+        A job that will never run (cancelled before it started, more nodes than the cluster
+        has) is not in the queue: the head ends it (decide.job_outcome)."""
+        capacity = self.capacity()
+        queue = [QueuedJob(j.job_id, demand_of(j.queued.task, capacity), j.started, j.gpu_indices)
+                 for _, j in sorted(self.jobs.items())
+                 if not j.terminal and (j.started or not (j.cancel_requested or j.num_nodes > self.num_nodes))]
+        return admit(capacity, queue)
 
     def placed_accelerators(self) -> dict[str, float] | None:
         if self.provisioned is None:

@@ -31,20 +31,36 @@ def parse_accelerator_arg(text: str) -> tuple[str, float | None]:
     return m.group(1), float(m.group(2)) if m.group(2) else None
 
 
+def spot_saving(spot_micros: int | None, ondemand_micros: int | None) -> float | None:
+    """What spot saves against on-demand of the same type in the same region (0.9 = 90% less);
+    None when either is unknown. Like with like: never the cheapest on-demand region against
+    the cheapest spot zone elsewhere (`gpus list H100` once showed spot above on-demand so)."""
+    if spot_micros is None or not ondemand_micros:
+        return None
+    return round(1 - spot_micros / ondemand_micros, 4)
+
+
 def _prices(cat: Catalog, t: InstanceType, region: str | None) -> dict[str, Any]:
-    """Cheapest on-demand (per region) and spot (per zone) of one type, and the cheapest regions."""
+    """Cheapest on-demand (per region) and spot (per zone) of one type, and the cheapest regions.
+
+    The two cheapest places differ (p5.4xlarge: on-demand cheapest in us-east-1, which sells no
+    spot; spot cheapest in ap-south-1), so the spot price comes with its own region's on-demand
+    price (`spot_region_hourly_price`) and the saving between those two (`spot_saving`)."""
     od: list[tuple[int, str]] = []
     spot: list[tuple[int, str, str]] = []
+    od_in: dict[str, int] = {}
     for o in cat.offerings(t.name):
         if region and o.region != region:
             continue
         if o.ondemand_micros is not None:
             od.append((o.ondemand_micros, o.region))
+            od_in[o.region] = o.ondemand_micros
         for z in o.zones:
             if z.spot_micros is not None and not cat.is_local_zone(z.zone):
                 spot.append((z.spot_micros, o.region, z.zone))
     od.sort()
     spot.sort()
+    spot_od = od_in.get(spot[0][1]) if spot else None
     return {
         "hourly_price_micros": od[0][0] if od else None,
         "hourly_price": _d(od[0][0]) if od else None,
@@ -53,6 +69,9 @@ def _prices(cat: Catalog, t: InstanceType, region: str | None) -> dict[str, Any]
         "hourly_spot_price": _d(spot[0][0]) if spot else None,
         "spot_region": spot[0][1] if spot else None,
         "spot_zone": spot[0][2] if spot else None,
+        "spot_region_hourly_price_micros": spot_od,
+        "spot_region_hourly_price": _d(spot_od),
+        "spot_saving": spot_saving(spot[0][0] if spot else None, spot_od),
         "cheapest_regions": [r for _, r in od[:3]],
         "regions": len({o.region for o in cat.offerings(t.name) if not region or o.region == region}),
     }
@@ -63,8 +82,9 @@ def gpus_list_rows(cat: Catalog, accelerator: str | None = None, count: float | 
                    all_regions: bool = False) -> list[dict[str, Any]]:
     """Rows like `sky gpus list`.
 
-    Without `accelerator`: one row per accelerator (counts, instance types, cheapest on-demand
-    and spot prices, cheapest regions). With it: one row per instance type that has it
+    Without `accelerator`: one row per accelerator (counts, instance types, cheapest regions)
+    priced by one of its instance types, the cheapest on demand (`priced_instance_type`): its
+    cheapest on-demand and spot prices. With it: one row per instance type that has it
     (optionally only `count`), priced at its cheapest region -- or one row per region when
     `all_regions`. `region` restricts everything to one region.
     """
@@ -79,21 +99,29 @@ def gpus_list_rows(cat: Catalog, accelerator: str | None = None, count: float | 
                 continue
             priced = [(t, _prices(cat, t, region)) for t in types]
             od = [(p["hourly_price_micros"], p["region"], t.name) for t, p in priced if p["hourly_price_micros"]]
-            sp = [(p["hourly_spot_price_micros"], p["spot_region"], t.name) for t, p in priced
-                  if p["hourly_spot_price_micros"]]
             od.sort()
-            sp.sort()
             regions: list[str] = []
             for _, r, _n in od:
                 if r not in regions:
                     regions.append(r)
+            # Both prices are one instance type's (the cheapest on demand, else the cheapest spot):
+            # the minimum of each over all types mixed sizes (a 1-GPU on-demand price beside an
+            # 8-GPU spot one) and so could show spot above on-demand.
+            by_name = {t.name: p for t, p in priced}
+            sp = sorted((p["hourly_spot_price_micros"], t.name) for t, p in priced if p["hourly_spot_price_micros"])
+            first = od[0][2] if od else (sp[0][1] if sp else None)
+            p = by_name.get(first) if first else None
             rows.append({
                 "accelerator": acc,
                 "counts": sorted({t.accelerator_count for t in types}),
                 "instance_types": sorted(t.name for t in types),
-                "hourly_price_micros": od[0][0] if od else None, "hourly_price": _d(od[0][0]) if od else None,
-                "hourly_spot_price_micros": sp[0][0] if sp else None,
-                "hourly_spot_price": _d(sp[0][0]) if sp else None,
+                "priced_instance_type": first,
+                "hourly_price_micros": p["hourly_price_micros"] if p else None,
+                "hourly_price": p["hourly_price"] if p else None,
+                "hourly_spot_price_micros": p["hourly_spot_price_micros"] if p else None,
+                "hourly_spot_price": p["hourly_spot_price"] if p else None,
+                "spot_zone": p["spot_zone"] if p else None,
+                "spot_saving": p["spot_saving"] if p else None,
                 "cheapest_regions": regions[:3],
             })
         return rows

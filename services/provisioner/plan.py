@@ -210,5 +210,7 @@ def job_fields(submitted: TaskSubmitted) -> dict[str, Any]:
         skypilot_task_id=submitted.skypilot_task_id or "",
         managed_job_id=submitted.managed_job_id,
         managed_task_ids=list(submitted.managed_task_ids),
+        job_rank=submitted.job_rank, num_jobs=submitted.num_jobs, job_group=submitted.job_group,
+        root_job_id=submitted.root_job_id,
         down_after=submitted.down,
     )

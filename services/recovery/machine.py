@@ -17,19 +17,26 @@ people; it begins with the kind, and stored v1 events, which had only that, are 
 Every launch (task start or recovery) gets a cluster of its own, named from the job and the
 launch number; the previous one is torn down. Facts about any cluster but the current one
 are stale and change nothing, which is what makes redelivered or late events harmless.
+
+A job group (`execution: parallel`) is one managed job per task, submitted together: each runs
+and recovers through this machine on its own. What ties them is `group_end`: once every primary
+task has ended, the others are cancelled after the group's termination delay (the fact
+`GroupEnded`, a cancel with its own reason).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any, Literal, Union
 
 from skypurza.events.envelope import derive_id
 from skypurza.events.fold import job_status_of_failure, managed_status_of_job
 from skypurza.events.managed_events import (
     TERMINAL_STATUSES,
+    JobGroupMember,
     ManagedJobCancelRequested,
     ManagedJobStatus,
     ManagedJobStatusChanged,
@@ -63,6 +70,9 @@ class JobState:
     project: str | None = None
     secrets_key: str | None = None
     submitted_at: datetime | None = None
+    job_rank: int = 0  # --num-jobs: rank and count (SKYPILOT_JOB_RANK / _NUM_JOBS)
+    num_jobs: int = 1
+    group: JobGroupMember | None = None  # a job group's member
     status: str = "PENDING"
     task_index: int = 0
     cluster: str | None = None
@@ -116,7 +126,8 @@ class JobState:
 def new_state(ev: ManagedJobSubmitted, seq: int = 0, at: datetime | None = None) -> JobState:
     return JobState(job_id=ev.managed_job_id, name=ev.name, tasks=list(ev.tasks),
                     skypilot_task_ids=list(ev.skypilot_task_ids), user=ev.user, team=ev.team, project=ev.project,
-                    secrets_key=ev.secrets_key, submitted_at=at, last_seq=seq)
+                    secrets_key=ev.secrets_key, submitted_at=at, job_rank=ev.job_rank, num_jobs=ev.num_jobs,
+                    group=ev.group, last_seq=seq)
 
 
 def apply(state: JobState | None, event: Any, seq: int = 0, at: datetime | None = None) -> JobState | None:
@@ -217,6 +228,13 @@ class TerminatedF:
 
 
 @dataclass(frozen=True)
+class GroupEnded:
+    """Every primary task of the job's group has ended and the termination delay is over."""
+
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class NothingToCancel:
     """CANCELLING, and the current cluster never came up (so no termination will follow)."""
 
@@ -224,7 +242,7 @@ class NothingToCancel:
 
 
 Fact = Union[Kick, Cancel, JobStartedF, JobSucceededF, JobFailedF, JobCancelledF, LostF, PlacementFailedF,
-             ProvisionFailedF, TerminatedF, NothingToCancel]
+             ProvisionFailedF, TerminatedF, NothingToCancel, GroupEnded]
 
 
 @dataclass(frozen=True)
@@ -264,7 +282,7 @@ def launch_task_id(job_id: int, launch: int) -> str:
 def decide(s: JobState, fact: Fact) -> Transition | None:
     if s.terminal:
         return None
-    if s.cancel_requested or isinstance(fact, Cancel) or s.status == "CANCELLING":
+    if s.cancel_requested or isinstance(fact, (Cancel, GroupEnded)) or s.status == "CANCELLING":
         return _cancel(s, fact)
     if isinstance(fact, Kick):
         if s.status == "PENDING" and s.tasks:
@@ -332,10 +350,11 @@ def _after_failure(s: JobState, fact: JobFailedF) -> Transition:
 
 
 def _cancel(s: JobState, fact: Fact) -> Transition | None:
+    why = f"{fact.detail}; " if isinstance(fact, GroupEnded) and fact.detail else ""
     if s.status == "PENDING":
-        return _to(s, "CANCELLED", "cancelled", "before any launch", cluster=None)
+        return _to(s, "CANCELLED", "cancelled", f"{why}before any launch", cluster=None)
     if s.status != "CANCELLING":
-        return _to(s, "CANCELLING", "cancelling", f"tearing down {s.cluster}" if s.cluster else "")
+        return _to(s, "CANCELLING", "cancelling", why + (f"tearing down {s.cluster}" if s.cluster else "").rstrip("; "))
     if isinstance(fact, TerminatedF) and fact.cluster == s.cluster:
         return _to(s, "CANCELLED", "cancelled", f"{s.cluster} terminated")
     if isinstance(fact, NothingToCancel) and fact.cluster == s.cluster:
@@ -392,3 +411,48 @@ def clusters_to_tear_down(s: JobState) -> list[str]:
     if s.status in ACTIVE:
         return [c for c in s.clusters if c != s.cluster]
     return []
+
+
+# ---------------------------------------------------------------------------------- job groups
+
+@dataclass(frozen=True)
+class Peer:
+    """What a job group's decision needs of one member."""
+
+    job_id: int
+    index: int
+    name: str | None  # its task's name
+    terminal: bool
+    ended_at: datetime | None
+
+
+def peer_of(s: JobState) -> Peer:
+    return Peer(s.job_id, s.group.index if s.group else 0, s.task.name, s.terminal, s.ended_at)
+
+
+@dataclass(frozen=True)
+class GroupEnd:
+    """When a member must be cancelled because its group's primary tasks have ended."""
+
+    due_at: datetime
+    detail: str
+
+
+def group_end(s: JobState, peers: Iterable[Peer]) -> GroupEnd | None:
+    """For an unfinished, non-primary member of a job group: the time it is to be cancelled
+    (the last primary task's end plus the termination delay), once every primary task has ended;
+    None while one still runs, for a primary task, or for a job of no group. A primary member
+    the log does not have (a submission cut short) never ends: nothing is cancelled for it, and
+    a member already being cancelled needs nothing more."""
+    g = s.group
+    if g is None or s.terminal or g.primary or s.cancel_requested or s.status == "CANCELLING":
+        return None  # (one being cancelled needs nothing more)
+    by_index = {p.index: p for p in peers}
+    primaries = [by_index.get(i) for i in g.primaries]
+    if not primaries or any(p is None or not p.terminal or p.ended_at is None for p in primaries):
+        return None
+    last = max(p.ended_at for p in primaries if p is not None and p.ended_at is not None)
+    names = ", ".join(p.name or f"task {p.index}" for p in primaries if p is not None)
+    return GroupEnd(last + timedelta(seconds=g.termination_delay_s),
+                    f"the job group's primary task{'s' if len(primaries) > 1 else ''} ({names}) ended"
+                    + (f" {g.termination_delay_s} s before" if g.termination_delay_s else ""))

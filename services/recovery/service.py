@@ -22,6 +22,9 @@ loops beside it are modules of their own, wired in `start`: heartbeats.py (silen
 instancewatch.py (EC2 polling; ec2watch.py asks, detect.py reads), losses.py (one
 SpotPreempted/NodeLost per lost node, for both), reconcile.py (every unfinished job again).
 A cluster's job is found from the events (`_job_of_cluster`), never from the cluster's name.
+A job group's members are tied by their root job id (`_peers`, kept from every member's
+events folded); when the primary tasks have ended, `machine.group_end` says when each other
+member is cancelled, and a timer (redone by reconciliation after a restart) acts then.
 
 How a decision is made (`_act`): load the job's state (a fold of its `mjob` events, cached and
 checked against the subject's last sequence), `machine.decide(state, fact)`, publish the
@@ -126,6 +129,8 @@ class RecoveryService:
         self._heartbeats: HeartbeatWatch | None = None
         self._instances: InstanceWatch | None = None
         self._parked: set[int] = set()  # seqs of events the state machine could not take
+        self._peers: dict[int, dict[int, machine.Peer]] = {}  # job group root id -> task index -> member
+        self._group_timers: dict[int, asyncio.Task[None]] = {}  # member -> its pending GroupEnded
 
     # ------------------------------------------------------------------ Service protocol
 
@@ -155,8 +160,9 @@ class RecoveryService:
             self._tasks.append(asyncio.create_task(self._reconciler().run(), name="recovery-reconcile"))
 
     async def close(self) -> None:
-        await stop_tasks(*self._tasks)
+        await stop_tasks(*self._tasks, *self._group_timers.values())
         self._tasks.clear()
+        self._group_timers.clear()
         if self._heartbeats is not None:
             await self._heartbeats.close()
             self._heartbeats = None
@@ -288,7 +294,7 @@ class RecoveryService:
         error and skipped (the state is left as it was: `machine.apply` builds a new one), so one
         bad event can neither stop the rebuild at start nor every later fact of its job."""
         try:
-            return machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp)
+            return self._note_peer(machine.apply(state, s.event, s.seq, s.envelope.time if s.envelope else s.timestamp))
         except Exception as exc:
             if s.seq not in self._parked:
                 self._parked.add(s.seq)
@@ -358,6 +364,58 @@ class RecoveryService:
                 self._forget(state)
         if cancel_done:
             await self._act(out, job_id, done)
+        await self._watch_group(out, state)
+
+    # ------------------------------------------------------------------ job groups
+
+    def _note_peer(self, state: machine.JobState | None) -> machine.JobState | None:
+        if state is not None and state.group is not None:
+            members = self._peers.pop(state.group.root_job_id, {})
+            members[state.group.index] = machine.peer_of(state)
+            self._peers[state.group.root_job_id] = members  # newest last: the oldest group is forgotten first
+            while len(self._peers) > _REMEMBER:
+                del self._peers[next(iter(self._peers))]
+        return state
+
+    async def _watch_group(self, out: Bus, state: machine.JobState) -> None:
+        """A primary task that ended may end its group's other members; a member still running
+        is ended when its group's primaries are (now, or after the termination delay)."""
+        group = state.group
+        if group is None:
+            return
+        self._note_peer(state)
+        if not group.primary:
+            await self._end_in_group(out, state.job_id)
+        elif state.terminal and group.primaries:
+            for peer in list(self._peers.get(group.root_job_id, {}).values()):
+                if peer.index not in group.primaries and not peer.terminal:
+                    await self._end_in_group(out, peer.job_id)
+
+    async def _end_in_group(self, out: Bus, job_id: int) -> None:
+        state = await self.load(job_id)
+        if state is None or state.group is None or job_id in self._group_timers:
+            return
+        end = machine.group_end(state, self._peers.get(state.group.root_job_id, {}).values())
+        if end is None:
+            return
+        wait_s = (end.due_at - self.clock.now()).total_seconds()
+        if wait_s <= 0:
+            await self._act(out, job_id, machine.GroupEnded(end.detail))
+            return
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(wait_s)
+                await self._act(self.bus, job_id, machine.GroupEnded(end.detail))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # reconciliation tries again
+                log.exception("ending job %s of its group failed", job_id)
+            finally:
+                self._group_timers.pop(job_id, None)
+
+        log.info("job %s: its group's primary tasks ended; cancelling it in %.0f s", job_id, wait_s)
+        self._group_timers[job_id] = asyncio.create_task(later(), name=f"recovery-group-end-{job_id}")
 
     def _forget(self, state: machine.JobState) -> None:
         """An ended job whose clusters are all gone leaves the cache (the log still has it: a
@@ -404,7 +462,9 @@ class RecoveryService:
             secrets_key=f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None,
             down=False, managed_job_id=state.job_id, task_index=launch.task_index,
             initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
-            managed_task_ids=list(state.skypilot_task_ids),
+            managed_task_ids=list(state.skypilot_task_ids), job_rank=state.job_rank, num_jobs=state.num_jobs,
+            job_group=state.group.name if state.group else None,
+            root_job_id=state.group.root_job_id if state.group else None,
         )
         await out.publish(self.bus.envelope(submitted, id=derive_id(task_id, self.name, "task_submitted"),
                                             time=self.clock.now()))

@@ -19,7 +19,7 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
-from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
+from skypurza.events.managed_events import JobGroupMember, ManagedJobCancelRequested, ManagedJobSubmitted
 from skypurza.events.payloads import ManagedTask
 
 from . import machine
@@ -42,10 +42,17 @@ def submitted_subject(stage: str) -> str:
 async def submit_managed_job(bus: Bus, *, name: str, tasks: Sequence[ManagedTask | dict[str, Any]], user: str = "",
                              team: str | None = None, project: str | None = None,
                              secrets: list[dict[str, str]] | None = None, attempts: int = 2000,
-                             clock: Clock = SYSTEM_CLOCK) -> ManagedJobSubmitted:
+                             clock: Clock = SYSTEM_CLOCK, job_rank: int = 0, num_jobs: int = 1,
+                             group: JobGroupMember | None = None) -> ManagedJobSubmitted:
     """Append ManagedJobSubmitted with the next managed job id. `secrets[i]` are task i's secret
     values: they go to the secrets store (never the log) under `<key>-<i>`. The submission time
-    (in the tasks' SKYPILOT_TASK_IDs and the envelope) is `clock.now()`."""
+    (in the tasks' SKYPILOT_TASK_IDs and the envelope) is `clock.now()`.
+
+    `job_rank`/`num_jobs`: its place in a `--num-jobs` fan-out. `group`: its place in a job
+    group; a `root_job_id` of 0 makes it the group's root (its own id is the group's), and a
+    member's SKYPILOT_TASK_ID is the group's (`<group>_<task>_<root id>-<index>`)."""
+    if not 0 <= job_rank < num_jobs:
+        raise ValueError(f"job rank {job_rank} is not in 0..{num_jobs - 1}")
     entries = [ManagedTask.model_validate(t) for t in tasks]  # a bad task is refused before an id is taken
     if not entries:
         raise ValueError("a managed job needs at least one task")
@@ -61,9 +68,14 @@ async def submit_managed_job(bus: Bus, *, name: str, tasks: Sequence[ManagedTask
         job_id = (last.event.managed_job_id + 1) if last is not None and isinstance(last.event, ManagedJobSubmitted) \
             else 1
         now = clock.now()
-        ids = [managed_task_id(now, name, job_id, i, t.name) for i, t in enumerate(entries)]
+        member = group.model_copy(update={"root_job_id": job_id}) if group and group.root_job_id <= 0 else group
+        if member is not None:
+            ids = [managed_task_id(now, member.name, member.root_job_id, member.index, t.name) for t in entries]
+        else:
+            ids = [managed_task_id(now, name, job_id, i, t.name) for i, t in enumerate(entries)]
         event = ManagedJobSubmitted(managed_job_id=job_id, name=name, tasks=entries, user=user, team=team,
-                                    project=project, skypilot_task_ids=ids, secrets_key=secrets_key)
+                                    project=project, skypilot_task_ids=ids, secrets_key=secrets_key,
+                                    job_rank=job_rank, num_jobs=num_jobs, group=member)
         env = bus.envelope(event, time=now)
         try:
             await bus.publish(env, expected_last_seq=last.seq if last is not None else 0, occ_subject=subject)

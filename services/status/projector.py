@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from skypurza.events import fold
+from skypurza.events.jobdemand import describe_task
 from skypurza.events.managed_events import TERMINAL_STATUSES as MANAGED_TERMINAL
 from skypurza.events.models import (
     CancelRequested, CapacityError, ClusterProvisioned, JobCancelled, JobFailed, JobNodeFinished, JobQueued,
@@ -142,7 +143,7 @@ def _job_queued(state: StatusState, rec: Record, ev: JobQueued) -> None:
         sc.JOBS, cluster=ev.cluster, job_id=ev.job_id, name=ev.name or ev.task.name, task_id=ev.task_id,
         user=ev.user, num_nodes=job.num_nodes, status=job.status, submitted_at=utc(rec.time),
         managed_job_id=ev.managed_job_id, skypilot_task_id=ev.skypilot_task_id or None, has_setup=job.has_setup,
-        setup_done_ranks=0, cancel_requested=False, last_event_seq=rec.seq))
+        setup_done_ranks=0, cancel_requested=False, last_event_seq=rec.seq, resources=describe_task(ev.task)))
 
 
 def _job_status(j: dict[str, Any]) -> str:

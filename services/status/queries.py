@@ -94,7 +94,7 @@ def queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
     return _dicts(cur, f"""
         SELECT cluster, job_id, name, "user", num_nodes, status, submitted_at, started_at, ended_at, exit_code,
                failed_rank, failed_phase, reason, task_id, managed_job_id, skypilot_task_id,
-               cancel_requested
+               cancel_requested, resources
         FROM jobs {cond} ORDER BY cluster, job_id DESC""", args)
 
 

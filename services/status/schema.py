@@ -20,6 +20,8 @@ JOBS = table(
     ("submitted_at", TS), ("started_at", TS), ("ended_at", TS), ("exit_code", I), ("failed_rank", I),
     ("failed_phase", V), ("reason", V), ("managed_job_id", B), ("skypilot_task_id", V),
     ("has_setup", BOOL), ("setup_done_ranks", I), ("cancel_requested", BOOL), ("last_event_seq", B),
+    # appended (events/projection/tables.py adds it to an older file; NULL for its older rows)
+    ("resources", V),
 )
 
 MANAGED_JOBS = table(

@@ -18,6 +18,7 @@ from typing import Iterable
 
 from . import codec
 from .model import Catalog, InstanceType, Offering, ZoneOffer, dollars_to_micros, is_local_zone_id
+from .sanity import spot_anomalies
 
 SHIPPED_FILE = Path(__file__).with_name("aws.json")
 # The public facts the shipped file is built from, kept in the repository (facts/README.md says
@@ -69,6 +70,10 @@ def catalog_from_rows(rows: Iterable[dict[str, str]], *, accelerator_clouds: dic
             raise ValueError(f"{name} in {region}: on-demand price differs between zones: {sorted(known)}")
         od = known.pop() if known else None
         offerings.append(Offering(name, region, od, tuple(ZoneOffer(z, s) for z, s in zones.items())))
+    odd = spot_anomalies(offerings)
+    if odd:  # the optimizer would place on them first: refuse the facts, naming each price
+        raise ValueError("implausible spot prices: " + "; ".join(a.message() for a in odd[:10])
+                         + (f"; and {len(odd) - 10} more" if len(odd) > 10 else ""))
     local = frozenset(z for o in offerings for z, _ in o.zones if is_local_zone_id(z))
     return Catalog.from_parts(
         cloud="aws", built_at=built_at or now_iso(), source=source, types=types.values(),

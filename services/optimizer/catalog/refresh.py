@@ -24,6 +24,7 @@ from typing import Any, Callable, Collection, Iterable
 from .model import Catalog, InstanceType, Offering, ZoneOffer, dollars_to_micros
 from .names import gpu_catalog_name
 from .pricing import CatalogPriceSource, OnDemandPriceSource, PriceSourceError, PricingApiSource
+from .sanity import spot_anomalies
 
 Progress = Callable[[str], None]
 
@@ -271,6 +272,10 @@ def refresh_catalog(base: Catalog, regions: Iterable[str] | None = None, *,
                 f"{len(rd.spot)} spot prices, {len(rd.ondemand)} on-demand prices")
     result.regions_refreshed = sorted(data)
     result.catalog = _merge(base, data, types_cache, src)
+    odd = [a for a in spot_anomalies(result.catalog.all_offerings()) if a.region in data]
+    result.notes.extend(f"suspicious price: {a.message()}" for a in odd[:10])
+    if len(odd) > 10:
+        result.notes.append(f"... and {len(odd) - 10} more suspicious spot prices")
     return result
 
 

@@ -1,0 +1,218 @@
+"""`spz users add|list|token|remove` and `spz teams add|list|remove`: who may use the API server.
+
+On the embedded control plane they publish the identity events (events/identity_events.py)
+through the bus like every other verb; the OS user running `spz` is the admin there. Changes
+are made with optimistic concurrency (services/api/directory_io.py): two `spz users add alice`
+at once make one alice. A token is printed once, by the command that makes it, and is on no log.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from .context import check_output, fail, print_json, run_async, stage
+
+users = typer.Typer(name="users", help="Users of the API server: their team, role and token.", no_args_is_help=True)
+teams = typer.Typer(name="teams", help="Teams (SkyPilot's workspaces): allowed infras and default labels.",
+                    no_args_is_help=True)
+
+MAX_INFRAS = 64
+_ROLES = ("admin", "member", "viewer")
+
+
+def _name(value: str, what: str) -> str:
+    from skypurza.events.naming import check_principal_name
+
+    try:
+        return check_principal_name(value, what)
+    except ValueError as exc:  # one line, exit 2 (a usage error), like a bad flag
+        raise fail(str(exc), 2) from None
+
+
+def _user_arg(value: str) -> str:
+    return _name(value, "user name")
+
+
+def _team_value(value: Optional[str]) -> Optional[str]:
+    return None if value is None else _name(value, "team name")
+
+
+def _role(value: str) -> str:
+    if value not in _ROLES:
+        raise typer.BadParameter(f"{value!r}; accepted: {', '.join(_ROLES)}")
+    return value
+
+
+async def _with_bus(source: str, work: Any) -> Any:
+    from skypurza.services.api.directory_io import IdentityError
+
+    from .control import connect_bus
+
+    bus = await connect_bus(stage(), source)
+    try:
+        return await work(bus)
+    except IdentityError as exc:
+        raise fail(str(exc))
+    finally:
+        await bus.close()
+
+
+def _token_note(name: str) -> str:
+    return (f"The token of {name}, shown this once (it is stored hashed; a lost one is replaced with "
+            f"spz users token {name}):")
+
+
+# ------------------------------------------------------------------------------------------- users
+
+@users.command("add")
+def users_add(
+    name: str = typer.Argument(..., callback=_user_arg, help="The user's name (lower-case letters, digits, - _)."),
+    team: str = typer.Option(..., "--team", callback=_team_value, help="The user's team (spz teams add)."),
+    role: str = typer.Option("member", "--role", callback=_role, help="admin, member or viewer."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json (the token is in it once)."),
+) -> None:
+    """Add a user to a team with a role, and print their first token once."""
+    check_output(output)
+    from skypurza.services.api.directory_io import add_user
+
+    token = run_async(_with_bus("users", lambda bus: add_user(bus, name, team, role)))  # type: ignore[arg-type]
+    if output == "json":
+        print_json({"user": name, "team": team, "role": role, "token_id": token.token_id, "token": token.token})
+        return
+    typer.echo(f"Added user {name} to team {team} as {role}.", err=True)
+    typer.echo(_token_note(name), err=True)
+    typer.echo(token.token)
+
+
+@users.command("list")
+def users_list(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
+    """Every user: team, role, live tokens (ids only)."""
+    check_output(output)
+    from skypurza.services.api.directory_io import load_directory
+
+    d = run_async(_with_bus("users", load_directory))
+    rows = [{"user": u.name, "team": u.team, "role": u.role,
+             "tokens": sorted(t.token_id for t in u.tokens.values()),
+             "service_account_tokens": sorted(t.token_id for t in u.tokens.values() if t.service_account)}
+            for u in sorted(d.users.values(), key=lambda u: u.name)]
+    if output == "json":
+        print_json(rows)
+        return
+    from .tables import print_table
+
+    print_table(["USER", "TEAM", "ROLE", "TOKENS"],
+                [[r["user"], r["team"], r["role"], str(len(r["tokens"]))] for r in rows])
+
+
+@users.command("token")
+def users_token(
+    name: str = typer.Argument(..., callback=_user_arg, help="The user."),
+    service_account: bool = typer.Option(False, "--service-account",
+                                         help="An extra token for a program; the user's own token stays."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json (the token is in it once)."),
+) -> None:
+    """A new token for a user, printed once; their old token is revoked (not with --service-account)."""
+    check_output(output)
+    from skypurza.services.api.directory_io import reissue_token
+
+    token = run_async(_with_bus("users", lambda bus: reissue_token(bus, name, service_account)))
+    if output == "json":
+        print_json({"user": name, "token_id": token.token_id, "token": token.token,
+                    "service_account": service_account})
+        return
+    typer.echo(("A service-account token" if service_account else "A new token; the old one is revoked.")
+               + " " + _token_note(name), err=True)
+    typer.echo(token.token)
+
+
+@users.command("remove")
+def users_remove(name: str = typer.Argument(..., callback=_user_arg, help="The user.")) -> None:
+    """Remove a user; every token of theirs stops working at once."""
+    from skypurza.services.api.directory_io import remove_user
+
+    run_async(_with_bus("users", lambda bus: remove_user(bus, name)))
+    typer.echo(f"Removed user {name}; their tokens no longer work.")
+
+
+# ------------------------------------------------------------------------------------------- teams
+
+def _infras(values: Optional[list[str]]) -> list[str]:
+    import re
+
+    out = []
+    for v in values or []:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_./-]{0,127}", v):
+            raise typer.BadParameter(f"{v[:70]!r}: an infra like aws, aws/us-east-1 or local", param_hint="--infra")
+        out.append(v)
+    if len(out) > MAX_INFRAS:
+        raise typer.BadParameter(f"{len(out)} infras; at most {MAX_INFRAS}", param_hint="--infra")
+    return out
+
+
+def _labels(values: Optional[list[str]]) -> dict[str, str]:
+    import re
+
+    from skypurza.events import limits
+
+    out: dict[str, str] = {}
+    for v in values or []:
+        key, sep, value = v.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,62}", key) or len(value) > 256:
+            raise typer.BadParameter(f"{v[:70]!r}: expected KEY=VALUE (a key of letters, digits, _ . / -, a value "
+                                     "of at most 256 characters)", param_hint="--label")
+        out[key] = value
+    if len(out) > limits.MAX_LABELS:
+        raise typer.BadParameter(f"{len(out)} labels; at most {limits.MAX_LABELS}", param_hint="--label")
+    return out
+
+
+@teams.command("add")
+def teams_add(
+    name: str = typer.Argument(..., help="The team's name (lower-case letters, digits, - _)."),
+    infra: Optional[list[str]] = typer.Option(None, "--infra", help="An infra its users may run on (repeat); "
+                                                                     "none: every infra."),
+    label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE, a label its tasks get (repeat)."),
+) -> None:
+    """Add a team."""
+    name = _name(name, "team name")
+    infras, labels = _infras(infra), _labels(label)
+    from skypurza.services.api.directory_io import add_team
+
+    run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels)))
+    typer.echo(f"Added team {name}" + (f" (infras: {', '.join(infras)})" if infras else "") + ".")
+
+
+@teams.command("list")
+def teams_list(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
+    """Every team: allowed infras, labels, members."""
+    check_output(output)
+    from skypurza.services.api.directory_io import load_directory
+
+    d = run_async(_with_bus("teams", load_directory))
+    rows = [{"team": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
+             "users": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]
+    if output == "json":
+        print_json(rows)
+        return
+    from .tables import print_table
+
+    print_table(["TEAM", "INFRAS", "LABELS", "USERS"],
+                [[r["team"], ", ".join(r["allowed_infras"]) or "all",
+                  ", ".join(f"{k}={v}" for k, v in r["labels"].items()) or "-", str(len(r["users"]))] for r in rows])
+
+
+@teams.command("remove")
+def teams_remove(name: str = typer.Argument(..., help="The team.")) -> None:
+    """Remove a team; refused while users belong to it (it says who)."""
+    name = _name(name, "team name")
+    from skypurza.services.api.directory_io import remove_team
+
+    run_async(_with_bus("teams", lambda bus: remove_team(bus, name)))
+    typer.echo(f"Removed team {name}.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(users, name="users")
+    app.add_typer(teams, name="teams")

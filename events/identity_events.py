@@ -1,0 +1,90 @@
+"""Events of the `team` and `user` aggregates: who may use the broker, in which team, with what role.
+
+Emitted by: `spz teams add|remove`, `spz users add|token|remove` (the embedded control plane's
+admin, the OS user) and, later, the API server's identity endpoints. Folded by the API server
+(services/api/identity.py `Directory`) to authenticate and authorize its callers.
+
+A token is never on the log: TokenIssued carries its id and the sha256 of the token, which is
+all `authenticate` needs. Names (user, team) are checked at the edge with
+`naming.check_principal_name`; the models stay lenient, as every event model does, so the log
+stays readable.
+
+The API server stamps the caller on every envelope it publishes as two CloudEvents extension
+attributes, `spzuser` and `spzteam` (events/principal.py): services and the ledger
+trust the stamp, never what a task claims (docs/team.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .registry import Event, register
+
+Role = Literal["admin", "member", "viewer"]
+ROLES: tuple[Role, ...] = ("admin", "member", "viewer")
+
+# CloudEvents extension attribute names: lower-case letters and digits, at most 20 characters
+# (CloudEvents 1.0, "Attribute Naming Convention").
+EXT_USER = "spzuser"
+EXT_TEAM = "spzteam"
+
+
+class _TeamEvent(Event):
+    AGGREGATE = "team"
+    AGGREGATE_KEY = "team"
+    team: str
+
+
+class _UserEvent(Event):
+    AGGREGATE = "user"
+    AGGREGATE_KEY = "user"
+    user: str
+
+
+@register
+class TeamAdded(_TeamEvent):
+    """A team (SkyPilot's workspace): where its users may run, and the labels its tasks get."""
+
+    EVENT_NAME = "team_added"
+    allowed_infras: list[str] = []  # empty: every infra the broker has
+    labels: dict[str, str] = {}
+
+
+@register
+class TeamRemoved(_TeamEvent):
+    EVENT_NAME = "team_removed"
+
+
+@register
+class UserAdded(_UserEvent):
+    EVENT_NAME = "user_added"
+    team: str
+    role: Role
+
+
+@register
+class UserRemoved(_UserEvent):
+    """The user is gone, and every token of theirs with them."""
+
+    EVENT_NAME = "user_removed"
+
+
+@register
+class TokenIssued(_UserEvent):
+    """A token for `user`: its id and sha256 only (the token itself is shown once, never stored).
+
+    A personal token (`service_account` false) replaces the user's earlier personal tokens; a
+    service-account token stands beside them until it is revoked or the user removed."""
+
+    EVENT_NAME = "token_issued"
+    token_id: str
+    token_sha256: str
+    service_account: bool = False
+
+
+@register
+class TokenRevoked(_UserEvent):
+    EVENT_NAME = "token_revoked"
+    token_id: str
+    reason: str = ""
+

@@ -1,0 +1,264 @@
+"""The REST API in front of the bus: `create_app(settings)` (FastAPI; OpenAPI 3.1 at /openapi.json).
+
+- `GET /api/v1/health`: no auth; the version and stage, and the caller when a valid Bearer
+  token comes with it.
+- `GET /api/v1/clusters`: the status service's answer over the bus (events/status_queries.py),
+  the caller's own clusters (an admin's: all); `?all_users=true` everyone's the caller may read.
+- `POST /api/v1/tasks`: a task and the launch overrides (services/api/tasks.py), published as
+  the CLI publishes it, the envelope stamped with the caller (events/principal.py).
+
+Errors are RFC 9457 problem details (`application/problem+json`: type, title, status, detail a
+person can act on). No token, a wrong one, a removed user's: 401 with `WWW-Authenticate:
+Bearer`; not allowed: 403 with the reason. The server keeps no state of its own: who is who
+comes from the log (services/api/follower.py), clusters from the status service.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from http import HTTPStatus
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from skypurza.events import naming, status_queries
+from skypurza.events.bus import Bus
+from skypurza.events.principal import stamp
+from skypurza.events.service import declared_bus
+
+from .contract import CONTRACT
+from .follower import DirectoryFollower, DirectoryStale
+from .identity import Principal, authenticate, authorize
+from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission
+
+log = logging.getLogger("skypurza.api")
+
+PROBLEM = "application/problem+json"
+PROBLEM_BASE = "https://skypurza.dev/problems/"  # a stable identifier per kind of problem (RFC 9457 `type`)
+STATUS_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    nats_url: str
+    stage: str = naming.DEFAULT_STAGE
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+class Problem(Exception):
+    """An RFC 9457 problem: raised anywhere in a request, answered as problem+json."""
+
+    def __init__(self, status: int, kind: str, title: str, detail: str, headers: dict[str, str] | None = None,
+                 **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.kind, self.title, self.detail = status, kind, title, detail
+        self.headers = headers or {}
+        self.extra = extra
+
+    def response(self, instance: str = "") -> JSONResponse:
+        body = {"type": PROBLEM_BASE + self.kind, "title": self.title, "status": self.status, "detail": self.detail,
+                **({"instance": instance} if instance else {}), **self.extra}
+        return JSONResponse(body, status_code=self.status, headers=self.headers, media_type=PROBLEM)
+
+
+def _unauthorized(detail: str, error: str | None = None) -> Problem:
+    challenge = 'Bearer realm="skypurza"' + (f', error="{error}"' if error else "")
+    return Problem(401, "unauthorized", "Unauthorized", detail, {"WWW-Authenticate": challenge})
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    # An HTTPException, so that FastAPI's body reading passes it on (it turns others into a 400).
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit:,} bytes; a task file may have at most "
+                              f"{limit:,} bytes with its overrides")
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body over the bound is refused (413) before it is all read."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            too_large = _BodyTooLarge(self.max_bytes)
+            problem = Problem(413, "too-large", "Content Too Large", str(too_large.detail))
+            return await problem.response()(scope, receive, send)
+        seen = 0
+
+        async def bounded() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def _validation_detail(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
+    """What is wrong with the request, without echoing its values (they may be large, or secret)."""
+    errors = []
+    for e in exc.errors()[:50]:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        errors.append({"field": ".".join(loc), "message": str(e.get("msg", ""))[:300]})
+    stamped = [e["field"] for e in errors if e["field"] in ("user", "team") and "xtra" in e["message"]]
+    if stamped:
+        return (f"{' and '.join(stamped)} cannot be given: the server stamps the authenticated caller's user and "
+                "team on what it publishes"), errors
+    first = errors[0] if errors else {"field": "", "message": "invalid request"}
+    return f"{first['field'] or 'the request'}: {first['message']}", errors
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        bus = await Bus.connect(settings.nats_url, settings.stage, source=f"/skypurza/{settings.stage}/api")
+        follower = DirectoryFollower(bus)
+        follower.start()
+        state.update(bus=declared_bus(bus, CONTRACT), raw_bus=bus, follower=follower)
+        log.info("API server on stage %s, bus %s", settings.stage, settings.nats_url)
+        try:
+            yield
+        finally:
+            await follower.close()
+            await bus.close()
+
+    from skypurza import __version__
+
+    app = FastAPI(title="SkyPurza API", version=__version__, lifespan=lifespan,
+                  description="The SkyPurza broker's REST API (docs/team.md). Errors are RFC 9457 problem details.")
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return exc.response(request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail, errors = _validation_detail(exc)
+        return Problem(422, "invalid-request", "Invalid request", detail, errors=errors).response(request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = exc.status_code
+        detail = {404: "no such path; the API is under /api/v1 (its paths: /openapi.json)",
+                  405: f"{request.method} is not a method of {request.url.path} (its methods: /openapi.json)",
+                  }.get(code, str(exc.detail))
+        kind = {404: "not-found", 405: "method-not-allowed", 413: "too-large"}.get(code, "http")
+        title = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else "Error"
+        return Problem(code, kind, title, detail, dict(exc.headers or {})).response(request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return Problem(500, "internal", "Internal error",
+                       "the server failed on this request; its log has the error").response(request.url.path)
+
+    async def directory() -> Any:
+        try:
+            return await state["follower"].current()
+        except DirectoryStale as exc:
+            raise Problem(503, "unavailable", "Service unavailable", f"{exc}; try again shortly",
+                          {"Retry-After": "2"})
+        except Exception as exc:  # the bus is away (a restart): no answer is not a bug
+            log.warning("identity lookup failed: %s: %s", type(exc).__name__, exc)
+            raise Problem(503, "unavailable", "Service unavailable",
+                          "the server cannot reach its bus just now; try again shortly", {"Retry-After": "2"})
+
+    def presented_token(request: Request) -> str | None:
+        header = request.headers.get("authorization")
+        if header is None:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _unauthorized("the Authorization header must be 'Bearer <token>'", "invalid_request")
+        return token.strip()
+
+    async def principal(request: Request) -> Principal:
+        token = presented_token(request)
+        if token is None:
+            raise _unauthorized("this needs a token: send 'Authorization: Bearer <token>' (an admin makes one with "
+                                "spz users add NAME --team TEAM --role ROLE, or spz users token NAME)")
+        who = authenticate(await directory(), token)
+        if who is None:
+            raise _unauthorized("the token is not valid: unknown, revoked, or its user was removed; ask an admin "
+                                "for a new one (spz users token NAME)", "invalid_token")
+        return who
+
+    def bus() -> Bus:
+        return state["bus"]
+
+    @app.get("/api/v1/health", summary="The server's version; the caller, when a token is given")
+    async def health(request: Request) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ok", "version": __version__, "stage": settings.stage}
+        try:
+            token = presented_token(request)
+        except Problem:  # health needs no auth: a malformed header is no caller, not an error
+            token = ""
+        if token == "":
+            out["caller"] = None
+        elif token is not None:
+            who = authenticate(await directory(), token)
+            out["caller"] = None if who is None else {"user": who.user, "team": who.team, "role": who.role}
+        return out
+
+    @app.get("/api/v1/clusters", summary="Clusters: your own, or everyone's you may read (all_users)")
+    async def clusters(who: Principal = Depends(principal),
+                       all_users: bool = Query(False, description="Everyone's clusters, for reading (sky's -u)."),
+                       include_terminated: bool = Query(False, description="Terminated clusters too."),
+                       ) -> dict[str, Any]:
+        b = bus()
+        try:
+            seq = await b.last_seq()
+            rows = await status_queries.status(b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("status query failed: %s: %s", type(exc).__name__, exc)
+            raise Problem(503, "unavailable", "Service unavailable",
+                          f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
+                          "running (spz api status)?", {"Retry-After": "5"})
+        mine_only = not all_users and who.role != "admin"
+        shown = []
+        for row in rows:
+            owner, team = row.get("user") or "", row.get("team")
+            if mine_only and (owner != who.user if who.role != "viewer" else team != who.team):
+                continue
+            if authorize(who, "read", owner, team).allowed:
+                shown.append(row)
+        return {"clusters": shown, "all_users": all_users}
+
+    @app.post("/api/v1/tasks", status_code=202, summary="Launch a task on a new cluster (as spz launch)")
+    async def submit(body: TaskRequest, who: Principal = Depends(principal)) -> dict[str, Any]:
+        decision = authorize(who, "submit", who.user, who.team)
+        if not decision.allowed:
+            raise Problem(403, "forbidden", "Forbidden", decision.reason)
+        task_id = str(uuid.uuid4())
+        try:
+            submission = build_submission(body, who, task_id)
+        except Refused as exc:
+            raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
+        b = bus()
+        if submission.secret_values:
+            await b.put_secrets(task_id, submission.secret_values)
+        env = stamp(b.envelope(submission.event), who.user, who.team)
+        ack = await b.publish(env)
+        log.info("task %s for cluster %s submitted by %s (team %s)", task_id, submission.event.cluster, who.user,
+                 who.team)
+        return {"task_id": task_id, "cluster": submission.event.cluster, "seq": ack.seq, "user": who.user,
+                "team": who.team, "status": "SUBMITTED"}
+
+    return app

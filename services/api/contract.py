@@ -1,0 +1,27 @@
+"""What the API server publishes on its callers' behalf, and what it follows (docs/events.md).
+
+It is not run by `spz api serve` (a plain `Contract`, like the CLI's and the node agent's): it is a
+process of its own (`python -m skypurza.services.api`), and its bus is checked against this.
+"""
+
+from __future__ import annotations
+
+from skypurza.events.contract import Contract
+from skypurza.events.identity_events import (
+    TeamAdded,
+    TeamRemoved,
+    TokenIssued,
+    TokenRevoked,
+    UserAdded,
+    UserRemoved,
+)
+from skypurza.events.task_events import TaskSubmitted
+
+CONTRACT = Contract(
+    name="api",
+    emits=(TaskSubmitted,),
+    consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
+    emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`"},
+    consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
+                   TeamAdded: "teams"},
+)

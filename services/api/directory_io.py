@@ -1,0 +1,135 @@
+"""The identity directory on the bus: read it from the log, and change it with optimistic concurrency.
+
+Each change is decided on the directory as the log holds it and published with the sequence of
+the aggregate's newest event as `expected_last_seq`: when another writer got there first
+(two `spz users add alice` at once) the append is refused, the directory is read again and the
+decision made again, so one of them adds alice and the other is told she exists. Used by the
+CLI's `spz users` / `spz teams` (cli/cmd_identity.py) on the embedded bus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, ConcurrencyConflict
+from skypurza.events.identity_events import (
+    Role,
+    TeamAdded,
+    TeamRemoved,
+    TokenIssued,
+    TokenRevoked,
+    UserAdded,
+    UserRemoved,
+)
+from skypurza.events.registry import Event
+
+from .identity import Directory, IssuedToken, issue_token
+
+OCC_ATTEMPTS = 8
+
+
+class IdentityError(Exception):
+    """A change the directory refuses (an unknown team, a user who exists ...): said to the user."""
+
+
+async def load_directory(bus: Bus) -> Directory:
+    """The directory as the log holds it now (teams and users are few: their whole history)."""
+    stored = []
+    for subject in naming.identity_filters(bus.stage):
+        stored += [s async for s in bus.replay(filter_subject=subject)]
+    stored.sort(key=lambda s: s.seq)
+    directory = Directory.of((s.seq, s.event) for s in stored if s.event is not None)
+    for s in stored:
+        if s.event is None:  # unreadable or newer: not folded, but the next write must expect it
+            parts = s.subject.split(".")
+            if len(parts) >= 6:
+                directory.saw(parts[3], parts[4], s.seq)
+    return directory
+
+
+@dataclass(frozen=True)
+class _Change:
+    events: list[Event]
+    result: Any = None
+
+
+async def _change(bus: Bus, aggregate: str, name: str, decide: Callable[[Directory], _Change]) -> Any:
+    """Decide on the current directory and publish; on a concurrent write, read and decide again."""
+    for _ in range(OCC_ATTEMPTS):
+        directory = await load_directory(bus)
+        change = decide(directory)  # raises IdentityError when refused
+        expected = directory.seq_of(aggregate, name)
+        try:
+            for event in change.events:
+                ack = await bus.publish(event, expected_last_seq=expected)
+                expected = ack.seq
+        except ConcurrencyConflict:
+            continue
+        return change.result
+    raise IdentityError(f"{aggregate} {name} kept changing while this ran ({OCC_ATTEMPTS} tries); try again")
+
+
+async def add_team(bus: Bus, team: str, allowed_infras: list[str], labels: dict[str, str]) -> None:
+    def decide(d: Directory) -> _Change:
+        if team in d.teams:
+            raise IdentityError(f"team {team} exists (spz teams list)")
+        return _Change([TeamAdded(team=team, allowed_infras=allowed_infras, labels=labels)])
+
+    await _change(bus, "team", team, decide)
+
+
+async def remove_team(bus: Bus, team: str) -> None:
+    def decide(d: Directory) -> _Change:
+        if team not in d.teams:
+            raise IdentityError(f"no team {team} (spz teams list)")
+        members = d.members(team)
+        if members:
+            raise IdentityError(f"team {team} still has {len(members)} user(s): {', '.join(members)}; "
+                                f"remove them first (spz users remove NAME)")
+        return _Change([TeamRemoved(team=team)])
+
+    await _change(bus, "team", team, decide)
+
+
+async def add_user(bus: Bus, user: str, team: str, role: Role) -> IssuedToken:
+    token = issue_token()
+
+    def decide(d: Directory) -> _Change:
+        if user in d.users:
+            raise IdentityError(f"user {user} exists (team {d.users[user].team}); a new token: spz users token {user}")
+        if team not in d.teams:
+            known = ", ".join(sorted(d.teams)) or "none yet"
+            raise IdentityError(f"no team {team} (teams: {known}); add it first: spz teams add {team}")
+        return _Change([UserAdded(user=user, team=team, role=role),
+                        TokenIssued(user=user, token_id=token.token_id, token_sha256=token.sha256)], token)
+
+    return await _change(bus, "user", user, decide)
+
+
+async def reissue_token(bus: Bus, user: str, service_account: bool = False) -> IssuedToken:
+    """A new token for `user`; a personal one revokes the user's earlier personal tokens."""
+    token = issue_token()
+
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        old = [t.token_id for t in d.users[user].tokens.values() if not t.service_account]
+        issued: list[Event] = [TokenIssued(user=user, token_id=token.token_id, token_sha256=token.sha256,
+                                           service_account=service_account)]
+        revoked: list[Event] = [] if service_account else [
+            TokenRevoked(user=user, token_id=t, reason="replaced by a new token") for t in old]
+        return _Change(issued + revoked, token)
+
+    return await _change(bus, "user", user, decide)
+
+
+async def remove_user(bus: Bus, user: str) -> None:
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        return _Change([UserRemoved(user=user)])
+
+    await _change(bus, "user", user, decide)

@@ -1,0 +1,247 @@
+"""Who the caller is and what they may do: pure functions over the identity events.
+
+- `Directory` is the fold of the `team` and `user` aggregates (events/identity_events.py): teams,
+  users with their role and team, and each live token's id and sha256. A removed user's tokens
+  are dead; a new personal token replaces the user's earlier personal ones.
+- `issue_token` makes a token (shown once), its id and its sha256 (the only part on the log).
+- `authenticate` finds the principal of a presented token: the digests are compared with
+  `hmac.compare_digest`; the token itself is never kept, logged or put in an error.
+- `authorize` says whether a principal may do an action on something a user and team own, and
+  why not.
+
+No I/O here: the API server (services/api/follower.py) and the CLI (cli/cmd_identity.py) read
+the log and hand the events in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from skypurza.events.identity_events import (
+    Role,
+    TeamAdded,
+    TeamRemoved,
+    TokenIssued,
+    TokenRevoked,
+    UserAdded,
+    UserRemoved,
+)
+from skypurza.events.registry import Event
+
+TOKEN_PREFIX = "spz"
+# `spz_<id>_<secret>`: the id (16 hex digits, on the log) finds the record, the digest of the
+# whole token proves it. 32 random bytes of secret: no search can find one.
+_TOKEN_RE = re.compile(r"spz_([0-9a-f]{16})_[A-Za-z0-9_-]{43}")
+MAX_TOKEN_CHARS = 128  # a presented token longer than this is not one of ours (and is not hashed)
+
+Action = Literal["read", "logs", "secrets", "submit", "act", "manage"]
+ACTIONS: tuple[Action, ...] = ("read", "logs", "secrets", "submit", "act", "manage")
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: str
+    sha256: str
+    service_account: bool = False
+
+
+@dataclass
+class User:
+    name: str
+    team: str
+    role: Role
+    tokens: dict[str, Token] = field(default_factory=dict)  # token id -> token (live ones only)
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    allowed_infras: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller."""
+
+    user: str
+    team: str
+    role: Role
+    token_id: str = ""
+    service_account: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: str
+
+
+@dataclass
+class Directory:
+    """Teams, users and live tokens, as the identity events left them.
+
+    `subject_seq` is the stream sequence of the newest event of each aggregate instance
+    (("user", name) or ("team", name)): what a writer passes as `expected_last_seq` so that two
+    writers never both add the same user. `applied` is the newest sequence applied per aggregate
+    ("team", "user"): how the API server knows it has caught up with the log."""
+
+    teams: dict[str, Team] = field(default_factory=dict)
+    users: dict[str, User] = field(default_factory=dict)
+    token_owner: dict[str, str] = field(default_factory=dict)  # live token id -> user
+    subject_seq: dict[tuple[str, str], int] = field(default_factory=dict)
+    applied: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, events: Iterable[tuple[int, Event]]) -> "Directory":
+        d = cls()
+        for seq, event in events:
+            d.apply(event, seq)
+        return d
+
+    def apply(self, event: Event, seq: int = 0) -> None:
+        """Fold one event (in log order within its aggregate). Other event types are ignored."""
+        if event.AGGREGATE not in ("team", "user"):
+            return
+        key = (event.AGGREGATE, event.aggregate_id())
+        self.subject_seq[key] = max(seq, self.subject_seq.get(key, 0))
+        self.applied[event.AGGREGATE] = max(seq, self.applied.get(event.AGGREGATE, 0))
+        if isinstance(event, TeamAdded):
+            self.teams[event.team] = Team(event.team, tuple(event.allowed_infras), tuple(sorted(event.labels.items())))
+        elif isinstance(event, TeamRemoved):
+            self.teams.pop(event.team, None)
+        elif isinstance(event, UserAdded):
+            old = self.users.get(event.user)
+            # Added again while present: the team and role change, the tokens stay.
+            self.users[event.user] = User(event.user, event.team, event.role, dict(old.tokens) if old else {})
+        elif isinstance(event, UserRemoved):
+            gone = self.users.pop(event.user, None)
+            for token_id in (gone.tokens if gone else {}):
+                self.token_owner.pop(token_id, None)
+        elif isinstance(event, TokenIssued):
+            self._issue(event)
+        elif isinstance(event, TokenRevoked):
+            user = self.users.get(event.user)
+            if user is not None and user.tokens.pop(event.token_id, None) is not None:
+                self.token_owner.pop(event.token_id, None)
+
+    def _issue(self, event: TokenIssued) -> None:
+        user = self.users.get(event.user)
+        if user is None or event.token_id in self.token_owner:  # no such user; an id is never reused
+            return
+        if not event.service_account:  # a new personal token replaces the old one
+            for old in [t for t in user.tokens.values() if not t.service_account]:
+                del user.tokens[old.token_id]
+                self.token_owner.pop(old.token_id, None)
+        user.tokens[event.token_id] = Token(event.token_id, event.token_sha256, event.service_account)
+        self.token_owner[event.token_id] = event.user
+
+    def saw(self, aggregate: str, name: str, seq: int) -> None:
+        """An event of that user or team this code cannot fold (unreadable, newer): a writer must
+        still expect it as the newest on the subject."""
+        key = (aggregate, name)
+        self.subject_seq[key] = max(seq, self.subject_seq.get(key, 0))
+
+    def members(self, team: str) -> list[str]:
+        return sorted(u.name for u in self.users.values() if u.team == team)
+
+    def seq_of(self, aggregate: str, name: str) -> int:
+        """The sequence to expect as the last one of that user or team (0: it has no event yet)."""
+        return self.subject_seq.get((aggregate, name), 0)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str  # shown once to the person it is for; never logged, never on the log
+    token_id: str
+    sha256: str
+
+    def __repr__(self) -> str:  # a traceback or a debug print shows no token
+        return f"IssuedToken(token_id={self.token_id!r}, token=<hidden>)"
+
+    __str__ = __repr__
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_token() -> IssuedToken:
+    token_id = secrets.token_hex(8)
+    token = f"{TOKEN_PREFIX}_{token_id}_{secrets.token_urlsafe(32)}"
+    return IssuedToken(token, token_id, token_digest(token))
+
+
+_NO_DIGEST = token_digest("")
+
+
+def authenticate(directory: Directory, presented: str | None) -> Principal | None:
+    """The principal a presented token belongs to, or None (unknown, revoked, malformed, or its
+    user removed). The digests are compared in constant time."""
+    if not presented or len(presented) > MAX_TOKEN_CHARS:
+        return None
+    m = _TOKEN_RE.fullmatch(presented)
+    owner = directory.token_owner.get(m.group(1)) if m else None
+    user = directory.users.get(owner) if owner else None
+    token = user.tokens.get(m.group(1)) if (user is not None and m) else None
+    expected = token.sha256 if token is not None else _NO_DIGEST
+    # Compared even when nothing matched, so a miss takes as long as a wrong secret.
+    same = hmac.compare_digest(token_digest(presented), expected)
+    if token is None or user is None or not same:
+        return None
+    return Principal(user.name, user.team, user.role, token.token_id, token.service_account)
+
+
+# ---------------------------------------------------------------- authorization
+
+
+def authorize(principal: Principal, action: Action, owner_user: str | None = None,
+              owner_team: str | None = None) -> Decision:
+    """May `principal` do `action` on what `owner_user` of `owner_team` owns?
+
+    admin: everything. member: submits and acts on their own, reads everyone's clusters and
+    jobs, sees their own team's logs and their own secrets. viewer: reads their own team's
+    clusters, jobs and logs, nothing else. Another team's logs and secrets: admins only.
+    Identity (users, teams): admins only."""
+    role, me, my_team = principal.role, principal.user, principal.team
+    owner = owner_user or "(nobody)"
+    if role == "admin":
+        return Decision(True, "admins may do everything")
+    if action == "manage":
+        return Decision(False, "managing users and teams is for admins")
+    if role == "viewer":
+        if action in ("submit", "act"):
+            return Decision(False, f"{me} is a viewer: viewers read only (an admin can make you a member)")
+        if action == "secrets":
+            return Decision(False, "secrets are for their owner and admins; viewers see none")
+        if owner_team == my_team:
+            return Decision(True, "viewers read their own team's clusters, jobs and logs")
+        return Decision(False, f"viewers read their own team's ({my_team}) only; this is {owner}'s of team "
+                               f"{owner_team or '(none)'}")
+    # member
+    if action == "submit":
+        if owner_user in (None, me):
+            return Decision(True, "members submit as themselves")
+        return Decision(False, f"members submit as themselves, not as {owner}")
+    if action == "act":
+        if owner_user == me:
+            return Decision(True, "members act on their own clusters and jobs")
+        return Decision(False, f"this is {owner}'s; acting on another user's clusters and jobs is for admins")
+    if action == "read":
+        return Decision(True, "members read everyone's clusters and jobs")
+    if action == "logs":
+        if owner_team == my_team:
+            return Decision(True, "members see their own team's logs")
+        return Decision(False, f"these logs are team {owner_team or '(none)'}'s; another team's logs are for admins")
+    if owner_user == me:  # secrets
+        return Decision(True, "members see their own secrets")
+    return Decision(False, f"these secrets are {owner}'s; another user's secrets are for admins")
