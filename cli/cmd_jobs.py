@@ -219,7 +219,6 @@ def launch_command(
         code, summary = run_async(run())
     except KeyboardInterrupt:
         status.stop()
-        status.stop()
         if submitted:
             status.note(f"\nDetached (Ctrl-C): managed job {submitted[0]} keeps running. Follow it: spz jobs logs "
                         f"{submitted[0]}; cancel it: spz jobs cancel {submitted[0]}")
