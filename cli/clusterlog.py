@@ -28,7 +28,7 @@ from skypurza.events.fold import (  # noqa: F401  (the names cli code imports fr
     JobFold,
     exit_code_of,
 )
-from skypurza.events.job_events import JobQueued
+from skypurza.events.job_events import JobNodeFinished, JobQueued
 from skypurza.events.jobdemand import describe_task
 from skypurza.events.payloads import TaskPayload
 
@@ -50,6 +50,9 @@ class Job:
     state: JobFold
     cluster_nodes: int = 1  # the nodes setup runs on (every node of the cluster)
     resources: str | None = None  # what it asked per node (events/jobdemand.py), as `spz queue` shows it
+    # (rank, phase) of every JobNodeFinished, late ones too: an agent stores a phase's last output
+    # chunk before it reports the phase, so a reported phase's output is all in the logs stream.
+    reported: set[tuple[int, str]] = field(default_factory=set)
 
     @property
     def num_nodes(self) -> int:
@@ -193,6 +196,8 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
         if job is not None:
             job.cluster_nodes = max(c.num_nodes, 1)
             job.state = one_fold.job_after(job.state, event, job.cluster_nodes)
+            if isinstance(event, JobNodeFinished):
+                job.reported.add((event.rank, event.phase))
 
 
 def _head_ip(nodes: Iterable[Any]) -> str | None:
@@ -210,13 +215,26 @@ def _ports_of(task: TaskPayload) -> tuple[str, ...]:
     return tuple(str(p) for p in (ports if isinstance(ports, list) else [ports]))
 
 
-async def read_cluster(bus: Any, name: str) -> Cluster:
-    from skypurza.events import naming
+# Event types on a cluster's subject that say nothing of its state or its jobs: the server skips
+# them, so a read of the cluster does not grow with its age (a metering tick per node per minute).
+NOT_CLUSTER_STATE = frozenset({"usage_recorded"})
 
+
+def cluster_state_subjects(stage: str, name: str) -> list[str]:
+    """One subject per event type of the cluster aggregate that the fold reads (every registered
+    one but NOT_CLUSTER_STATE); a type this CLI does not know could not be folded anyway."""
+    from skypurza.events import naming
+    from skypurza.events.registry import REGISTRY
+
+    return [naming.event_filter(stage, "cluster", n, aggregate_id=name)
+            for n, cls in sorted(REGISTRY.items()) if cls.AGGREGATE == "cluster" and n not in NOT_CLUSTER_STATE]
+
+
+async def read_cluster(bus: Any, name: str) -> Cluster:
     items = []
-    async for s in bus.replay(filter_subject=naming.aggregate_subjects(bus.stage, "cluster", name)):
+    async for s in bus.replay(filter_subjects=cluster_state_subjects(bus.stage, name)):
         if s.event is not None and s.envelope is not None:
-            if getattr(s.event, "EVENT_NAME", "") == "usage_recorded":
+            if getattr(s.event, "EVENT_NAME", "") in NOT_CLUSTER_STATE:
                 continue
             items.append((s.event, s.envelope.time, s.seq))
     return fold(name, items)

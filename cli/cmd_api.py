@@ -10,83 +10,154 @@ import typer
 from .bounds import TAIL_LINES, BoundedInt
 from .context import check_output, fail, print_json, stage
 
-api = typer.Typer(name="api", help="The embedded control plane (nats-server + services) on this machine.",
+api = typer.Typer(name="api", help="The API server and the embedded control plane (nats-server, services) "
+                                   "on this machine; log in to a team's server.",
                   no_args_is_help=True)
 
 
 TCP_PORT = BoundedInt(1, 65535, "a TCP port")
-_LOOPBACK = ("localhost", "127.0.0.1")
+_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
-def _check_bind(host: str | None, deploy: bool, basic_auth: bool) -> None:
-    """sky's --host/--deploy/--enable-basic-auth: spz's control plane has no authentication yet,
-    so it listens on this machine's loopback only; anything else is refused, saying why."""
-    why = ("spz's control plane has no authentication yet, so it listens on 127.0.0.1 only; for a team, run "
-           "compose.yaml and point SKYPURZA_NATS_URL at it (docs/DESIGN.md)")
-    if deploy:
-        raise fail(f"--deploy is not supported: {why}", 2)
+def bind_host(host: str | None, deploy: bool, basic_auth: bool) -> str:
+    """Where the API server listens (pure): loopback by default; another address only with
+    --deploy, which turns auth on (tokens only) and, as sky's, listens on 0.0.0.0 unless told."""
     if basic_auth:
-        raise fail(f"--enable-basic-auth is not supported yet: {why}", 2)
-    if host is None or host in _LOOPBACK:
-        return
-    if host == "::1":
-        from .options import unused
-
-        unused("--host ::1", "the control plane listens on the IPv4 loopback, 127.0.0.1")
-        return
-    if host in ("0.0.0.0", "::"):
-        raise fail(f"--host {host} is not supported: {why}", 2)
-    raise typer.BadParameter(f"{host!r} is not one of 0.0.0.0, localhost, 127.0.0.1, ::, ::1", param_hint="--host")
+        raise fail("--enable-basic-auth is not supported: a deployment takes tokens "
+                   "(spz api start --deploy; docs/team.md)", 2)
+    if host is not None and host not in _HOSTS:
+        raise typer.BadParameter(f"{host!r} is not one of {', '.join(_HOSTS)}", param_hint="--host")
+    if host is None:
+        return "0.0.0.0" if deploy else "127.0.0.1"
+    if host not in _LOOPBACK and not deploy:
+        raise fail(f"--host {host} needs --deploy: without it the API server has no authentication (a caller on "
+                   "this machine is the OS user), so it listens on this machine only", 2)
+    return "127.0.0.1" if host == "localhost" else host
 
 
 @api.command("start")
 def api_start(
     services: str = typer.Option("all", help="Comma-separated services to run (optimizer, provisioner, status, recovery; platform ones such as ledger) or 'all'."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
-    host: Optional[str] = typer.Option(None, "--host", metavar="[localhost|127.0.0.1|::1|0.0.0.0|::]",
-                                       help="Where the control plane listens: this machine only (127.0.0.1)."),
+    host: Optional[str] = typer.Option(None, "--host", metavar="[0.0.0.0|localhost|127.0.0.1|::|::1]",
+                                       help="Where the API server listens (default 127.0.0.1; with --deploy "
+                                            "0.0.0.0). Another than loopback needs --deploy."),
     port: Optional[int] = typer.Option(None, "--port", parser=TCP_PORT,
-                                       help="The NATS port of this stage, kept for its next starts too."),
+                                       help="The API server's port (default: SKYPILOT_API_SERVER_LOCAL_PORT, the "
+                                            "stage's last one, or 46580), kept for the stage's next starts."),
+    nats_port: Optional[int] = typer.Option(None, "--nats-port", parser=TCP_PORT,
+                                            help="The stage's NATS port (127.0.0.1), kept for its next starts."),
     foreground: bool = typer.Option(False, "--foreground", help="Run the supervisor in this process, its log on "
                                     "stdout (for systemd or Kubernetes); Ctrl-C or SIGTERM stops it."),
-    deploy: bool = typer.Option(False, "--deploy", help="Not supported: the control plane listens on 127.0.0.1 "
-                                                        "only (a team runs compose.yaml)."),
-    enable_basic_auth: bool = typer.Option(False, "--enable-basic-auth", help="Not supported yet."),
+    deploy: bool = typer.Option(False, "--deploy", help="A team deployment: the API server takes tokens only and "
+                                "listens on 0.0.0.0 (or --host); the first start makes the admin and prints its "
+                                "token once (also in <state dir>/admin-token, mode 0600)."),
+    enable_basic_auth: bool = typer.Option(False, "--enable-basic-auth", help="Not supported: a deployment "
+                                                                              "takes tokens (--deploy)."),
 ) -> None:
     """Start the control plane in the background: a supervisor that runs nats-server (JetStream,
-    127.0.0.1) and the services and restarts them with back-off. A no-op when running; concurrent
-    starts wait for the first (a lock in the stage's state directory) and use what it started."""
+    127.0.0.1), the services and the API server, and restarts them with back-off; returns when the
+    API server answers GET /api/v1/health. A no-op when running; concurrent starts wait for the
+    first (a lock in the stage's state directory) and use what it started."""
     check_output(output)
-    from .control import ControlPlane, ControlPlaneError
+    from .control import ApiSettings, ControlPlane, ControlPlaneError
 
-    _check_bind(host, deploy, enable_basic_auth)
+    api_settings = ApiSettings(host=bind_host(host, deploy, enable_basic_auth), port=port, deploy=deploy)
     plane = ControlPlane(stage())
     try:
-        if port is not None:
-            current = plane.status()
-            if current["running"] and current.get("nats_url") and not str(current["nats_url"]).endswith(f":{port}"):
-                raise fail(f"the control plane already runs at {current['nats_url']}; spz api stop, then start it "
-                           f"with --port {port}")
-            plane.use_port(port)
+        current = plane.status()
+        if current["running"] and current["mode"] == "embedded":
+            _check_same(current, api_settings, nats_port)
+        if nats_port is not None:
+            plane.use_port(nats_port)
         if foreground:
             import os
 
-            argv = plane.foreground_argv(services=services)
-            typer.echo(f"Running the control plane of stage {stage()} in the foreground (port {argv[argv.index('--port') + 1]}); "
+            argv = plane.foreground_argv(services=services, api=api_settings)
+            typer.echo(f"Running the control plane of stage {stage()} in the foreground (NATS port "
+                       f"{argv[argv.index('--port') + 1]}, API server port {argv[argv.index('--api-port') + 1]}); "
                        f"the services' logs: {plane.logs_dir}", err=True)
+            if deploy:
+                typer.echo("Make the first admin once it answers: spz api start --deploy (again, from another "
+                           "shell) prints its token.", err=True)
             os.execv(argv[0], argv)  # the supervisor takes this process's place
-        st = plane.start(services=services)
+        st = plane.start(services=services, api=api_settings, wait_api=True)
+        admin = _first_admin(plane) if deploy and st.get("mode") == "embedded" else None
+    except typer.Exit:  # already said (click's Exit is a RuntimeError)
+        raise
     except (ControlPlaneError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
         raise fail(str(exc))
     if output == "json":
-        print_json(st)
+        print_json({**st, **({"admin": admin} if admin else {})})
         return
     if st.get("mode") == "external":
         typer.echo(f"Using the NATS at {st['nats_url']} (SKYPURZA_NATS_URL / config); nothing to start.")
-    elif st.get("already_running"):
-        typer.echo(f"Control plane already running for stage {st['stage']} at {st['nats_url']}.")
-    else:
-        typer.echo(f"Control plane started for stage {st['stage']} at {st['nats_url']} (state in {st['state_dir']}).")
+        return
+    verb = "already running" if st.get("already_running") else "started"
+    typer.echo(f"Control plane {verb} for stage {st['stage']}: API server {st.get('api_url') or '-'}"
+               f"{' (deploy: tokens only)' if st.get('api_deploy') else ''}, NATS {st['nats_url']} "
+               f"(state in {st['state_dir']}).")
+    if admin and admin.get("token"):
+        typer.echo(f"The admin's token, shown this once (also in {admin['token_file']}, mode 0600):", err=True)
+        typer.echo(admin["token"])
+    elif admin:
+        typer.echo(admin["note"], err=True)
+
+
+def _check_same(current: dict, wanted, nats_port: int | None) -> None:
+    """A running control plane is used as it is; asking for another host, port or mode is an error."""
+    if nats_port is not None and current.get("nats_url") and not str(current["nats_url"]).endswith(f":{nats_port}"):
+        raise fail(f"the control plane already runs at {current['nats_url']}; spz api stop, then start it "
+                   f"with --nats-port {nats_port}")
+    url = current.get("api_url") or ""
+    if wanted.port is not None and url and not url.endswith(f":{wanted.port}"):
+        raise fail(f"the API server already runs at {url}; spz api stop, then start it with --port {wanted.port}")
+    # A plain start uses what runs (a deployment included); asking for a deployment is not a no-op.
+    if url and wanted.deploy and not current.get("api_deploy"):
+        raise fail("the control plane already runs without --deploy (no authentication); spz api stop, then "
+                   "spz api start --deploy")
+
+
+def _first_admin(plane) -> dict:
+    """A deployment's first admin (user `admin` of team `admin`), made once through the identity
+    events; its token goes to <state dir>/admin-token (0600) and is returned to be printed once."""
+    from skypurza.events import naming
+
+    from .apiclient import write_private
+    from .context import run_async
+
+    token_file = naming.admin_token_file(plane.stage)
+
+    async def make() -> dict:
+        from skypurza.services.api.directory_io import IdentityError, add_team, add_user, load_directory
+
+        from .control import connect_bus
+
+        bus = await connect_bus(plane.stage, "api")
+        try:
+            directory = await load_directory(bus)
+            if "admin" in directory.users:
+                return {"user": "admin", "token_file": str(token_file), "created": False}
+            if "admin" not in directory.teams:
+                try:
+                    await add_team(bus, "admin", [], {})
+                except IdentityError:
+                    pass  # another start made it at this moment
+            try:
+                issued = await add_user(bus, "admin", "admin", "admin")
+            except IdentityError:  # another start made the admin at this moment: its token is its own
+                return {"user": "admin", "token_file": str(token_file), "created": False}
+            write_private(token_file, issued.token + "\n")
+            return {"user": "admin", "token_file": str(token_file), "created": True, "token": issued.token}
+        finally:
+            await bus.close()
+
+    admin = run_async(make())
+    if not admin["created"]:
+        admin["note"] = (f"The admin exists; its first token is in {token_file}" if token_file.exists() else
+                         "The admin exists and its token file is gone; a new token: spz users token admin")
+    return admin
 
 
 @api.command("stop")
@@ -148,6 +219,7 @@ def api_status(
     from .control import ControlPlane
 
     st = ControlPlane(stage()).status()
+    st["metrics_url"] = _metrics_url(st) if st["running"] else None
     if output == "json":
         print_json(st)
         if not st["running"]:
@@ -159,7 +231,10 @@ def api_status(
     c = make_console()
     c.print(f"stage [bold]{st['stage']}[/bold] ({st['mode']}): "
             f"{'[green]running[/green]' if st['running'] else '[yellow]not running[/yellow]'}")
-    c.print(f"NATS: {st['nats_url'] or '-'}    state: {st['state_dir']}")
+    c.print(f"API server: {st.get('api_url') or '-'}{' (deploy: tokens only)' if st.get('api_deploy') else ''}    "
+            f"NATS: {st['nats_url'] or '-'}    state: {st['state_dir']}")
+    if st.get("metrics_url"):
+        c.print(f"metrics: {st['metrics_url']}")
     if st["processes"]:
         t = Table("process", "pid", "alive", "log")
         for p in st["processes"]:
@@ -172,6 +247,18 @@ def api_status(
         _services_table(c, st["services"])
     if not st["running"]:
         raise typer.Exit(1)
+
+
+def _metrics_url(st: dict) -> str | None:
+    """Where the observability service (platform, when installed) serves /metrics: the URL it recorded."""
+    import json
+
+    from skypurza.events import naming
+
+    try:
+        return str(json.loads(naming.metrics_endpoint_file(st["stage"]).read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _cmdline(pid: int) -> str:
@@ -206,7 +293,7 @@ def _services_table(c, services: list) -> None:
 def api_logs(
     follow: bool = typer.Option(False, "--follow/--no-follow", "-f", help="Keep printing new lines."),
     tail: int = typer.Option(100, "--tail", parser=TAIL_LINES, help="Lines to show from the end (0: all)."),
-    process: str = typer.Option("services", "--process", help="services, nats-server or supervisor."),
+    process: str = typer.Option("services", "--process", help="services, api-server, nats-server or supervisor."),
     server_logs: bool = typer.Option(False, "--server-logs", help="The server's log: the services' (the default)."),
     log_path: Optional[str] = typer.Option(None, "-l", "--log-path", help="Print this log file instead."),
 ) -> None:
@@ -216,8 +303,8 @@ def api_logs(
     from .control import ControlPlane
 
     cp = ControlPlane(stage())
-    if process not in ("services", "nats-server", "supervisor"):
-        raise fail(f"--process {process!r}: expected services, nats-server or supervisor", 2)
+    if process not in ("services", "api-server", "nats-server", "supervisor"):
+        raise fail(f"--process {process!r}: expected services, api-server, nats-server or supervisor", 2)
     if server_logs and process != "services":
         raise fail("--server-logs is the services' log: leave out --process", 2)
     path = Path(log_path).expanduser() if log_path else cp.logs_dir / f"{process}.log"
@@ -291,7 +378,10 @@ def skyserve_command(ctx: typer.Context) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from .cmd_apilogin import register_login
+
     api.command("serve")(serve_command)
+    register_login(api)
     app.add_typer(api, name="api")
     # `sky serve ...` typed as `spz serve ...` gets a plain answer, never "unexpected extra argument".
     app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

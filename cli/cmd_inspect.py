@@ -509,20 +509,14 @@ def cancel_command(
             c = await read_cluster(bus, cluster)
             if c.status is None and not c.jobs:
                 raise fail(f"no cluster named {cluster}")
-            open_jobs = [j for j in c.jobs.values() if not j.terminal]
-            if all_:
-                targets = open_jobs
-            elif job_ids:
-                missing = [j for j in job_ids if j not in c.jobs]
-                if missing:
-                    raise fail(f"no job {', '.join(map(str, missing))} on cluster {cluster}")
-                done = [j for j in job_ids if c.jobs[j].terminal]
-                for j in done:
-                    typer.echo(f"Job {j} already ended ({c.jobs[j].status}).")
-                targets = [c.jobs[j] for j in job_ids if not c.jobs[j].terminal]
-            else:
-                running = [j for j in open_jobs if j.status != "PENDING"] or open_jobs
-                targets = running[-1:]
+            from skypurza.events.verbs import cancel_targets
+
+            choice = cancel_targets(c.jobs, job_ids or (), all_)
+            if choice.missing:
+                raise fail(f"no job {', '.join(map(str, choice.missing))} on cluster {cluster}")
+            for j in choice.ended:
+                typer.echo(f"Job {j} already ended ({c.jobs[j].status}).")
+            targets = [c.jobs[j] for j in choice.targets]
             if not targets:
                 typer.echo(f"No unfinished jobs to cancel on cluster {cluster}.")
                 return 0

@@ -21,7 +21,6 @@ from typing import Any, Optional
 import typer
 
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of
 
 from . import bounds, fanout, options
 from .context import check_output, fail, print_json, run_async, stage
@@ -179,6 +178,7 @@ def launch_command(
     submitted: list[int] = []  # the managed job's id once it is in the log (for a Ctrl-C)
 
     async def run() -> tuple[int, dict[str, Any]]:
+        from skypurza.events.fold import exit_code_of  # the event models: not for --help
         from skypurza.services.recovery.submit import submit_managed_job
 
         from .control import connect_bus
@@ -292,8 +292,16 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
                                     filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
             await queue.put((cluster, msg))
 
+    async def changes() -> None:
+        # The job's own events wake the loop at once (its end above all), not the next poll; the
+        # poll stays for an event stored before this follower began.
+        async for _ in bus.follow(filter_subject=naming.aggregate_subjects(bus.stage, "mjob", str(job_id)),
+                                  new_only=True):
+            await queue.put(("", None))
+
     shown_status = None
     ended_at: float | None = None
+    watcher = asyncio.create_task(changes())
     try:
         while True:
             for cluster in state.clusters:
@@ -301,8 +309,9 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
                     followers[cluster] = asyncio.create_task(pump(cluster, printed.get(cluster, 0) + 1))
             try:
                 cluster, msg = await asyncio.wait_for(queue.get(), timeout=POLL_S)
-                show(cluster, msg)
-                continue
+                if msg is not None:
+                    show(cluster, msg)
+                    continue
             except asyncio.TimeoutError:
                 pass
             if ended_at is not None and asyncio.get_running_loop().time() - ended_at > DRAIN_S:
@@ -311,10 +320,16 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
             if state.status != shown_status and status is not None:
                 shown_status = state.status
                 status.update(f"Managed job {job_id}: {state.status}" + (f" on {state.cluster}" if state.cluster else ""))
+            if state.terminal and state.status == "SUCCEEDED":
+                break  # every node reported its run, output stored first, before the job succeeded
             if state.terminal and ended_at is None:
-                ended_at = asyncio.get_running_loop().time()  # the last lines may still be on their way
+                ended_at = asyncio.get_running_loop().time()  # a failing node's neighbours may still print
     finally:
-        await stop_tasks(*followers.values())
+        await stop_tasks(watcher, *followers.values())
+    for cluster in list(state.clusters):  # what the followers had not brought yet, up to the end now
+        async for msg in bus.replay_raw(stream=bus.logs_stream, start_seq=printed.get(cluster, 0) + 1,
+                                        filter_subject=naming.logs_subject_filter(bus.stage, cluster)):
+            show(cluster, msg)
     _final_note(status, job_id, state)
     return state.status
 
@@ -350,6 +365,7 @@ def logs_command(
     status = StatusLine()
 
     async def run() -> int:
+        from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of  # models: not for --help
         from skypurza.services.recovery.submit import read_jobs
 
         from .control import connect_bus
@@ -388,6 +404,7 @@ async def _job_records(job_id: int | None, name: str | None, *, controller: bool
     """`jobs logs --controller` (the job's recovery events, oldest first) or `--sync-down` (its
     output written under ~/sky_logs/managed_jobs/ID/, a directory per cluster)."""
     from skypurza.events import naming
+    from skypurza.events.fold import EXIT_NOT_FOUND
     from skypurza.services.recovery.submit import read_jobs
 
     from .clusterhistory import event_line, sky_logs_dir, sync_down

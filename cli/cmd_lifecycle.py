@@ -168,7 +168,9 @@ def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async
 
         bus = await connect_bus(stage(), verb)
         try:
-            states = {"stop": ("UP", "INIT"), "start": ("STOPPED",), "down": ("UP", "STOPPED", "INIT")}[verb]
+            from skypurza.events.verbs import LIFECYCLE_FROM, LIFECYCLE_GOAL, stop_refusal
+
+            states = LIFECYCLE_FROM[verb]
             targets = await _resolve(bus, clusters, all_, ("UP", "STOPPED", "INIT"), launching=verb == "down")
             skipped = [c for c in targets if c.status not in states]
             for c in skipped:
@@ -185,8 +187,9 @@ def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async
             request_seq: dict[int, str] = {}  # stream sequence of each request -> its cluster
             for c in targets:
                 if verb == "stop":
-                    if c.use_spot:
-                        raise fail(f"cluster {c.name} runs on spot instances, which cannot be stopped: spz down {c.name}")
+                    refusal = stop_refusal(c.name, c.use_spot)
+                    if refusal:
+                        raise fail(refusal)
                     ev: Any = StopRequested(cluster=c.name)
                 elif verb == "start":
                     ev = StartRequested(cluster=c.name)
@@ -199,7 +202,7 @@ def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async
             if async_:
                 typer.echo(f"{what} requested for {names}.")
                 return 0
-            goal = {"stop": "STOPPED", "start": "UP", "down": "TERMINATED"}[verb]
+            goal = LIFECYCLE_GOAL[verb]
             pending = {c.name: c for c in targets}
             status = StatusLine()
             status.update(f"{what} {names}: waiting for the provisioner")

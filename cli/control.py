@@ -5,7 +5,10 @@ stage's supervisor (`cli/supervisor.py`), which runs and restarts with back-off:
 - `nats-server` with JetStream on 127.0.0.1, store under `~/.skypurza/<stage>/jetstream`,
   on a port chosen once and kept in `nats.port` (agents of local clusters reconnect to it
   after a restart);
-- one `python -m skypurza.cli.serve` process running the services.
+- one `python -m skypurza.cli.serve` process running the services;
+- the API server (`python -m skypurza.services.api`) on 127.0.0.1:46580 by default; its host,
+  port and whether it is a deployment (`--deploy`: tokens only) are kept in
+  `api-server.json` (`ApiSettings`), so a start on first use or a restart serves the same way.
 
 Start, stop and restart hold an exclusive lock on `control.lock` in the stage's state directory
 (`cli/planelock.py`): a second starter waits for the first and uses what it started, and before a
@@ -24,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,33 @@ class ControlPlaneError(Exception):
 LOCK_TIMEOUT_S = 90.0
 READY_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 20.0
+LOOPBACK_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """How the stage's API server listens: `spz api start --host/--port/--deploy`."""
+
+    host: str = LOOPBACK_HOST
+    port: int | None = None  # None: the recorded one, else 46580 (SKYPILOT_API_SERVER_LOCAL_PORT), else free
+    deploy: bool = False
+
+    def argv(self, port: int) -> list[str]:
+        return ["--api-host", self.host, "--api-port", str(port), *(["--deploy"] if self.deploy else [])]
+
+
+def choose_api_port(requested: int | None, env_port: str | None, recorded: int | None,
+                    in_use: "Callable[[int], bool]", free: "Callable[[], int]") -> int:
+    """The API server's port (pure but for the two probes): an explicit one must be free; else
+    the environment's, the recorded one, sky's default, or any free port — never a taken one."""
+    if requested is not None:
+        if in_use(requested):
+            raise ControlPlaneError(f"port {requested} is in use by another process; choose another --port")
+        return requested
+    for candidate in (int(env_port) if env_port and env_port.isdigit() else None, recorded, naming.DEFAULT_API_PORT):
+        if candidate and 1 <= candidate <= 65535 and not in_use(candidate):
+            return candidate
+    return free()
 
 
 @dataclass
@@ -103,6 +134,9 @@ class ControlPlane:
             "state_dir": str(self.state_dir),
             "started_at": state.get("started_at"),
             "processes": procs,
+            # The API server's URL as seen from this machine (its token is never here).
+            "api_url": state.get("api_url") if sup is not None or external else None,
+            "api_deploy": bool((((state.get("processes") or {}).get("api-server")) or {}).get("deploy")),
             # Each service of the services process as its supervisor sees it (cli/health.py).
             "services": health.services_status(naming.services_health_file(self.stage)),
         }
@@ -140,7 +174,27 @@ class ControlPlane:
         tmp.write_text(str(port))
         tmp.replace(port_file)
 
-    def foreground_argv(self, services: str = "all") -> list[str]:
+    def _api_settings(self, requested: ApiSettings | None) -> tuple[ApiSettings, int]:
+        """What the API server runs with: `requested` (an explicit `spz api start`), else what the
+        last explicit start recorded; with its port. Recorded for the next start."""
+        path = naming.api_settings_file(self.stage)
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        if requested is None:
+            requested = ApiSettings(host=str(recorded.get("host") or LOOPBACK_HOST),
+                                    deploy=bool(recorded.get("deploy")))
+        rec_port = recorded.get("port") if isinstance(recorded.get("port"), int) else None
+        port = choose_api_port(requested.port, os.environ.get("SKYPILOT_API_SERVER_LOCAL_PORT"), rec_port,
+                               port_open, free_port)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"host": requested.host, "port": port, "deploy": requested.deploy}))
+        tmp.replace(path)
+        return requested, port
+
+    def foreground_argv(self, services: str = "all", api: ApiSettings | None = None) -> list[str]:
         """`spz api start --foreground`: the supervisor's command line, for the caller to exec in
         its own place (its log on stdout; systemd or Kubernetes then own the process). Nothing of an
         earlier, dead control plane survives; a live one is an error (one control plane per stage)."""
@@ -155,24 +209,28 @@ class ControlPlane:
                 self.logs_dir.mkdir(parents=True, exist_ok=True)
                 self.state_file.unlink(missing_ok=True)
                 port = self._port()
+                api_opts, api_port = self._api_settings(api)
         except planelock.LockTimeout as exc:
             raise ControlPlaneError(str(exc)) from None
         return [sys.executable, "-m", planeprocs.SUPERVISOR_MODULE, "--stage", self.stage, "--port", str(port),
-                "--services", services, planeprocs.CONTROL_PLANE_FLAG, str(self.state_dir)]
+                "--services", services, *api_opts.argv(api_port), planeprocs.CONTROL_PLANE_FLAG,
+                str(self.state_dir)]
 
     def _lock(self):
         return planelock.exclusive(naming.control_lock_file(self.stage), LOCK_TIMEOUT_S,
                                    what=f"the control plane of stage {self.stage}")
 
-    def start(self, services: str = "all", wait: bool = True) -> dict[str, Any]:
-        """Start the stage's supervisor (which runs nats-server and the services) unless one runs.
+    def start(self, services: str = "all", wait: bool = True, api: ApiSettings | None = None,
+              wait_api: bool = False) -> dict[str, Any]:
+        """Start the stage's supervisor (which runs nats-server, the services and the API server)
+        unless one runs; `wait_api`: also until the API server answers /api/v1/health.
 
         Serialised by the stage's lock: concurrent starters wait for the first and use what it
         started. Nothing of a previous, dead control plane survives into the new one."""
         st = self.status()
         if st["mode"] == "external":
             return st
-        if st["running"] and self._ready(self.read_state()):
+        if st["running"] and self._ready(self.read_state(), wait_api):
             return {**st, "already_running": True}
         try:
             with self._lock():
@@ -180,18 +238,19 @@ class ControlPlane:
                 sup = self._supervisor_pid(state)
                 if sup is not None:
                     if wait:
-                        self._wait_ready(sup)
+                        self._wait_ready(sup, api=wait_api)
                     return {**self.status(), "already_running": True}
                 self._kill_leftovers(state)
                 self.state_dir.mkdir(parents=True, exist_ok=True)
                 self.logs_dir.mkdir(parents=True, exist_ok=True)
                 self.state_file.unlink(missing_ok=True)
                 port = self._port()
+                api_opts, api_port = self._api_settings(api)
                 sup_log = self.logs_dir / "supervisor.log"
                 with open(sup_log, "ab") as out:
                     proc = subprocess.Popen(
                         [sys.executable, "-m", planeprocs.SUPERVISOR_MODULE, "--stage", self.stage,
-                         "--port", str(port), "--services", services,
+                         "--port", str(port), "--services", services, *api_opts.argv(api_port),
                          planeprocs.CONTROL_PLANE_FLAG, str(self.state_dir)],
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -199,7 +258,7 @@ class ControlPlane:
                 try:
                     self._wait_recorded(proc, sup_log)
                     if wait:
-                        self._wait_ready(proc.pid, proc)
+                        self._wait_ready(proc.pid, proc, api=wait_api)
                 except ControlPlaneError:
                     # A start that failed leaves nothing behind (no supervisor restarting a
                     # services process that cannot start, for ever).
@@ -211,9 +270,11 @@ class ControlPlane:
         return {**self.status(), "already_running": False}
 
     @staticmethod
-    def _ready(state: dict[str, Any] | None) -> bool:
-        svc = ((state or {}).get("processes") or {}).get("services") or {}
-        return bool(svc.get("ever_ready"))
+    def _ready(state: dict[str, Any] | None, api: bool = False) -> bool:
+        procs = (state or {}).get("processes") or {}
+        if api and "api-server" in procs and not (procs["api-server"] or {}).get("ever_ready"):
+            return False
+        return bool((procs.get("services") or {}).get("ever_ready"))
 
     def _wait_recorded(self, proc: subprocess.Popen, log_file: Path, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
@@ -227,30 +288,32 @@ class ControlPlane:
             time.sleep(0.02)
         raise ControlPlaneError(f"the control plane's supervisor did not start within {timeout:.0f}s; see {log_file}")
 
-    def _wait_ready(self, sup_pid: int, proc: subprocess.Popen | None = None) -> None:
-        """Until the services have said they are ready once (restarts are the supervisor's job)."""
+    def _wait_ready(self, sup_pid: int, proc: subprocess.Popen | None = None, api: bool = False) -> None:
+        """Until the services have said they are ready once (restarts are the supervisor's job), and
+        with `api` the API server has answered /api/v1/health once."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             state = self.read_state()
-            if self._ready(state):
+            if self._ready(state, api):
                 return
-            svc = ((state or {}).get("processes") or {}).get("services") or {}
-            if svc.get("restarts", 0) >= 2:
-                raise ControlPlaneError("the services process keeps exiting before it is ready:\n"
-                                        + _tail(self.logs_dir / "services.log"))
+            procs = (state or {}).get("processes") or {}
+            for name, log_name in (("services", "services.log"), ("api-server", "api-server.log")):
+                if (procs.get(name) or {}).get("restarts", 0) >= 2 and not (procs.get(name) or {}).get("ready"):
+                    raise ControlPlaneError(f"the {name} process keeps exiting before it is ready:\n"
+                                            + _tail(self.logs_dir / log_name))
             if (proc is not None and proc.poll() is not None) or not pid_alive(sup_pid):
                 raise ControlPlaneError("the control plane stopped while starting:\n"
                                         + _tail(self.logs_dir / "services.log"))
             time.sleep(0.03)
-        raise ControlPlaneError(f"the services did not report ready within {READY_TIMEOUT_S:.0f}s; "
-                                f"see {self.logs_dir / 'services.log'}")
+        raise ControlPlaneError(f"the services (or the API server) did not report ready within "
+                                f"{READY_TIMEOUT_S:.0f}s; see spz api logs (--process services or api-server)")
 
     def _kill_leftovers(self, state: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Every process of this stage's control plane, recorded or not: supervisor first (it stops
         its children in order), then whatever is left; returns only when all are gone."""
         url = (state or {}).get("nats_url")
         found = planeprocs.find(self.state_dir, self._nats_conf(), self.stage, url)
-        order = {"supervisor": 0, "services": 1, "nats-server": 2}
+        order = {"supervisor": 0, "api-server": 1, "services": 2, "nats-server": 3}
         stopped = []
         for p in sorted(found, key=lambda p: order[p.role]):
             _terminate(p.pid, STOP_TIMEOUT_S)

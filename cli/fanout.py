@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from skypurza.events.fold import exit_code_of
 from skypurza.events.limits import MAX_NUM_JOBS
-from skypurza.events.managed_events import JobGroupMember
 
 from .context import fail, print_json, run_async, stage
 from .submit import SubmitError
+
+if TYPE_CHECKING:  # the event models load when a launch needs them, not for `spz --help`
+    from skypurza.events.managed_events import JobGroupMember
 
 # Jobs whose output is followed live at once; the others' is printed from the log when a
 # follower is free (nothing is lost, and 1,000 jobs do not hold 1,000 consumers).
@@ -43,6 +44,7 @@ def plan_jobs(job_name: str, tasks: list[Any], header: dict[str, Any], num_jobs:
     """The managed jobs one launch submits: one (a task or a pipeline), N of it (--num-jobs), or
     one per task of a job group (`header` is the group's header, empty otherwise)."""
     from skypurza.events.taskspec.jobgroup import delay_of, primary_indexes
+    from skypurza.events.managed_events import JobGroupMember
 
     if not 1 <= num_jobs <= MAX_NUM_JOBS:
         raise SubmitError(f"--num-jobs must be from 1 to {MAX_NUM_JOBS:,}, found {num_jobs}", 2)
@@ -89,6 +91,7 @@ def launch_many(plans: list[JobPlan], tasks: list[Any], publics: list[dict[str, 
     submitted: list[int] = []
 
     async def run() -> tuple[int, list[dict[str, Any]]]:
+        from skypurza.events.fold import exit_code_of
         from skypurza.services.recovery.submit import submit_managed_job
 
         from .control import connect_bus

@@ -10,19 +10,30 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, AsyncIterator, Callable
 
 from skypurza.events import naming
 from skypurza.events.aiotasks import stop_tasks
+from skypurza.events.logchunks import ChunkFilter, LogLine, format_line, parse_log  # noqa: F401  (moved there)
 
 from .clusterlog import Cluster, Job, apply, read_cluster
 
-# Lines a failing node's neighbours print while they are being stopped arrive just after the
-# head decided the outcome: wait this long before the last read of the logs stream.
+# `spz jobs logs` (cli/cmd_jobs.py) still polls: it reads this long after its job ended.
 DRAIN_S = 0.5
+# After a job ended, how long `stream_job` waits at most for the reports of the nodes whose
+# output it saw (a failing node's neighbours, stopped within the agent's 10 s kill grace, print
+# and report after the head decided): only a node lost before reporting makes it wait this long.
+LATE_REPORT_S = 15.0
+OUTPUT_PHASES = ("setup", "run")  # the streams an agent reports the end of (JobNodeFinished)
+
+
+def output_pending(reported: set[tuple[int, str]], streamed: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """The (rank, phase) outputs that may still grow after the job ended: output seen, and no
+    JobNodeFinished yet. An agent stores a phase's last chunk before it reports the phase, so a
+    reported phase's output is all in the logs stream; a phase that printed nothing has nothing
+    to wait for."""
+    return streamed - reported
 
 
 class SubmissionFailed(Exception):
@@ -32,85 +43,6 @@ class SubmissionFailed(Exception):
     def __init__(self, message: str = "", *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
-
-
-@dataclass
-class LogLine:
-    seq: int  # the logs stream's sequence
-    ts: str
-    rank: int
-    stream: str
-    line: str
-    offset: int | None = None  # where the chunk starts in its phase's output file
-    chunk_id: str | None = None  # its Nats-Msg-Id
-    where: str = ""  # cluster and job
-    end: str = "\n"  # how the chunk ended: a line, "\r" (a progress state) or "" (a partial line)
-
-
-def parse_log(msg: Any) -> LogLine:
-    try:
-        body = json.loads(msg.data)
-        if not isinstance(body, dict):
-            raise ValueError("not an object")
-    except ValueError:
-        body = {"line": msg.data.decode(errors="replace")}
-    offset = body.get("offset")
-    chunk_id = body.get("id")
-    try:
-        rank = int(body.get("rank", 0) or 0)
-    except (TypeError, ValueError):
-        rank = 0
-    end = body.get("end", "\n")
-    return LogLine(msg.metadata.sequence.stream, str(body.get("ts", "")), rank,
-                   str(body.get("stream", "stdout")), str(body.get("line", "")),
-                   offset if isinstance(offset, int) and not isinstance(offset, bool) else None,
-                   chunk_id if isinstance(chunk_id, str) else None,
-                   f"{body.get('cluster', '')}/{body.get('job_id', '')}",
-                   end if end in ("\n", "\r", "") else "\n")
-
-
-class ChunkFilter:
-    """Each chunk of output once, even when the logs stream holds a copy: JetStream drops a
-    chunk sent again within the stream's duplicate window (by its Nats-Msg-Id); one sent later
-    (an agent that came back after a long outage re-sends from the offset it had recorded) is
-    dropped here. A phase's chunks are stored in the order of their offsets, so a chunk at or
-    before the last offset printed for its (cluster, job, rank, phase) is a copy; notices
-    without an offset are known by their id. Chunks from before chunks had ids always print."""
-
-    def __init__(self) -> None:
-        self._last: dict[tuple[str, int, str], int] = {}
-        self._ids: set[str] = set()
-
-    def fresh(self, line: LogLine) -> bool:
-        if line.offset is not None:
-            key = (line.where, line.rank, line.stream)
-            last = self._last.get(key)
-            if last is not None and line.offset <= last:
-                return False
-            self._last[key] = line.offset
-            return True
-        if line.chunk_id is not None:
-            if line.chunk_id in self._ids:
-                return False
-            self._ids.add(line.chunk_id)
-        return True
-
-
-def format_line(line: LogLine, num_nodes: int, timestamps: bool = False) -> str:
-    """SkyPilot-like prefixes: `(head, rank=0)` / `(worker1, rank=1)` for multi-node jobs,
-    `(setup)` for setup output; agent notices as they are."""
-    text = line.line
-    if line.stream != "agent":
-        who = ""
-        if num_nodes > 1:
-            who = "head, rank=0" if line.rank == 0 else f"worker{line.rank}, rank={line.rank}"
-        if line.stream == "setup":
-            who = f"setup, {who}" if who else "setup"
-        if who:
-            text = f"({who}) {text}"
-    if timestamps and line.ts:
-        text = f"{line.ts} {text}"
-    return text
 
 
 async def merged_follow(bus: Any, filters: list[str], start_seq: int) -> AsyncIterator[Any]:
@@ -189,10 +121,13 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
     subject = naming.logs_subject_filter(bus.stage, cluster_name, job_id)
     chunks = ChunkFilter()
     history: list[LogLine] = []
+    streamed: set[tuple[int, str]] = set()  # (rank, phase) with output seen
     last = 0
     async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject):
         line = parse_log(msg)
         last = line.seq
+        if line.stream in OUTPUT_PHASES and (rank is None or line.rank == rank):
+            streamed.add((line.rank, line.stream))
         if chunks.fresh(line) and (rank is None or line.rank == rank):
             history.append(line)
     render = Render(lambda ln, text: format_line(with_text(ln, text), nodes, timestamps))
@@ -207,6 +142,7 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
         return job
 
     done = asyncio.Event()
+    changed = asyncio.Event()  # a cluster event arrived (a late node report, say)
 
     async def events() -> None:
         async for s in bus.follow(filter_subject=naming.aggregate_subjects(bus.stage, "cluster", cluster_name),
@@ -219,26 +155,36 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
             if stored.event is None or stored.envelope is None:
                 continue
             apply(cluster, stored.event, stored.envelope.time)
+            changed.set()
             j = cluster.jobs.get(job_id)
-            if j is not None and status is not None:
+            if j is not None and status is not None and not done.is_set():
                 status(_job_status_text(j, _ahead(cluster, job_id)))
             if j is not None and j.terminal:
-                done.set()
-                return
+                done.set()  # and go on: the nodes' late reports say when their output is all in
             if cluster.status == "TERMINATED":
                 done.set()
                 return
 
-    async def logs() -> None:
+    def take(msg: Any) -> None:
         nonlocal last
+        line = parse_log(msg)
+        if line.seq <= last:
+            return
+        last = line.seq
+        if line.stream in OUTPUT_PHASES and (rank is None or line.rank == rank):
+            streamed.add((line.rank, line.stream))
+        if chunks.fresh(line) and (rank is None or line.rank == rank):
+            show(render.feed(line), print_line, progress)
+
+    async def logs() -> None:
         async for msg in bus.follow(stream=bus.logs_stream, filter_subject=subject,
                                     start_seq=last + 1 if last else None):
-            line = parse_log(msg)
-            if line.seq <= last:
-                continue
-            last = line.seq
-            if chunks.fresh(line) and (rank is None or line.rank == rank):
-                show(render.feed(line), print_line, progress)
+            take(msg)
+
+    async def read_rest() -> None:
+        # Up to the stream's last message now, then done (bus.replay_raw waits for nothing).
+        async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject, start_seq=last + 1):
+            take(msg)
 
     if status is not None and job is not None:
         status(_job_status_text(job, _ahead(cluster, job_id)))
@@ -246,15 +192,27 @@ async def stream_job(bus: Any, cluster_name: str, job_id: int, *, print_line: Ca
     log_task = asyncio.create_task(logs())
     try:
         await done.wait()
-        await asyncio.sleep(DRAIN_S)
+        await stop_tasks(log_task)
+        # The job ended: its output is all stored once every node whose output was seen has
+        # reported its phase. A one-node success has reported before the head decided; a failing
+        # node's neighbours report once stopped. No fixed wait: each report wakes this loop.
+        deadline = asyncio.get_running_loop().time() + LATE_REPORT_S
+        while True:
+            changed.clear()
+            await read_rest()
+            j = cluster.jobs.get(job_id)
+            if (cluster.status == "TERMINATED" or j is None or ev_task.done()
+                    or not output_pending(j.reported, streamed)):
+                break
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass  # a node lost before it reported: what it stored is read once more, above
     finally:
         await stop_tasks(ev_task, log_task)
-    async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject, start_seq=last + 1):
-        line = parse_log(msg)
-        if line.seq > last:
-            last = line.seq
-            if chunks.fresh(line) and (rank is None or line.rank == rank):
-                show(render.feed(line), print_line, progress)
     show(render.close(), print_line)
     return cluster.jobs.get(job_id)
 

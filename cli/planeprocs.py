@@ -3,7 +3,7 @@
 `spz api stop` must stop what a crashed or racing start left behind, not only what `api.json`
 names, and a start must never open the JetStream store beside a server still holding it. Each
 control-plane process is recognisable from its command line alone:
-- the supervisor and the services process carry `--control-plane <state dir>`;
+- the supervisor, the services process and the API server carry `--control-plane <state dir>`;
 - nats-server runs `-c <state dir>/jetstream/nats.conf`;
 - a services process of an older release (`-m skypurza.cli.serve --nats <url> --stage <stage>`)
   is matched by its stage and the stage's recorded URL.
@@ -20,12 +20,14 @@ from pathlib import Path
 CONTROL_PLANE_FLAG = "--control-plane"
 SUPERVISOR_MODULE = "skypurza.cli.supervisor"
 SERVE_MODULE = "skypurza.cli.serve"
+API_MODULE = "skypurza.services.api"
+_ROLE_OF_MODULE = {SUPERVISOR_MODULE: "supervisor", SERVE_MODULE: "services", API_MODULE: "api-server"}
 
 
 @dataclass(frozen=True)
 class PlaneProcess:
     pid: int
-    role: str  # supervisor | services | nats-server
+    role: str  # supervisor | services | api-server | nats-server
 
 
 def classify(argv: list[str], state_dir: str, nats_conf: str, stage: str, nats_url: str | None) -> str | None:
@@ -37,9 +39,9 @@ def classify(argv: list[str], state_dir: str, nats_conf: str, stage: str, nats_u
     if "-m" not in argv:
         return None
     module = argv[argv.index("-m") + 1] if argv.index("-m") + 1 < len(argv) else ""
-    if module not in (SUPERVISOR_MODULE, SERVE_MODULE):
+    role = _ROLE_OF_MODULE.get(module)
+    if role is None:
         return None
-    role = "supervisor" if module == SUPERVISOR_MODULE else "services"
     if _flag_value(argv, CONTROL_PLANE_FLAG) == state_dir:
         return role
     if role == "services" and nats_url and _flag_value(argv, "--stage") == stage \

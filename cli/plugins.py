@@ -33,7 +33,7 @@ SKIP_ENV = "SKYPURZA_NO_PLUGINS"
 
 # The commands platform plugins add, so that one missing is answered by name (the names only:
 # nothing here imports them). Top-level commands, and those of the `events` sub-app.
-PLATFORM_COMMANDS = ("cost-report", "ledger")
+PLATFORM_COMMANDS = ("cost-report", "ledger", "health")
 PLATFORM_EVENTS_COMMANDS = ("export",)
 
 # Plugins that are declared but raised while loading: name -> "Type: message".

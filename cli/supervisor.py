@@ -1,8 +1,8 @@
 """The one supervisor of a stage's embedded control plane (`python -m skypurza.cli.supervisor`).
 
 `spz api start` (holding the stage's lock) starts this process and nothing else; it runs
-nats-server and the services process as its children and restarts either with back-off when it
-dies — on the same port and the same store, so clients and local agents reconnect. CLI calls
+nats-server, the services process and the API server (services/api) as its children and restarts
+each with back-off when it dies — on the same port and the same store, so clients and local agents reconnect. CLI calls
 never restart anything themselves while a supervisor lives: that is what made two servers open
 one store.
 
@@ -11,7 +11,7 @@ the next `spz` call (under the lock) starts a fresh control plane instead of fin
 
 `api.json` (naming.control_state_file) is rewritten atomically on every change: the URL, each
 process's pid, restarts and last exit, and whether the services have reported ready since their
-last start.
+last start (the API server: whether it has answered `GET /api/v1/health` since its last start).
 """
 
 from __future__ import annotations
@@ -38,6 +38,24 @@ POLL_S = 0.1
 STOP_GRACE_S = 15.0
 # After this long without dying, a child's back-off starts again from its first step.
 STABLE_S = 60.0
+HEALTH_PROBE_S = 0.5
+
+
+def api_ready(url: str, timeout: float = HEALTH_PROBE_S) -> bool:
+    """Whether an spz API server answers `GET {url}/api/v1/health`."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/health", timeout=timeout) as resp:
+            return resp.status == 200 and b'"version"' in resp.read(4096)
+    except (OSError, ValueError):
+        return False
+
+
+def api_url(host: str, port: int) -> str:
+    """The URL a client on this machine uses (a wildcard bind is reached on loopback)."""
+    shown = {"0.0.0.0": "127.0.0.1", "::": "127.0.0.1", "localhost": "127.0.0.1"}.get(host, host)
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
 
 
 def restart_delay(failures_in_a_row: int, first: float, cap: float) -> float:
@@ -94,7 +112,8 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, stage: str, port: int, services: str) -> None:
+    def __init__(self, stage: str, port: int, services: str, api_host: str = "127.0.0.1", api_port: int = 0,
+                 deploy: bool = False) -> None:
         self.stage = stage
         self.port = port
         self.url = f"nats://127.0.0.1:{port}"
@@ -112,6 +131,19 @@ class Supervisor:
             [sys.executable, "-m", "skypurza.cli.serve", "--nats", self.url, "--stage", stage,
              "--services", services, CONTROL_PLANE_FLAG, str(self.state_dir)],
             logs / "services.log", first_delay=1.0, max_delay=30.0, extra={"services": services})
+        # The API server (none with api_port 0): tokens only in a deployment; on the embedded
+        # default a loopback caller without a token is the OS user (services/api/__main__.py).
+        self.api: Child | None = None
+        if api_port:
+            self.api_url = api_url(api_host, api_port)
+            self.api = Child(
+                "api-server",
+                [sys.executable, "-m", "skypurza.services.api", "--nats", self.url, "--stage", stage,
+                 "--host", api_host, "--port", str(api_port), "--log-level", "warning",
+                 *([] if deploy else ["--embedded"]), CONTROL_PLANE_FLAG, str(self.state_dir)],
+                logs / "api-server.log", first_delay=1.0, max_delay=30.0,
+                extra={"url": self.api_url, "host": api_host, "port": api_port, "deploy": deploy})
+        self._next_probe = 0.0
         self.stopping = False
         self.started_at = _now()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -121,7 +153,9 @@ class Supervisor:
         state = {
             "nats_url": self.url, "port": self.port, "started_at": self.started_at,
             "supervisor": {"pid": os.getpid(), "log": str(naming.control_logs_dir(self.stage) / "supervisor.log")},
-            "processes": {"nats-server": self.nats.record(), "services": self.services.record()},
+            "processes": {"nats-server": self.nats.record(), "services": self.services.record(),
+                          **({"api-server": self.api.record()} if self.api else {})},
+            **({"api_url": self.api_url} if self.api else {}),
         }
         tmp = self.state_file.with_name(self.state_file.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state, indent=2))
@@ -140,17 +174,26 @@ class Supervisor:
             self._stop_child(self.nats)
             return 3
         self.services.spawn(self.env)
+        if self.api:
+            self.api.spawn(self.env)
         self.write_state()
         print(f"supervising nats-server (pid {self.nats.proc.pid}) and services (pid {self.services.proc.pid}) "
               f"at {self.url}", flush=True)
         while not self.stopping:
-            changed = self._tend(self.nats) | self._tend(self.services)
+            changed = self._tend(self.nats) | self._tend(self.services) | (self._tend(self.api) if self.api else False)
             if not self.services.ready and self.services.alive() and self._reported_ready(self.services):
                 self.services.ready = self.services.ever_ready = True
                 changed = True
+            if self.api and not self.api.ready and self.api.alive() and time.monotonic() >= self._next_probe:
+                self._next_probe = time.monotonic() + HEALTH_PROBE_S
+                if api_ready(self.api_url):
+                    self.api.ready = self.api.ever_ready = True
+                    changed = True
             if changed:
                 self.write_state()
             time.sleep(POLL_S)
+        if self.api:
+            self._stop_child(self.api)
         self._stop_child(self.services)
         self._stop_child(self.nats)
         self.write_state()
@@ -219,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--services", default="all")
+    p.add_argument("--api-host", default="127.0.0.1")
+    p.add_argument("--api-port", type=int, default=0, help="The API server's port (0: no API server).")
+    p.add_argument("--deploy", action="store_true", help="The API server takes tokens only (a team deployment).")
     p.add_argument(CONTROL_PLANE_FLAG, dest="control_plane", required=True,
                    help="the stage's state directory (how `spz api stop` recognises this process)")
     args = p.parse_args(argv)
-    return Supervisor(args.stage, args.port, args.services).run()
+    return Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy).run()
 
 
 if __name__ == "__main__":

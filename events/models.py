@@ -4,6 +4,7 @@ Below `envelope.py` (which imports this to decode): nothing here imports the env
 """
 
 from .cluster_events import *  # noqa: F401,F403
+from .health_events import GpuUnhealthy  # noqa: F401
 from .identity_events import TeamAdded, TeamRemoved, TokenIssued, TokenRevoked, UserAdded, UserRemoved  # noqa: F401
 from .job_events import *  # noqa: F401,F403
 from .ledger_events import *  # noqa: F401,F403

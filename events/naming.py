@@ -162,6 +162,27 @@ def heartbeats_filter(stage: str) -> str:
     return f"{subject_prefix(stage)}.hb.>"
 
 
+def sample_subject(stage: str, cluster: str, rank: int | str) -> str:
+    """Core NATS subject of a node's samples (events/nodesample.py): not the log."""
+    return f"{subject_prefix(stage)}.sample.{subject_token(cluster)}.{rank}"
+
+
+def samples_filter(stage: str) -> str:
+    return f"{subject_prefix(stage)}.sample.>"
+
+
+# ---------------------------------------------------------------- metrics
+
+METRICS_PREFIX = PROJECT  # every Prometheus metric is `skypurza_<name>` (docs/observability.md)
+
+
+def metric(name_: str) -> str:
+    """A Prometheus metric name under the one prefix (`[a-z_][a-z0-9_]*`)."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name_):
+        raise ValueError(f"invalid metric name {name_!r}")
+    return f"{METRICS_PREFIX}_{name_}"
+
+
 # ---------------------------------------------------------------- local files
 
 def state_dir(stage: str, home: Path | None = None) -> Path:
@@ -190,6 +211,11 @@ def status_db_file(stage: str) -> Path:
     return state_dir(stage) / f"{name(stage, 'status', 'projections')}.duckdb"
 
 
+def metrics_endpoint_file(stage: str) -> Path:
+    """Where the stage's metrics endpoint listens (written by the observability service)."""
+    return state_dir(stage) / "metrics.json"
+
+
 def nats_store_dir(stage: str) -> Path:
     return state_dir(stage) / "jetstream"
 
@@ -211,6 +237,26 @@ def nats_port_file(stage: str) -> Path:
 
 def control_logs_dir(stage: str) -> Path:
     return state_dir(stage) / "logs"
+
+
+# sky's default API server port (SKYPILOT_API_SERVER_LOCAL_PORT overrides it there, and here).
+DEFAULT_API_PORT = 46580
+
+
+def api_settings_file(stage: str) -> Path:
+    """The stage's API server settings (host, port, deploy) as the last `spz api start` chose them:
+    a control plane started on first use, or restarted, serves the same way on the same port."""
+    return state_dir(stage) / "api-server.json"
+
+
+def admin_token_file(stage: str) -> Path:
+    """A deployment's first admin token (mode 0600), written once by `spz api start --deploy`."""
+    return state_dir(stage) / "admin-token"
+
+
+def api_login_file() -> Path:
+    """Which API server this user's CLI talks to, and its token (mode 0600): `spz api login`."""
+    return home_dir() / "api-login.json"
 
 
 def services_health_file(stage: str) -> Path:

@@ -25,3 +25,12 @@ def stamped_principal(env: Envelope) -> tuple[str, str] | None:
     if isinstance(user, str) and isinstance(team, str):
         return user, team
     return None
+
+
+def principal_of(env: Envelope | None, event: object) -> tuple[str, str | None]:
+    """Who owns what `event` started (a TaskSubmitted, a ManagedJobSubmitted): the stamp when an
+    API server published it, else the event's own `user` and `team` (the embedded bus)."""
+    stamped = stamped_principal(env) if env is not None else None
+    if stamped is not None:
+        return stamped
+    return str(getattr(event, "user", "") or ""), getattr(event, "team", None)

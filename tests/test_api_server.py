@@ -16,18 +16,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import httpx
 import pytest
 from ledger_history import cand
+from api_harness import Api, problem as _problem
 from nats_fixtures import connect_bus
 
 from skypurza.events import naming
 from skypurza.events.cluster_events import ClusterProvisioned
-from skypurza.events.natsserver import free_port
 from skypurza.events.principal import stamped_principal
 from skypurza.events.types import NodeInfo
 
@@ -52,42 +50,6 @@ def _token(env: dict[str, str], user: str, team: str, role: str) -> str:
     return body["token"]
 
 
-class Api:
-    """The API server as a process of its own; its stdout and stderr go to one file."""
-
-    def __init__(self, server, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp_path / "api.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "skypurza.services.api", "--nats", server.url, "--stage", STAGE,
-                 "--host", "127.0.0.1", "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/api/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.1)
-        self.http = httpx.Client(base_url=self.url, timeout=20)
-
-    def as_(self, token: str | None) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    def close(self) -> str:
-        self.http.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        return self.log.read_text()
-
-
 @pytest.fixture
 def api(nats_server, tmp_path):
     server = Api(nats_server, tmp_path)
@@ -106,14 +68,6 @@ def status_service(nats_server, tmp_path):
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-def _problem(res: httpx.Response, status: int) -> dict:
-    assert res.status_code == status, res.text
-    assert res.headers["content-type"].startswith("application/problem+json")
-    body = res.json()
-    assert body["status"] == status and body["type"].startswith("https://") and body["title"] and body["detail"]
-    return body
 
 
 def _everything_on_the_bus(server) -> bytes:

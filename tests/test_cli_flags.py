@@ -228,12 +228,17 @@ def test_launch_retries_only_when_no_place_had_capacity() -> None:
 
 
 def test_api_start_refuses_to_listen_beyond_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --deploy the API server has no authentication: beyond loopback only with --deploy."""
     from typer.testing import CliRunner
 
     monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path))
-    for args in (["--host", "0.0.0.0"], ["--deploy"], ["--enable-basic-auth"], ["--host", "::"]):
+    for args in (["--host", "0.0.0.0"], ["--host", "::"]):
         result = CliRunner().invoke(app, ["api", "start", *args])
-        assert result.exit_code == 2 and "127.0.0.1" in result.output, result.output
+        assert result.exit_code == 2 and "needs --deploy" in result.output, result.output
+    result = CliRunner().invoke(app, ["api", "start", "--enable-basic-auth"])
+    assert result.exit_code == 2 and "--deploy" in result.output, result.output
+    result = CliRunner().invoke(app, ["api", "start", "--host", "example.com"])
+    assert result.exit_code == 2 and "0.0.0.0" in result.output, result.output
     assert not (tmp_path / "dev" / "api.json").exists(), "nothing was started"
 
 

@@ -5,7 +5,7 @@ One cluster goes through launch (--env-file, --secret-file, --ports, -i), exec -
 --endpoints / --endpoint / -v, exec -c, exec --async, logs -w / --sync-down / --provision /
 --autostop, stop, start -i --down, down --graceful; a managed job through jobs logs --tail /
 --controller and jobs queue --since / --before / --status / -l. `down --purge` is tried on a
-cluster nothing answers for (a NATS with no services), and `api start --port / --foreground`
+cluster nothing answers for (a NATS with no services), and `api start --nats-port / --foreground`
 on a control plane of their own.
 """
 
@@ -248,11 +248,11 @@ def test_api_start_port_and_foreground(tmp_path: Path) -> None:
     env.pop("SKYPURZA_NATS_URL", None)
     env.pop("SKYPURZA_NATS_PORT", None)
     try:
-        r = spz(env, "api", "start", "--port", str(port))
+        r = spz(env, "api", "start", "--nats-port", str(port))
         assert r.returncode == 0, r.stdout + r.stderr
         st = json.loads(spz(env, "api", "status", "-o", "json").stdout)
         assert st["nats_url"].endswith(f":{port}"), st
-        clash = spz(env, "api", "start", "--port", str(free_port()))
+        clash = spz(env, "api", "start", "--nats-port", str(free_port()))
         assert clash.returncode == 1 and "already runs" in clash.stderr
     finally:
         spz(env, "api", "stop", timeout=60)
@@ -271,7 +271,7 @@ def test_api_start_port_and_foreground(tmp_path: Path) -> None:
             pytest.fail("the foreground control plane did not come up")
         supervisor = next(p for p in st["processes"] if p["name"] == "supervisor")
         assert supervisor["pid"] == proc.pid, "the command itself is the supervisor"
-        assert st["nats_url"].endswith(f":{port}"), "--port is kept for the stage's next starts"
+        assert st["nats_url"].endswith(f":{port}"), "--nats-port is kept for the stage's next starts"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert not json.loads(spz(env, "api", "status", "-o", "json").stdout)["running"]

@@ -234,3 +234,31 @@ def test_the_examples_run_as_the_readme_says(cli_env) -> None:
     assert re.search(r"^Bonjour from .*/node-0/sky_workdir \(2/2\)$", r.stdout, re.MULTILINE)
     assert "29 words, 17 distinct; most common:" in r.stdout and "  the: 8" in r.stdout
     assert spz(cli_env, "down", "-a", "-y").returncode == 0
+
+
+
+LATE_LINES_TASK = """\
+num_nodes: 2
+run: |
+  if [ "$SKYPILOT_NODE_RANK" = 0 ]; then
+    sleep 1.5; echo head fails; exit 3
+  fi
+  i=0
+  while true; do echo "tick $i"; i=$((i+1)); sleep 0.05; done
+"""
+
+
+def test_a_neighbours_last_lines_after_the_failure_are_shown(cli_env, tmp_path: Path) -> None:
+    """The head decides the job failed while rank 1 is still printing; rank 1 goes on until its
+    agent stops it, and its last lines are stored after the JobFailed. The CLI waits for rank 1's
+    report (an agent stores a phase's output before it reports it), not a fixed drain: what it
+    printed is every line the logs stream holds, up to rank 1's last."""
+    task = tmp_path / "late.yaml"
+    task.write_text(LATE_LINES_TASK)
+    r = spz(cli_env, "launch", "-y", "-c", "late", str(task))
+    assert r.returncode == 100, r.stdout + r.stderr
+    shown = ranked(r.stdout)
+    assert shown[0] == ["head fails"], r.stdout
+    stored = ranked(spz(cli_env, "logs", "late", "1", "--no-follow").stdout)
+    assert len(stored[1]) >= 10 and shown[1] == stored[1], (shown[1][-3:], stored[1][-3:])
+    assert spz(cli_env, "down", "-y", "late").returncode == 0

@@ -20,10 +20,13 @@ import pytest
 from local_cli import agent_pids
 
 from skypurza.cli import planeprocs
+from skypurza.cli.supervisor import api_ready
 from skypurza.events import naming
 
 ROUNDS = 20
 STARTERS = 8
+# One control plane: its supervisor and the three processes it supervises.
+ONE_OF_EACH = Counter({"supervisor": 1, "nats-server": 1, "services": 1, "api-server": 1})
 
 
 def _env(home: Path, stage: str) -> dict[str, str]:
@@ -88,6 +91,10 @@ def test_classify_recognises_only_control_plane_processes():
     old = ["python", "-m", "skypurza.cli.serve", "--nats", "nats://x:1", "--stage", "dev"]
     assert planeprocs.classify(old, sd, conf, "dev", "nats://x:1") == "services"
     assert planeprocs.classify(old, sd, conf, "dev", "nats://x:2") is None
+    assert planeprocs.classify(["python", "-m", "skypurza.services.api", "--nats", "nats://x:1", "--control-plane", sd],
+                               sd, conf, "dev", None) == "api-server"
+    assert planeprocs.classify(["python", "-m", "skypurza.services.api", "--nats", "nats://x:1"],
+                               sd, conf, "dev", None) is None, "an API server of no stage's control plane"
     # A node agent's home is under the state directory: it is a node, never the control plane.
     agent = ["python", "-m", "skypurza.services.agent", "--stage", "dev", "--home", sd + "/clusters/c/node-0"]
     assert planeprocs.classify(agent, sd, conf, "dev", None) is None
@@ -102,12 +109,16 @@ def test_concurrent_api_starts_make_one_control_plane_and_stop_leaves_nothing(ho
         started = [json.loads(o[0]) for o in outs]
         assert sum(not s["already_running"] for s in started) == 1, f"round {i}: more than one starter started"
         assert len({s["nats_url"] for s in started}) == 1, f"round {i}: starters saw different servers"
-        assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1}), f"round {i}"
+        assert len({s["api_url"] for s in started}) == 1 and started[0]["api_url"], f"round {i}: API servers"
+        assert all(next(p for p in s["processes"] if p["name"] == "api-server")["ready"] for s in started), \
+            f"round {i}: a starter returned before the API server answered /api/v1/health"
+        assert api_ready(started[0]["api_url"], timeout=5), f"round {i}"
+        assert _roles(home, "locktest") == ONE_OF_EACH, f"round {i}"
         port = int((home / "locktest" / "nats.port").read_text())
         assert started[0]["nats_url"].endswith(f":{port}")
         stopped = _stop(env)
         assert stopped.returncode == 0, stopped.stderr
-        assert {p["name"] for p in json.loads(stopped.stdout)["stopped"]} == {"supervisor", "nats-server", "services"}
+        assert {p["name"] for p in json.loads(stopped.stdout)["stopped"]} == set(ONE_OF_EACH)
         assert _roles(home, "locktest") == Counter(), f"round {i}: api stop left a process behind"
 
 
@@ -120,7 +131,7 @@ def test_concurrent_first_use_launches_share_one_control_plane(homes, tmp_path):
                  for n in range(STARTERS)]
         outs = [p.communicate(timeout=180) for p in procs]
         assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-        assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1}), f"round {i}"
+        assert _roles(home, "locktest") == ONE_OF_EACH, f"round {i}"
         assert _stop(env).returncode == 0
         assert _roles(home, "locktest") == Counter(), f"round {i}: api stop left a process behind"
         for pid in agent_pids(home):  # the clusters are not the control plane's: tidy them here
@@ -150,7 +161,7 @@ def test_the_supervisor_restarts_a_dead_child_on_the_same_port_and_takes_its_chi
     assert after["processes"]["nats-server"]["restarts"] == 1 and after["processes"]["services"]["restarts"] == 1
     assert after["processes"]["nats-server"]["last_exit"] == -signal.SIGKILL
     assert after["nats_url"] == before["nats_url"], "a restarted server must keep the stage's port"
-    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    assert _roles(home, "locktest") == ONE_OF_EACH
     # A CLI call while the supervisor lives uses it (no second control plane).
     again = json.loads(subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"],
                                       env=env, capture_output=True, text=True, timeout=120).stdout)
@@ -175,15 +186,15 @@ def test_api_stop_finds_unrecorded_processes_of_the_stage(homes):
     assert subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start"], env=env,
                           capture_output=True, timeout=120).returncode == 0
     (home / "locktest" / "api.json").unlink()
-    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    assert _roles(home, "locktest") == ONE_OF_EACH
     start = subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "start", "-o", "json"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr
-    assert _roles(home, "locktest") == Counter({"supervisor": 1, "nats-server": 1, "services": 1})
+    assert _roles(home, "locktest") == ONE_OF_EACH
     (home / "locktest" / "api.json").unlink()
     stopped = _stop(env)
     assert stopped.returncode == 0
-    assert len(json.loads(stopped.stdout)["stopped"]) == 3
+    assert len(json.loads(stopped.stdout)["stopped"]) == len(ONE_OF_EACH)
     assert _roles(home, "locktest") == Counter()
 
 

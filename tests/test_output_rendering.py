@@ -160,3 +160,29 @@ def test_piped_tables_are_never_cut(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     assert "…" not in out.stdout and max(len(line) for line in out.stdout.splitlines()) > 80
     assert "p5.48xlarge" in out.stdout and "SPOT ZONE" in out.stdout
+
+
+def test_a_failed_jobs_output_is_complete_once_every_node_that_printed_has_reported() -> None:
+    """`stream_job` stops reading a failed job's output when every (rank, phase) it saw output
+    from has its JobNodeFinished, late reports after the outcome included (the neighbours of
+    the failing node report once they are stopped): no fixed drain."""
+    from datetime import datetime, timezone
+
+    from skypurza.cli.clusterlog import fold
+    from skypurza.cli.jobwatch import output_pending
+    from skypurza.events.job_events import JobFailed, JobNodeFinished, JobQueued, JobStarted
+
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    events = [JobQueued(cluster="c", job_id=1, task_id="t", task={"num_nodes": 2, "run": "x"}),
+              JobStarted(cluster="c", job_id=1, started_at=t),
+              JobNodeFinished(cluster="c", job_id=1, rank=0, phase="run", exit_code=3),
+              JobFailed(cluster="c", job_id=1, ended_at=t, phase="run", exit_code=3, failed_rank=0)]
+    streamed = {(0, "run"), (1, "run")}
+    cluster = fold("c", [(ev, t, i + 1) for i, ev in enumerate(events)])
+    assert cluster.jobs[1].status == "FAILED"
+    assert output_pending(cluster.jobs[1].reported, streamed) == {(1, "run")}  # rank 1 still stopping
+    late = JobNodeFinished(cluster="c", job_id=1, rank=1, phase="run", exit_code=143)
+    cluster = fold("c", [(ev, t, i + 1) for i, ev in enumerate([*events, late])])
+    assert cluster.jobs[1].status == "FAILED" and output_pending(cluster.jobs[1].reported, streamed) == set()
+    # a node that printed nothing is not waited for
+    assert output_pending(cluster.jobs[1].reported, {(0, "run")}) == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import subprocess
@@ -93,6 +94,10 @@ def test_wheel_ships_only_the_skypurza_package(tmp_path):
         assert must in names
     # the platform's commands join `spz` through this entry point (cli/plugins.py)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
-    assert "[skypurza.cli_plugins]\nledger = skypurza.services.ledger.cli:register" in entry_points.decode()
+    groups = configparser.ConfigParser()
+    groups.read_string(entry_points.decode())
+    assert groups["skypurza.cli_plugins"]["ledger"] == "skypurza.services.ledger.cli:register"
+    assert groups["skypurza.cli_plugins"]["health"] == "skypurza.services.observability.gpuhealth.cli:register"
     # and its services join `spz api serve` through this one (cli/serve.py)
-    assert "[skypurza.services]\nledger = skypurza.services.ledger.service:LedgerService" in entry_points.decode()
+    assert groups["skypurza.services"]["ledger"] == "skypurza.services.ledger.service:LedgerService"
+    assert set(groups["skypurza.services"]) == {"ledger", "observability", "gpuhealth"}

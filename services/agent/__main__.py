@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> int:
         agent = Agent(spec, heartbeat_s=settings.heartbeat_s, kill_grace_s=settings.kill_grace_s,
-                      checkpoint_sync_s=settings.checkpoint_sync_s, bucket_store=settings.bucket_store)
+                      checkpoint_sync_s=settings.checkpoint_sync_s, bucket_store=settings.bucket_store,
+                      sample_s=settings.sample_s, xid_source=settings.xid_source)
         loop = asyncio.get_running_loop()
         # SIGTERM stops the agent, not the jobs: a restarted agent adopts them.
         for sig in (signal.SIGTERM, signal.SIGINT):

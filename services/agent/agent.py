@@ -34,13 +34,14 @@ from skypurza.events.bus import Bus, Stored, log_chunk_id
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
 from skypurza.events.envelope import Event, new_id
+from skypurza.events.health_events import GpuUnhealthy
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
 from skypurza.events.contract import Contract
 from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
 
-from . import fetch, mounts, storage, userenv
+from . import fetch, mounts, sampling, storage, userenv
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -86,11 +87,12 @@ CONTRACT = Contract(
     name="agent",
     consumes=(ClusterProvisioned, ClusterStarted, ClusterStopped, ClusterTerminated, AutostopSet, ClusterIdle,
               DownRequested, StopRequested, JobQueued, JobStarted, JobNodeFinished, CancelRequested, JobSucceeded,
-              JobFailed, JobCancelled),
+              JobFailed, JobCancelled, GpuUnhealthy),
     emits=(NodeReady, JobStarted, JobNodeFinished, JobSucceeded, JobFailed, JobCancelled, ClusterIdle, DownRequested),
     consume_notes={ClusterProvisioned: "the cluster's lifetime starts", ClusterTerminated: "agents exit",
                    AutostopSet: "head agent", JobQueued: "runs it", CancelRequested: "kills the job's process groups",
-                   JobNodeFinished: "head agent decides the job's outcome"},
+                   JobNodeFinished: "head agent decides the job's outcome",
+                   GpuUnhealthy: "a fatal finding drains the cluster: no new job is admitted"},
     emit_notes={JobStarted: "head agent", JobNodeFinished: "every agent", JobSucceeded: "head agent",
                 JobFailed: "head agent", JobCancelled: "head agent", ClusterIdle: "head agent, autostop",
                 DownRequested: "`--down` after the job, autostop"},
@@ -134,7 +136,8 @@ def is_our_process(pid: int, started_at: float | None) -> bool:
 class Agent:
     def __init__(self, spec: AgentSpec, *, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
                  tick_s: float = 1.0, clock: Clock = SYSTEM_CLOCK, detect_gpu: bool = True,
-                 checkpoint_sync_s: float | None = None, bucket_store: str | None = None):
+                 checkpoint_sync_s: float | None = None, bucket_store: str | None = None,
+                 sample_s: float = 0.0, xid_source: str = "auto"):
         self.spec = spec
         self.rank = spec.rank
         self.home = Path(spec.home).expanduser() if spec.home else Path.home()
@@ -161,6 +164,8 @@ class Agent:
         self.checkpoints = storage.Checkpoints(spec.infra, spec.stage, checkpoint_sync_s,
                                                bucket_store)  # checkpoint buckets (storage.py)
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
+        self.sample_s = sample_s  # 0: no node samples (sampling.py)
+        self.sampler = sampling.Sampler(self.home, xid_source=xid_source)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -174,6 +179,7 @@ class Agent:
         # Tells whoever started this agent (the local backend waits for it) that it is connected.
         (self.state / READY_FILE).write_text(str(os.getpid()))
         heartbeat = asyncio.create_task(self._heartbeats())
+        sampler = asyncio.create_task(self._samples()) if self.sample_s > 0 else None
         follower: asyncio.Task | None = None
         try:
             start_seq = await self._start_seq()
@@ -193,7 +199,7 @@ class Agent:
                 await self._wait()
             return 0
         finally:
-            await stop_tasks(heartbeat, follower, *self._watchers)
+            await stop_tasks(heartbeat, sampler, follower, *self._watchers)
             await self.bus.close()
 
     async def _connect(self) -> Bus:
@@ -661,6 +667,38 @@ class Agent:
             except Exception as exc:
                 log.debug("heartbeat not sent: %s", exc)
             await asyncio.sleep(self.heartbeat_s)
+
+    def _busy_gpus(self, expected: int) -> list[int]:
+        """The GPU indices the jobs running on this node hold (all of them for a job that asked
+        for GPUs without indices recorded)."""
+        held: set[int] = set()
+        for job_id in self.local.jobs():
+            job = self.view.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.gpu_indices is not None:
+                held.update(i for i in job.gpu_indices if i >= 0)
+            elif self.view.demand(job).accelerator_count > 0:
+                held.update(range(expected))
+        return sorted(held)
+
+    async def _samples(self) -> None:
+        """A node sample every `sample_s` on core NATS (events/nodesample.py): fire and forget,
+        never on the log. A sample that cannot be taken or sent is skipped, never fatal."""
+        assert self.bus is not None
+        subject = naming.sample_subject(self.spec.stage, self.spec.cluster, self.rank)
+        while True:
+            try:
+                expected = int(sum(self.view.capacity().accelerators.values()))
+                sample = await asyncio.to_thread(
+                    self.sampler.sample, self.spec.cluster, self.rank, self.spec.instance_id,
+                    self.clock.now().isoformat(), expected_gpus=expected, busy_gpus=self._busy_gpus(expected))
+                await self.bus.nc.publish(subject, sample.model_dump_json(exclude_defaults=True).encode())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("node sample not sent: %s", exc)
+            await asyncio.sleep(self.sample_s)
 
     def _ip(self) -> str:
         if self.spec.node_ips and self.rank < len(self.spec.node_ips):

@@ -5,6 +5,8 @@
     SKYPURZA_AGENT_LOG_LEVEL=INFO       # the agent's own log: DEBUG, INFO, WARNING, ERROR, CRITICAL
     SKYPURZA_CHECKPOINT_SYNC_S=30       # upload interval of checkpoint buckets; 0.05-86400
     SKYPURZA_BUCKET_STORE=s3|dir        # where checkpoint buckets live (unset: storage.store_kind)
+    SKYPURZA_AGENT_SAMPLE_S=10          # node samples (CPU, memory, disk, GPUs); 0 (off) or 0.2-3600
+    SKYPURZA_AGENT_XID_SOURCE=auto      # where Xid errors are read: auto, dmesg, journalctl, none
 
 The environment only: a node is started with the environment it needs (the local backend's
 processes inherit it, EC2 user-data sets it) and has no `~/.skypurza/config.yaml` of the
@@ -18,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from skypurza.events.settings import Sources
+from skypurza.events.settings import SettingsError, Sources
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 BUCKET_STORES = ("s3", "dir")
 HOUR_S = 3600.0
 DAY_S = 86400.0
+MIN_SAMPLE_S = 0.2
+XID_SOURCES = ("auto", "dmesg", "journalctl", "none")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,10 @@ class AgentSettings:
     log_level: str = "INFO"
     checkpoint_sync_s: float = 30.0
     bucket_store: str | None = None  # None: S3 when AWS is configured (storage.store_kind)
+    # Bounded below: each sample runs nvidia-smi and reads the kernel log, and every node sends
+    # one to the control plane (docs/DESIGN.md, *Node samples*).
+    sample_s: float = 10.0
+    xid_source: str = "auto"
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -45,4 +53,14 @@ class AgentSettings:
             checkpoint_sync_s=src.seconds("SKYPURZA_CHECKPOINT_SYNC_S", base.checkpoint_sync_s, low=0.05,
                                           high=DAY_S),
             bucket_store=src.choice("SKYPURZA_BUCKET_STORE", None, BUCKET_STORES, fold=str.lower),
+            sample_s=_sample_s(src.seconds("SKYPURZA_AGENT_SAMPLE_S", base.sample_s, high=HOUR_S)),
+            xid_source=src.choice("SKYPURZA_AGENT_XID_SOURCE", base.xid_source, XID_SOURCES, fold=str.lower)
+            or "auto",
         )
+
+
+def _sample_s(value: float) -> float:
+    if 0 < value < MIN_SAMPLE_S:
+        raise SettingsError(f"SKYPURZA_AGENT_SAMPLE_S={value:g}: expected 0 (off) or {MIN_SAMPLE_S:g} to "
+                            f"{HOUR_S:g} seconds")
+    return value

@@ -28,6 +28,7 @@ from skypurza.events.cluster_events import (
     StopRequested,
 )
 from skypurza.events.envelope import Event
+from skypurza.events.health_events import GpuUnhealthy
 from skypurza.events.fold import ClusterStatus, JobFold, cluster_after, cluster_nodes_of, job_after, job_queued
 from skypurza.events.job_events import (
     CancelRequested,
@@ -131,6 +132,9 @@ class ClusterView:
     status: ClusterStatus | None = None  # from the one fold (events/fold.py)
     down_requested: bool = False
     last_seq: int = 0
+    # Ranks with a fatal GpuUnhealthy in this lifetime, and why: the cluster is drained (its
+    # running jobs go on or are recovered; nothing new is admitted) until it is provisioned or started again.
+    drained: dict[int, str] = field(default_factory=dict)
 
     @property
     def stopped(self) -> bool:
@@ -173,8 +177,13 @@ class ClusterView:
                 self.idle_minutes, self.idle_down = event.idle_minutes, event.down_when_idle
             self.idle_wait_for = "jobs_and_ssh"  # a new cluster: the task's autostop, not an old AutostopSet's
             self.down_requested = False
+            self.drained = {}
             self._activity(at, envelope_id)
+        elif isinstance(event, GpuUnhealthy):
+            if event.severity == "fatal":
+                self.drained = {**self.drained, event.rank: event.detail or event.rule}
         elif isinstance(event, ClusterStarted):
+            self.drained = {}  # a started instance is on a new host (EC2 start): its GPUs are others
             self._activity(at, envelope_id)
         elif isinstance(event, AutostopSet):
             self.idle_minutes, self.idle_down = event.idle_minutes, event.down
@@ -246,7 +255,8 @@ class ClusterView:
         capacity = self.capacity()
         queue = [QueuedJob(j.job_id, demand_of(j.queued.task, capacity), j.started, j.gpu_indices)
                  for _, j in sorted(self.jobs.items())
-                 if not j.terminal and (j.started or not (j.cancel_requested or j.num_nodes > self.num_nodes))]
+                 if not j.terminal and (j.started or not (j.cancel_requested or j.num_nodes > self.num_nodes
+                                                          or self.drained))]
         return admit(capacity, queue)
 
     def placed_accelerators(self) -> dict[str, float] | None:

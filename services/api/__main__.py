@@ -2,6 +2,10 @@
 
 One uvicorn process serving `create_app` (services/api/app.py). It checks that the bus answers
 before it listens: a bus it cannot reach is one line and exit 1, never a traceback.
+
+Tokens only, unless `--embedded` (the embedded control plane, `spz api start` without
+--deploy): then a caller from loopback with no token is the OS user, as admin — as the CLI on the
+embedded bus is. `--control-plane DIR` marks the process as a stage's (cli/planeprocs.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: 127.0.0.1).")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"Port (default: {DEFAULT_PORT}).")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--embedded", action="store_true",
+                   help="An unauthenticated caller from loopback is the OS user, as admin (spz api start).")
+    p.add_argument("--control-plane", default=None, help="The stage's state directory (spz api stop finds us).")
     args = p.parse_args(argv)
     try:
         naming.check_stage(args.stage)
@@ -48,6 +55,23 @@ async def _bus_answers(url: str, stage: str) -> str | None:
     return None
 
 
+def _os_principal():
+    """The embedded default's principal: the OS user (SKYPURZA_USER / config) as admin."""
+    from skypurza.events.config import load_config
+
+    from .identity import Principal
+
+    cfg = load_config()
+    user = cfg.user
+    team = cfg.team_of(user) or "local"
+    try:
+        naming.check_principal_name(user, "user")
+        naming.check_principal_name(team, "team")
+    except ValueError:  # an OS name the bus cannot carry as one token: a stable stand-in
+        user, team = naming.subject_token(user.lower())[:63] or "local", "local"
+    return Principal(user=user, team=team, role="admin")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import ApiSettings, create_app
 
-    app = create_app(ApiSettings(nats_url=args.nats, stage=args.stage))
+    app = create_app(ApiSettings(nats_url=args.nats, stage=args.stage,
+                                 local_admin=_os_principal() if args.embedded else None))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True)
     return 0
 

@@ -33,15 +33,17 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
+from . import routes_clusters, routes_streams
 from .contract import CONTRACT
+from .deps import ApiDeps
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize
+from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
+from .sse import StreamSlots
 from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission
 
 log = logging.getLogger("skypurza.api")
 
-PROBLEM = "application/problem+json"
-PROBLEM_BASE = "https://skypurza.dev/problems/"  # a stable identifier per kind of problem (RFC 9457 `type`)
 STATUS_TIMEOUT_S = 10.0
 
 
@@ -50,22 +52,8 @@ class ApiSettings:
     nats_url: str
     stage: str = naming.DEFAULT_STAGE
     max_body_bytes: int = MAX_BODY_BYTES
-
-
-class Problem(Exception):
-    """An RFC 9457 problem: raised anywhere in a request, answered as problem+json."""
-
-    def __init__(self, status: int, kind: str, title: str, detail: str, headers: dict[str, str] | None = None,
-                 **extra: Any) -> None:
-        super().__init__(detail)
-        self.status, self.kind, self.title, self.detail = status, kind, title, detail
-        self.headers = headers or {}
-        self.extra = extra
-
-    def response(self, instance: str = "") -> JSONResponse:
-        body = {"type": PROBLEM_BASE + self.kind, "title": self.title, "status": self.status, "detail": self.detail,
-                **({"instance": instance} if instance else {}), **self.extra}
-        return JSONResponse(body, status_code=self.status, headers=self.headers, media_type=PROBLEM)
+    # The embedded default (never a deployment): a loopback caller with no token is this principal.
+    local_admin: Principal | None = None
 
 
 def _unauthorized(detail: str, error: str | None = None) -> Problem:
@@ -189,8 +177,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
             raise _unauthorized("the Authorization header must be 'Bearer <token>'", "invalid_request")
         return token.strip()
 
+    def local_caller(request: Request) -> Principal | None:
+        client = request.client.host if request.client else ""
+        return settings.local_admin if client in ("127.0.0.1", "::1") else None
+
     async def principal(request: Request) -> Principal:
         token = presented_token(request)
+        if token is None and local_caller(request) is not None:
+            return local_caller(request)  # type: ignore[return-value]
         if token is None:
             raise _unauthorized("this needs a token: send 'Authorization: Bearer <token>' (an admin makes one with "
                                 "spz users add NAME --team TEAM --role ROLE, or spz users token NAME)")
@@ -215,6 +209,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         elif token is not None:
             who = authenticate(await directory(), token)
             out["caller"] = None if who is None else {"user": who.user, "team": who.team, "role": who.role}
+        elif (local := local_caller(request)) is not None:
+            out["caller"] = {"user": local.user, "team": local.team, "role": local.role, "local": True}
+        out["auth"] = "local-or-token" if settings.local_admin is not None else "token"
         return out
 
     @app.get("/api/v1/clusters", summary="Clusters: your own, or everyone's you may read (all_users)")
@@ -260,5 +257,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
                  who.team)
         return {"task_id": task_id, "cluster": submission.event.cluster, "seq": ack.seq, "user": who.user,
                 "team": who.team, "status": "SUBMITTED"}
+
+    # The route families (one module each); they reach the caller and the bus through `deps`.
+    deps = ApiDeps(principal=principal, bus=bus)
+    app.include_router(routes_clusters.router(deps))
+    app.include_router(routes_streams.router(deps, StreamSlots()))
 
     return app

@@ -15,13 +15,20 @@ from skypurza.events.identity_events import (
     UserAdded,
     UserRemoved,
 )
+from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequested, StopRequested
+from skypurza.events.job_events import CancelRequested
 from skypurza.events.task_events import TaskSubmitted
 
 CONTRACT = Contract(
     name="api",
-    emits=(TaskSubmitted,),
+    emits=(TaskSubmitted, StopRequested, StartRequested, DownRequested, AutostopSet, CancelRequested),
     consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
-    emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`"},
+    emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
+                StopRequested: "`POST /api/v1/clusters/{name}/stop`, stamped",
+                StartRequested: "`POST /api/v1/clusters/{name}/start`, stamped",
+                DownRequested: "`POST /api/v1/clusters/{name}/down`, stamped",
+                AutostopSet: "`POST /api/v1/clusters/{name}/autostop` (and `start` with `idle_minutes`), stamped",
+                CancelRequested: "`POST /api/v1/clusters/{name}/jobs/.../cancel`, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams"},
 )

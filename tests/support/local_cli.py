@@ -33,7 +33,8 @@ def agent_pids(home: Path) -> list[int]:
 def local_cli(tmp_path: Path, stage: str) -> Iterator[dict[str, str]]:
     home = tmp_path / "home"
     env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": stage, "SKYPURZA_AGENT_KILL_GRACE_S": "1",
-           "SKYPURZA_NATS_PORT": str(free_port()), "COLUMNS": "200"}
+           "SKYPURZA_NATS_PORT": str(free_port()), "COLUMNS": "200",
+           "SKYPURZA_METRICS_PORT": str(free_port())}  # not the default 9464: a developer's own plane may hold it
     env.pop("SKYPURZA_NATS_URL", None)
     try:
         yield env

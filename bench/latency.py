@@ -1,0 +1,245 @@
+"""Where a user waits: wall time of `spz` commands as a user runs them, each beside its baseline
+measured in the same run (issue 21).
+
+Rows (medians of --runs):
+- cold commands: `spz --help`, `spz check-yaml f.yaml`, `spz launch --dryrun -o json f.yaml`,
+  beside Python's own start-up (`python -c pass`);
+- on the `local` infra with the control plane up (`spz api start`, real nats-server, services,
+  node agents): `spz launch -c NEW 'echo hi'` (exit, and its first line of output), `spz exec
+  CLUSTER 'echo hi'` (exit), `spz jobs launch 'echo hi'` to SUCCEEDED (exit);
+- what a per-cluster verb reads (`read_cluster`, in this process): a new cluster, and one with
+  --ticks usage events on its subject, beside the old read of its whole subject.
+
+Baseline: with `--baseline DIR`, each row runs a second time with the code of DIR (a checkout
+whose `DIR/skypurza` is the package, e.g. `git archive HEAD | tar -x -C DIR/skypurza`) put first
+on PYTHONPATH: the old code path, same machine, same control plane, same run. SkyPilot's own
+optimizer is timed too where `sky` is installed.
+
+Rows of the issue not timed here have their own benches: bus vs bare nats-py (bench/bus.py),
+replays (bench/replay.py), 1,000 placements (bench/optimizer.py), ledger replay (bench/ledger.py).
+
+    python bench/latency.py [--runs 3] [--baseline DIR] [--skip local] [-o json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from skypurza.events.natsserver import free_port
+
+TASK = "name: hi\nresources:\n  cpus: 1+\nrun: echo hi\n"
+COMMAND_TIMEOUT_S = 180
+
+
+def _env(base: dict[str, str], tree: Path | None) -> dict[str, str]:
+    env = dict(base)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float | None, int]:
+    """Seconds to exit, seconds to the first line of stdout (None: none), exit status."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    first = None
+    for _ in proc.stdout:
+        if first is None:
+            first = time.perf_counter() - t0
+    try:
+        proc.wait(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return time.perf_counter() - t0, first, proc.returncode
+
+
+def _spz(*args: str) -> list[str]:
+    return [sys.executable, "-m", "skypurza.cli.main", *args]
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 3)
+
+
+def measure(name: str, argv_of, env_of, cwd: Path, runs: int, trees: dict[str, Path | None],
+            ok=(0,)) -> dict[str, dict[str, float]]:
+    row: dict[str, dict[str, float]] = {}
+    for label, tree in trees.items():
+        exits, firsts = [], []
+        for i in range(runs):
+            wall, first, rc = _timed(argv_of(label, i), env_of(tree), cwd)
+            if rc not in ok:
+                raise SystemExit(f"{name} ({label}) exited {rc}")
+            exits.append(wall)
+            if first is not None:
+                firsts.append(first)
+        row[label] = {"exit_s": _median(exits)}
+        if firsts:
+            row[label]["first_line_s"] = _median(firsts)
+    return row
+
+
+def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str, dict]:
+    task = work / "hi.yaml"
+    task.write_text(TASK)
+    env = {**os.environ, "SKYPURZA_HOME": str(work / "cold-home"), "SKYPURZA_STAGE": "benchcold"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    out: dict[str, dict] = {
+        "python -c pass": measure("python -c pass", lambda _l, _i: [sys.executable, "-c", "pass"],
+                                  lambda t: _env(env, t), work, runs, {"python": None}),
+    }
+    for what, args in (("spz --help", ("--help",)), ("spz check-yaml f.yaml", ("check-yaml", str(task))),
+                       ("spz launch --dryrun -o json", ("launch", "--dryrun", "-o", "json", str(task)))):
+        out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+    if importlib.util.find_spec("sky") is not None:
+        code = ("import sky; t = sky.Task(run='echo hi'); t.set_resources(sky.Resources(cpus='1+'));"
+                "d = sky.Dag(); d.add(t); sky.optimize(d, quiet=True)")
+        out["SkyPilot optimizer, cold"] = measure("sky", lambda _l, _i: [sys.executable, "-c", code],
+                                                  lambda t: _env(env, t), work, runs, {"skypilot": None})
+    return out
+
+
+def local_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str, dict]:
+    env = {**os.environ, "SKYPURZA_HOME": str(work / "home"), "SKYPURZA_STAGE": "benchlat",
+           "SKYPURZA_USER": "bench", "SKYPURZA_NATS_PORT": str(free_port()), "SKYPURZA_NO_PLUGINS": "1"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    run = lambda *a: subprocess.run(_spz(*a), env=env, cwd=work, capture_output=True, text=True,  # noqa: E731
+                                    timeout=COMMAND_TIMEOUT_S)
+    r = run("api", "start")
+    if r.returncode != 0:
+        raise SystemExit(f"spz api start failed: {r.stderr}")
+    out: dict[str, dict] = {}
+    try:
+        tag = uuid.uuid4().hex[:6]
+        out["spz launch -c NEW 'echo hi'"] = measure(
+            "launch", lambda label, i: _spz("launch", "-y", "--infra", "local", "-c", f"n{tag}{label[:1]}{i}",
+                                            "echo hi"),
+            lambda t: _env(env, t), work, runs, trees)
+        r = run("launch", "-y", "--infra", "local", "-c", f"x{tag}", "echo hi")
+        if r.returncode != 0:
+            raise SystemExit(f"launch for exec failed: {r.stderr}")
+        out["spz exec CLUSTER 'echo hi'"] = measure(
+            "exec", lambda _l, _i: _spz("exec", f"x{tag}", "echo hi"), lambda t: _env(env, t), work, runs, trees)
+        out["spz jobs launch to SUCCEEDED"] = measure(
+            "jobs launch", lambda _l, _i: _spz("jobs", "launch", "-y", "--infra", "local", "echo hi"),
+            lambda t: _env(env, t), work, runs, trees)
+    finally:
+        run("down", "-a", "-y")
+        run("api", "stop")
+    return out
+
+
+def cluster_read_rows(runs: int, ticks: int, work: Path) -> dict[str, dict]:
+    """What `exec`, `logs --status`, `down` read of a cluster (cli/clusterlog.py `read_cluster`):
+    a new cluster and one with `ticks` UsageRecorded on its subject, beside the old read (the
+    cluster's whole subject, ticks decoded then skipped) in the same run."""
+    import asyncio
+    from datetime import timedelta
+
+    from skypurza.cli.clusterlog import fold, read_cluster
+    from skypurza.events import naming
+    from skypurza.events.bus import Bus
+    from skypurza.events.envelope import utcnow
+    from skypurza.events.models import (Candidate, ClusterProvisioned, JobQueued, JobStarted, JobSucceeded,
+                                        NodeInfo, NodeReady, UsageRecorded)
+    from skypurza.events.natsserver import NatsServer
+
+    def history(cluster: str) -> list:
+        t = utcnow() - timedelta(days=30)
+        return [ClusterProvisioned(cluster=cluster, task_id="t", placement_id="p",
+                                   candidate=Candidate(infra="aws", region="us-east-1", zone="us-east-1a",
+                                                       instance_type="m6i.large", hourly_price_micros=96_000,
+                                                       num_nodes=1),
+                                   nodes=[NodeInfo(rank=0, instance_id="i-1")], hourly_price_micros=96_000,
+                                   launched_at=t, user="bench"),
+                NodeReady(cluster=cluster, rank=0),
+                JobQueued(cluster=cluster, job_id=1, task_id="t", task={"run": "echo hi"}),
+                JobStarted(cluster=cluster, job_id=1, started_at=t),
+                JobSucceeded(cluster=cluster, job_id=1, ended_at=t)]
+
+    async def old_read(bus: Bus, name: str):
+        items = []
+        async for s in bus.replay(filter_subject=naming.aggregate_subjects(bus.stage, "cluster", name)):
+            if s.event is not None and s.envelope is not None and s.event.EVENT_NAME != "usage_recorded":
+                items.append((s.event, s.envelope.time, s.seq))
+        return fold(name, items)
+
+    async def go(url: str) -> dict[str, dict]:
+        bus = await Bus.connect(url, "benchreads", source="/bench/latency")
+        t = utcnow() - timedelta(days=30)
+        await bus.publish_many(history("new"))
+        await bus.publish_many(history("old") + [
+            UsageRecorded(cluster="old", rank=0, instance_id="i-1", start=t + timedelta(minutes=i),
+                          end=t + timedelta(minutes=i + 1), hourly_price_micros=96_000, cost_micros=1_600)
+            for i in range(ticks)])
+        out: dict[str, dict] = {}
+        for name, what in (("new", "read a new cluster"), ("old", f"read a cluster with {ticks:,} usage events")):
+            row: dict[str, dict[str, float]] = {}
+            for label, fn in (("spz", read_cluster), ("old path", old_read)):
+                times = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    c = await fn(bus, name)
+                    times.append(time.perf_counter() - t0)
+                    assert c.status == "UP" and 1 in c.jobs
+                row[label] = {"exit_s": _median(times)}
+            out[what] = row
+        await bus.close()
+        return out
+
+    server = NatsServer(store_dir=work / "reads-js", port=free_port()).start()
+    try:
+        return asyncio.run(go(server.url))
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline", type=Path, help="a tree whose skypurza/ is the old code")
+    ap.add_argument("--skip", default="", help="comma-separated: cold,local,reads")
+    ap.add_argument("--ticks", type=int, default=50_000, help="usage events on the old cluster (reads)")
+    ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    args = ap.parse_args()
+    if not 1 <= args.runs <= 20:
+        ap.error("--runs: 1 to 20")
+    trees: dict[str, Path | None] = {"spz": None}
+    if args.baseline is not None:
+        if not (args.baseline / "skypurza" / "cli" / "main.py").is_file():
+            ap.error(f"--baseline: {args.baseline}/skypurza/cli/main.py not found")
+        trees["baseline"] = args.baseline.resolve()
+    skip = set(filter(None, args.skip.split(",")))
+    result: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        if "cold" not in skip:
+            result.update(cold_rows(args.runs, trees, work))
+        if "local" not in skip:
+            result.update(local_rows(args.runs, trees, work))
+        if "reads" not in skip:
+            result.update(cluster_read_rows(args.runs, args.ticks, work))
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{'what a user does':<46}{'code':<10}{'exit s':>8}{'first line s':>14}")
+    for what, row in result.items():
+        for label, figs in row.items():
+            first = figs.get("first_line_s")
+            print(f"{what:<46}{label:<10}{figs['exit_s']:>8.3f}{'' if first is None else f'{first:.3f}':>14}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""What a route family needs from the app: who the caller is, the bus, the status service."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Path
+
+from skypurza.events import limits
+from skypurza.events.bus import Bus
+
+from .identity import Principal
+from .tasks import _CLUSTER_RE
+
+STATUS_TIMEOUT_S = 10.0
+
+# Path parameters, bounded at the edge: a name with a subject or path metacharacter is a 422.
+ClusterName = Annotated[str, Path(min_length=1, max_length=limits.MAX_CLUSTER_NAME_CHARS,
+                                  pattern=f"^{_CLUSTER_RE.pattern}$",
+                                  description="The cluster's name (letters, digits, - _ .).")]
+JobId = Annotated[int, Path(ge=1, le=limits.MAX_JOB_ID, description="The job's id on its cluster.")]
+
+
+@dataclass(frozen=True)
+class ApiDeps:
+    principal: Callable[..., Awaitable[Principal]]  # a FastAPI dependency: the authenticated caller
+    bus: Callable[[], Bus]  # the declared bus: publishes are checked against the API's contract

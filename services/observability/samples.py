@@ -1,0 +1,195 @@
+"""Pure: the metric families of one scrape, from the projections' answers and the log fold.
+
+`Snapshot` holds what the service gathered (each part None when its source did not answer: its
+families are left out and `skypurza_metrics_source_up{source}` says 0); `families` turns it into
+prometheus-client metric families. No I/O here: tests feed it query answers directly.
+
+Label cardinality is bounded: a label that takes values from users' names (cluster, user, team,
+project, region, instance type) keeps at most `max_series` distinct values per family, the
+largest first, and folds the rest into "other" (docs/observability.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from skypurza.events.naming import metric
+
+from .logfold import Histogram, LogCounters, histogram_of
+
+OTHER = "other"
+UNASSIGNED = "(none)"  # the ledger's name for usage with no team/user/project
+# Seconds a job waits from JobQueued to its start: packing on a busy cluster can take hours.
+QUEUE_WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
+LIVE_CLUSTER = ("INIT", "UP")  # clusters whose nodes exist (and are paid for) now
+COST_DIMENSIONS = ("team", "user", "project", "cluster")
+
+
+@dataclass
+class Snapshot:
+    clusters: list[dict[str, Any]] | None = None  # status(all=True)
+    jobs: list[dict[str, Any]] | None = None  # queue()
+    managed: list[dict[str, Any]] | None = None  # jobs_queue()
+    costs: dict[str, dict[str, Any]] | None = None  # cost_report(by=d) for d in COST_DIMENSIONS
+    consumers: list[dict[str, Any]] | None = None  # {consumer, num_pending, num_redelivered, num_ack_pending}
+    projections: dict[str, dict[str, Any]] = field(default_factory=dict)  # service -> position()
+    last_seq: int | None = None  # the events stream's last sequence
+    dead_letters: dict[str, int] | None = None  # service -> parked count
+    log: LogCounters | None = None
+    sources: dict[str, bool] = field(default_factory=dict)
+
+
+def _label(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text[:128] if text else UNASSIGNED
+
+
+def bound(values: dict[tuple[str, ...], float], position: int, limit: int) -> dict[tuple[str, ...], float]:
+    """Keep at most `limit` distinct values of label `position` (the largest totals first, then by
+    name, so the choice is stable) and fold the others into "other"."""
+    totals: dict[str, float] = {}
+    for key, v in values.items():
+        totals[key[position]] = totals.get(key[position], 0.0) + abs(v)
+    if len(totals) <= limit:
+        return values
+    keep = {k for k, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[: max(0, limit - 1)]}
+    out: dict[tuple[str, ...], float] = {}
+    for key, v in values.items():
+        k = key if key[position] in keep else (*key[:position], OTHER, *key[position + 1:])
+        out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _bounded(values: dict[tuple[str, ...], float], positions: Iterable[int], limit: int) -> dict[tuple[str, ...], float]:
+    for p in positions:
+        values = bound(values, p, limit)
+    return values
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(metric(name), doc, labels=labels)
+    for key in sorted(values):
+        g.add_metric(list(key), values[key])
+    return g
+
+
+def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> CounterMetricFamily:
+    c = CounterMetricFamily(metric(name), doc, labels=labels)
+    for key in sorted(values):
+        c.add_metric(list(key), values[key])
+    return c
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(metric(name), doc, buckets=h.cumulative(), sum_value=h.total)
+
+
+def _count_by(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for r in rows:
+        k = (str(r.get(key) or "UNKNOWN"),)
+        out[k] = out.get(k, 0.0) + 1
+    return out
+
+
+def _seconds_between(a: Any, b: Any) -> float | None:
+    if not a or not b:
+        return None
+    try:
+        return (datetime.fromisoformat(str(b).replace("Z", "+00:00"))
+                - datetime.fromisoformat(str(a).replace("Z", "+00:00"))).total_seconds()
+    except ValueError:
+        return None
+
+
+def queue_waits(jobs: list[dict[str, Any]]) -> list[float]:
+    """Seconds from submission to start, for each job that has started."""
+    return [s for s in (_seconds_between(j.get("submitted_at"), j.get("started_at")) for j in jobs) if s is not None]
+
+
+def _dollars(micros: int | float) -> float:
+    return float(Decimal(int(micros)).scaleb(-6))
+
+
+def families(s: Snapshot, max_series: int) -> list[Metric]:
+    out: list[Metric] = []
+    if s.clusters is not None:
+        out.append(_gauge("clusters", "Clusters by state (terminated ones included).", ["state"],
+                          _count_by(s.clusters, "status")))
+        nodes: dict[tuple[str, ...], float] = {}
+        rate: dict[tuple[str, ...], float] = {}
+        for c in s.clusters:
+            if c.get("status") not in LIVE_CLUSTER:
+                continue
+            n = int(c.get("num_nodes") or 0)
+            k = (_label(c.get("infra")), _label(c.get("region")), _label(c.get("instance_type")), _label(c.get("market")))
+            nodes[k] = nodes.get(k, 0.0) + n
+            if c.get("status") == "UP":
+                rk = (_label(c.get("team")), _label(c.get("user")), _label(c.get("project")), _label(c.get("name")))
+                rate[rk] = rate.get(rk, 0.0) + _dollars(int(c.get("hourly_price_micros") or 0) * n)
+        out.append(_gauge("nodes", "Nodes of clusters that are up or launching.",
+                          ["infra", "region", "instance_type", "market"], _bounded(nodes, (1, 2), max_series)))
+        out.append(_gauge("cost_rate_dollars_per_hour", "Dollars per hour being spent now (clusters that are up).",
+                          ["team", "user", "project", "cluster"], _bounded(rate, (3, 1, 2, 0), max_series)))
+    if s.jobs is not None:
+        out.append(_gauge("jobs", "Cluster jobs by state.", ["state"], _count_by(s.jobs, "status")))
+        out.append(_histogram("queue_wait_seconds", "Seconds from a job's submission to its start (jobs that started).",
+                              histogram_of(queue_waits(s.jobs), QUEUE_WAIT_BUCKETS)))
+    if s.managed is not None:
+        out.append(_gauge("managed_jobs", "Managed jobs by state.", ["state"], _count_by(s.managed, "status")))
+        out.append(_counter("managed_job_recoveries", "Recoveries of managed jobs (preemptions and lost nodes).",
+                            [], {(): float(sum(int(m.get("recoveries") or 0) for m in s.managed))}))
+    if s.costs is not None:
+        for dim in COST_DIMENSIONS:
+            report = s.costs.get(dim)
+            if report is None:
+                continue
+            spent: dict[tuple[str, ...], float] = {}
+            for line in report.get("lines", []):
+                k = (_label(line.get("key")),)
+                spent[k] = spent.get(k, 0.0) + int(line.get("cost_micros") or 0)
+            spent = {k: _dollars(v) for k, v in bound(spent, 0, max_series).items()}
+            out.append(_counter(f"{dim}_spent_dollars", f"Dollars spent (metered usage and compensations) by {dim}, "
+                                "as `spz cost-report --by " + dim + "` says.", [dim], spent))
+    if s.log is not None:
+        lg = s.log
+        out.append(_counter("placement_attempts", "Placements chosen: a task's first choice, or a failover after a "
+                            "capacity error.", ["kind"], {(k,): float(v) for k, v in lg.placements.items()}))
+        out.append(_counter("failovers", "Capacity errors that made the optimizer fail over, by error class.",
+                            ["reason"], {(k,): float(v) for k, v in lg.failovers.items()}))
+        out.append(_counter("placement_failures", "Tasks no place could take (PlacementFailed).", [],
+                            {(): float(lg.placement_failures)}))
+        out.append(_counter("preemptions", "Spot preemptions detected.", [], {(): float(lg.preemptions)}))
+        gpu = {(k,): v / 3600.0 for k, v in lg.gpu_seconds.items()}
+        out.append(_counter("gpu_hours", "GPU-hours metered by the ledger (usage intervals x GPUs per node), by team.",
+                            ["team"], bound(gpu, 0, max_series)))
+        out.append(_histogram("provisioning_seconds", "Seconds from a task's submission to its cluster provisioned.",
+                              lg.provisioning))
+        out.append(_counter("log_events_read", "Events this endpoint has folded from the log.", [],
+                            {(): float(lg.events)}))
+    if s.consumers is not None:
+        pend = {(c["consumer"],): float(c.get("num_pending") or 0) for c in s.consumers}
+        redl = {(c["consumer"],): float(c.get("num_redelivered") or 0) for c in s.consumers}
+        ackp = {(c["consumer"],): float(c.get("num_ack_pending") or 0) for c in s.consumers}
+        out.append(_gauge("consumer_pending_messages", "Events a service's durable consumer has yet to receive.",
+                          ["consumer"], bound(pend, 0, max_series)))
+        out.append(_gauge("consumer_redelivered_messages", "Events redelivered to a durable consumer, not yet acked.",
+                          ["consumer"], bound(redl, 0, max_series)))
+        out.append(_gauge("consumer_ack_pending_messages", "Events delivered to a durable consumer, not yet acked.",
+                          ["consumer"], bound(ackp, 0, max_series)))
+    if s.projections and s.last_seq is not None:
+        lag = {(svc,): float(max(0, s.last_seq - int(p.get("checkpoint") or 0))) for svc, p in s.projections.items()}
+        out.append(_gauge("projection_lag_events", "Events in the log a projection has not committed yet.",
+                          ["service"], lag))
+    if s.dead_letters is not None:
+        out.append(_gauge("dead_letters", "Events parked on the dead-letter stream, by the service that parked them.",
+                          ["service"], bound({(k,): float(v) for k, v in s.dead_letters.items()}, 0, max_series)))
+    out.append(_gauge("metrics_source_up", "1 when the source answered this scrape, 0 when it did not.", ["source"],
+                      {(k,): 1.0 if v else 0.0 for k, v in s.sources.items()}))
+    return out

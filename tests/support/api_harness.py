@@ -1,0 +1,58 @@
+"""The API server as a process of its own, for tests: `Api(server, tmp_path)` and RFC 9457 checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from skypurza.events.natsserver import free_port
+
+STAGE = "test"
+
+
+class Api:
+    """The API server as a process of its own; its stdout and stderr go to one file."""
+
+    def __init__(self, server, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / "api.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "skypurza.services.api", "--nats", server.url, "--stage", STAGE,
+                 "--host", "127.0.0.1", "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/api/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.1)
+        self.http = httpx.Client(base_url=self.url, timeout=20)
+
+    def as_(self, token: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def close(self) -> str:
+        self.http.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        return self.log.read_text()
+
+
+def problem(res: httpx.Response, status: int) -> dict:
+    assert res.status_code == status, res.text
+    assert res.headers["content-type"].startswith("application/problem+json")
+    body = res.json()
+    assert body["status"] == status and body["type"].startswith("https://") and body["title"] and body["detail"]
+    return body
