@@ -24,6 +24,9 @@ from skypurza.cli.supervisor import api_ready
 from skypurza.events import naming
 
 ROUNDS = 20
+# First-use launches start the same lock path as `api start` (the test above runs it ROUNDS times)
+# and eight CLI processes besides: fewer rounds keep the suite's time (about 9 s a round on 2 cores).
+FIRST_USE_ROUNDS = 10
 STARTERS = 8
 # One control plane: its supervisor and the three processes it supervises.
 ONE_OF_EACH = Counter({"supervisor": 1, "nats-server": 1, "services": 1, "api-server": 1})
@@ -125,7 +128,7 @@ def test_concurrent_api_starts_make_one_control_plane_and_stop_leaves_nothing(ho
 def test_concurrent_first_use_launches_share_one_control_plane(homes, tmp_path):
     task = tmp_path / "hi.yaml"
     task.write_text("run: echo hi\n")
-    for i in range(ROUNDS):
+    for i in range(FIRST_USE_ROUNDS):
         home, env = homes(100 + i)
         procs = [_spawn(env, "launch", "--async", "-y", "-c", f"c{n}", "--infra", "local", str(task))
                  for n in range(STARTERS)]
