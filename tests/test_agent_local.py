@@ -209,6 +209,28 @@ def test_cancel_kills_the_whole_process_group(nats_server, tmp_path: Path, fast_
     assert end4.EVENT_NAME == "job_cancelled" and lines4 == []
 
 
+def test_what_leftover_processes_print_while_being_stopped_is_published(nats_server, tmp_path: Path,
+                                                                           fast_agents) -> None:
+    # The script ends; a child it left in its group says goodbye when the agent stops it.
+    script = "(trap 'echo bye from the child; exit 0' TERM; echo child up; while :; do sleep 0.1; done) &\n" \
+             "sleep 0.5\necho main done"
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        adapter = LocalAdapter(nats_server.url, "test", tmp_path / "state")
+        await provision(bus, adapter, "bye", 1)
+        job, _ = await queue_job(bus, cluster="bye", task_id="t1", task={"run": script})
+        end = await job_end(bus, "bye", job.job_id)
+        lines = await job_lines(bus, "bye", job.job_id)  # complete by the time the job has ended
+        await terminate(adapter, "bye")
+        await bus.close()
+        return end, rank_lines(lines, 0)
+
+    end, lines = asyncio.run(main())
+    assert end.EVENT_NAME == "job_succeeded"
+    assert lines[:2] == ["child up", "main done"] and lines[-1] == "bye from the child", lines
+
+
 def _kill_agent(adapter: LocalAdapter, cluster: str, rank: int = 0) -> int:
     pid = adapter.agents(cluster)[rank]["pid"]
     os.kill(pid, signal.SIGKILL)

@@ -511,6 +511,13 @@ class Agent:
                                                    "is unknown")
         if group_alive(pid):
             await kill_group(pid, self.kill_grace_s)  # what the script left running in its group
+            # What they printed while being stopped (a `trap ... TERM` handler) is the phase's
+            # output too: read the file once more before the phase is reported.
+            chunks = tail.read_chunks(final=True, flush_partial=True)
+            for chunk in chunks:
+                await self._log_line(job.job_id, redact(chunk.line), phase, chunk)
+            if chunks:
+                files.write_offset(tail.committed, tail.seq)
         self.local.done[(job.job_id, phase)] = code
         self.local.running.discard((job.job_id, phase))
         if not self.local.runs(job.job_id):
