@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from skypurza.events import limits
+from skypurza.events import limits, naming
 
 # A plain decimal integer of at most 19 digits: "1e20", "0x10" and 100,000-digit numbers are
 # refused as text, before Python tries to build them.
@@ -52,7 +52,6 @@ JOB_ID = BoundedInt(1, limits.MAX_JOB_ID, "job ids are positive 32-bit integers"
 TAIL_LINES = BoundedInt(0, limits.MAX_TAIL_LINES, "lines")
 DAYS = BoundedInt(1, limits.MAX_DAYS, "days")
 
-_CLUSTER_RE = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 
 
 def check_cluster_name(value: str | None, flag: str = "-c/--cluster", *, pattern: bool = True) -> str | None:
@@ -66,10 +65,8 @@ def check_cluster_name(value: str | None, flag: str = "-c/--cluster", *, pattern
     if len(value) > limits.MAX_CLUSTER_NAME_CHARS:
         raise typer.BadParameter(f"invalid cluster name of {len(value):,} characters: at most "
                                  f"{limits.MAX_CLUSTER_NAME_CHARS}", param_hint=flag)
-    if pattern and not _CLUSTER_RE.match(value):
-        raise typer.BadParameter(f"invalid cluster name {value!r}: use letters, digits, '-', '_' and '.', starting "
-                                 f"with a letter and ending with a letter or digit (at most "
-                                 f"{limits.MAX_CLUSTER_NAME_CHARS})", param_hint=flag)
+    if pattern and not naming.CLUSTER_NAME_RE.fullmatch(value):
+        raise typer.BadParameter(f"invalid cluster name {value!r}: {naming.CLUSTER_NAME_RULE}", param_hint=flag)
     return value
 
 

@@ -11,12 +11,11 @@ Pure helpers (no bus) shared by `spz launch` and `spz exec`:
 from __future__ import annotations
 
 import os
-import re
 import secrets as _secrets
 from pathlib import Path
 from typing import Any
 
-NAME_RE = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+from skypurza.events import naming
 
 
 class SubmitError(Exception):
@@ -112,9 +111,7 @@ def setup_changed(new_setup: str | None, last_setup: str | None) -> bool:
 def cluster_name(given: str | None, user: str) -> str:
     """The -c name, checked; or a generated one like SkyPilot's `sky-<hex>-<user>`."""
     if given:
-        if not NAME_RE.match(given) or len(given) > 63:
-            raise SubmitError(f"invalid cluster name {given!r}: use letters, digits, '-', '_' and '.', "
-                              "starting with a letter and ending with a letter or digit (at most 63)")
+        if not naming.valid_cluster_name(given):
+            raise SubmitError(f"invalid cluster name {given!r}: {naming.CLUSTER_NAME_RULE}")
         return given
-    who = re.sub(r"[^a-z0-9]", "", user.lower())[:12] or "user"
-    return f"spz-{_secrets.token_hex(2)}-{who}"
+    return naming.generated_cluster_name(user, _secrets.token_hex(2))

@@ -26,6 +26,26 @@ def check_stage(stage: str) -> str:
     return stage
 
 
+# Clusters: SkyPilot's rule; a cluster's name is a subject token and part of resource names.
+# The CLI (-c), the API server and generated names all use these (cli/bounds.py, cli/submit.py,
+# services/api/tasks.py).
+CLUSTER_NAME_RE = re.compile(r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?")
+MAX_CLUSTER_NAME_CHARS = 63  # = events/limits.MAX_CLUSTER_NAME_CHARS (a DNS label)
+CLUSTER_NAME_RULE = ("use letters, digits, '-', '_' and '.', starting with a letter and ending with a letter or "
+                     f"digit (at most {MAX_CLUSTER_NAME_CHARS})")
+
+
+def valid_cluster_name(value: str) -> bool:
+    return len(value) <= MAX_CLUSTER_NAME_CHARS and CLUSTER_NAME_RE.fullmatch(value) is not None
+
+
+def generated_cluster_name(user: str, token: str) -> str:
+    """A made-up cluster name, like SkyPilot's `sky-<hex>-<user>`: `token` is a few random hex
+    digits (the caller draws them), `user` is reduced to what a name may hold."""
+    who = re.sub(r"[^a-z0-9]", "", user.lower())[:12] or "user"
+    return f"spz-{token}-{who}"
+
+
 # Users and teams (events/identity_events.py): one subject token each, so no '.', '*', '>', '/',
 # spaces or upper case; short enough for a CloudEvents extension value and a DuckDB key.
 _PRINCIPAL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")

@@ -135,3 +135,19 @@ def test_naming_shapes():
     assert naming.base_tags("dev") == {"Project": "skypurza", "Stage": "dev"}
     with pytest.raises(ValueError):
         naming.name("Bad Stage", "x", "y")
+
+
+@pytest.mark.parametrize("name_", ["a", "train-1", "my.cluster_2", "A" * 63])
+def test_cluster_names_the_cli_and_the_api_accept(name_):
+    assert naming.valid_cluster_name(name_)
+
+
+@pytest.mark.parametrize("name_", ["", "1abc", "abc-", "a.b>c", "a*", "a/b", "a b", "a\n", "a" * 64])
+def test_cluster_names_every_edge_refuses(name_):
+    assert not naming.valid_cluster_name(name_)
+
+
+def test_a_generated_cluster_name_is_a_valid_one():
+    assert naming.generated_cluster_name("Alice O'Brien", "3f2a") == "spz-3f2a-aliceobrien"
+    assert naming.generated_cluster_name("***", "0000") == "spz-0000-user"
+    assert naming.valid_cluster_name(naming.generated_cluster_name("x" * 200, "beef"))

@@ -8,17 +8,16 @@ from typing import Annotated
 
 from fastapi import Path
 
-from skypurza.events import limits
+from skypurza.events import limits, naming
 from skypurza.events.bus import Bus
 
 from .identity import Principal
-from .tasks import _CLUSTER_RE
 
 STATUS_TIMEOUT_S = 10.0
 
 # Path parameters, bounded at the edge: a name with a subject or path metacharacter is a 422.
 ClusterName = Annotated[str, Path(min_length=1, max_length=limits.MAX_CLUSTER_NAME_CHARS,
-                                  pattern=f"^{_CLUSTER_RE.pattern}$",
+                                  pattern=f"^{naming.CLUSTER_NAME_RE.pattern}$",
                                   description="The cluster's name (letters, digits, - _ .).")]
 JobId = Annotated[int, Path(ge=1, le=limits.MAX_JOB_ID, description="The job's id on its cluster.")]
 

@@ -12,20 +12,17 @@ read: they are refused, with what to use instead (a git workdir, a bucket URL).
 
 from __future__ import annotations
 
-import re
 import secrets as _secrets
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skypurza.events import limits
+from skypurza.events import limits, naming
 from skypurza.events.task_events import TaskSubmitted
 
 from .identity import Principal
 
-# The CLI's rule for -c (cli/bounds.py): letters, digits, - _ ., a letter first, a letter or digit last.
-_CLUSTER_RE = re.compile(r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?")
 # A request body: a task file at its bound, with room for the overrides around it.
 MAX_BODY_BYTES = limits.MAX_YAML_FILE_BYTES + limits.MAX_ENV_TOTAL_BYTES + 64 * limits.KIB
 
@@ -93,12 +90,10 @@ class Submission:
 
 def cluster_name(given: str | None, user: str) -> str:
     if given is not None:
-        if not _CLUSTER_RE.fullmatch(given):
-            raise Refused(f"invalid cluster name {given!r}: use letters, digits, '-', '_' and '.', starting with a "
-                          f"letter and ending with a letter or digit (at most {limits.MAX_CLUSTER_NAME_CHARS})")
+        if not naming.valid_cluster_name(given):
+            raise Refused(f"invalid cluster name {given!r}: {naming.CLUSTER_NAME_RULE}")
         return given
-    who = re.sub(r"[^a-z0-9]", "", user.lower())[:12] or "user"
-    return f"spz-{_secrets.token_hex(2)}-{who}"
+    return naming.generated_cluster_name(user, _secrets.token_hex(2))
 
 
 def _task_text(task: str | dict[str, Any]) -> str:
