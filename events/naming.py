@@ -48,7 +48,8 @@ def generated_cluster_name(user: str, token: str) -> str:
 
 # Users and teams (events/identity_events.py): one subject token each, so no '.', '*', '>', '/',
 # spaces or upper case; short enough for a CloudEvents extension value and a DuckDB key.
-_PRINCIPAL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+PRINCIPAL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # also the API server's path and body rule
+_PRINCIPAL_RE = re.compile(PRINCIPAL_NAME_PATTERN)
 PRINCIPAL_NAME_RULE = "1-63 lower-case letters, digits, '-' or '_', starting with a letter or digit"
 
 

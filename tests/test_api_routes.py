@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import httpx
 from local_cli import local_cli, spz
-from api_harness import Api
+from api_harness import Api, sse_frames
 from api_harness import problem as _problem
 
 STAGE = "test"  # the stage test_api_server.Api starts the server on
@@ -29,21 +29,6 @@ def _token(env: dict[str, str], user: str, role: str, team: str = "ml") -> str:
     r = spz(env, "users", "add", user, "--team", team, "--role", role, "-o", "json")
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)["token"]
-
-
-def _frames(res: httpx.Response, until: float):
-    """(event, data) of an SSE response, until the server ends it or `until` (monotonic) passes."""
-    event, data = None, []
-    for raw in res.iter_lines():
-        if time.monotonic() > until:
-            return
-        if raw.startswith("event: "):
-            event = raw[7:]
-        elif raw.startswith("data: "):
-            data.append(raw[6:])
-        elif raw == "" and event is not None:
-            yield event, json.loads("\n".join(data))
-            event, data = None, []
 
 
 def _wait_job(api: Api, token: str, cluster: str, status: str, timeout: float = 180) -> dict:
@@ -76,7 +61,7 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
             with api.http.stream("GET", "/api/v1/clusters/ar/jobs/1/logs", headers=api.as_(alice),
                                  params={"follow": "true"}) as stream:
                 assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
-                for event, data in _frames(stream, time.monotonic() + 60):
+                for event, data in sse_frames(stream, time.monotonic() + 60):
                     if event == "line":
                         seen.append(data["line"])
                     if "line-3" in seen:
@@ -98,7 +83,7 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
                                  params={"tail": "1"}) as stream:
                 res = api.http.post("/api/v1/clusters/ar/jobs/1/cancel", headers=api.as_(alice))
                 assert res.status_code == 202 and res.json()["cancelled"] == [1], res.text
-                frames = list(_frames(stream, time.monotonic() + 60))
+                frames = list(sse_frames(stream, time.monotonic() + 60))
             assert frames[0] == ("line", frames[0][1]) and frames[0][1]["line"] == "line-3", frames[:2]
             assert frames[-1][0] == "end" and frames[-1][1]["status"] == "CANCELLED", frames[-1]
             assert _wait_job(api, alice, "ar", "CANCELLED", 30)["status"] == "CANCELLED"
@@ -109,7 +94,7 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
                 try:  # nothing for 4 s: nothing to see (the stream itself never ends)
                     with api.http.stream("GET", "/api/v1/events", headers=api.as_(token), timeout=httpx.Timeout(20, read=4),
                                          params={"type": "job_queued", "since": "0"}) as stream:
-                        for event, data in _frames(stream, time.monotonic() + 4):
+                        for event, data in sse_frames(stream, time.monotonic() + 4):
                             assert event == "job_queued"
                             out.append(data)
                             break

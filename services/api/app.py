@@ -6,6 +6,11 @@
   the caller's own clusters (an admin's: all); `?all_users=true` everyone's the caller may read.
 - `POST /api/v1/tasks`: a task and the launch overrides (services/api/tasks.py), published as
   the CLI publishes it, the envelope stamped with the caller (events/principal.py).
+- the routers it wires: one cluster, its queue, its lifecycle and job cancel
+  (routes_clusters.py); a job's logs and the CloudEvents as server-sent events
+  (routes_streams.py, sse.py); managed jobs, their logs and the cost report (routes_jobs.py);
+  users and teams, for admins (routes_identity.py). docs/team.md lists every endpoint and who
+  may call it.
 
 Errors are RFC 9457 problem details (`application/problem+json`: type, title, status, detail a
 person can act on). No token, a wrong one, a removed user's: 401 with `WWW-Authenticate:
@@ -33,7 +38,7 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import routes_clusters, routes_streams
+from . import routes_clusters, routes_identity, routes_jobs, routes_streams
 from .contract import CONTRACT
 from .deps import ApiDeps
 from .follower import DirectoryFollower, DirectoryStale
@@ -261,6 +266,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     # The route families (one module each); they reach the caller and the bus through `deps`.
     deps = ApiDeps(principal=principal, bus=bus)
     app.include_router(routes_clusters.router(deps))
-    app.include_router(routes_streams.router(deps, StreamSlots()))
+    slots = StreamSlots()  # one bound on a caller's streams, whichever family they are of
+    app.include_router(routes_streams.router(deps, slots))
+    app.include_router(routes_jobs.router(deps, slots))
+    app.include_router(routes_identity.router(deps))
 
     return app

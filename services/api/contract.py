@@ -17,18 +17,27 @@ from skypurza.events.identity_events import (
 )
 from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequested, StopRequested
 from skypurza.events.job_events import CancelRequested
+from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
 from skypurza.events.task_events import TaskSubmitted
 
 CONTRACT = Contract(
     name="api",
-    emits=(TaskSubmitted, StopRequested, StartRequested, DownRequested, AutostopSet, CancelRequested),
+    emits=(TaskSubmitted, StopRequested, StartRequested, DownRequested, AutostopSet, CancelRequested,
+           ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, UserAdded, UserRemoved,
+           TokenIssued, TokenRevoked),
     consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
                 StopRequested: "`POST /api/v1/clusters/{name}/stop`, stamped",
                 StartRequested: "`POST /api/v1/clusters/{name}/start`, stamped",
                 DownRequested: "`POST /api/v1/clusters/{name}/down`, stamped",
                 AutostopSet: "`POST /api/v1/clusters/{name}/autostop` (and `start` with `idle_minutes`), stamped",
-                CancelRequested: "`POST /api/v1/clusters/{name}/jobs/.../cancel`, stamped"},
+                CancelRequested: "`POST /api/v1/clusters/{name}/jobs/.../cancel`, stamped",
+                ManagedJobSubmitted: "`POST /api/v1/jobs`, stamped",
+                ManagedJobCancelRequested: "`POST /api/v1/jobs/{id}/cancel`, stamped",
+                UserAdded: "`POST /api/v1/users`, admins only", UserRemoved: "`DELETE /api/v1/users/{name}`, admins only",
+                TokenIssued: "`POST /api/v1/users` and `/users/{name}/token`, admins only",
+                TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one), admins only",
+                TeamAdded: "`POST /api/v1/teams`, admins only", TeamRemoved: "`DELETE /api/v1/teams/{name}`, admins only"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams"},
 )

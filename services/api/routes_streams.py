@@ -73,7 +73,12 @@ async def _pumped(pumps: list[Any], queue: asyncio.Queue) -> AsyncIterator[Any]:
         await stop_tasks(*tasks)
 
 
-async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any) -> AsyncIterator[bytes]:
+async def job_lines(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any,
+                    outcome: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The `line` frames (and keep-alives) of job `job_id` on cluster `name`, as `start` (its
+    ClusterView) left it: `tail` of the history, then with `follow` until the job or the cluster
+    ends. `outcome` is filled with the job's and the cluster's final status. Shared by a
+    cluster job's stream and a managed job's (services/api/routes_jobs.py)."""
     subject = naming.logs_subject_filter(bus.stage, name, job_id)
     chunks = ChunkFilter()
     history: list[LogLine] = []
@@ -121,8 +126,14 @@ async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, s
             if line.seq > last and chunks.fresh(line):
                 last = line.seq
                 yield frame("line", _chunk(line), line.seq)
-    yield frame("end", {"cluster": name, "job_id": job_id, "status": job.status, "exit_code": job.exit_code,
-                        "cluster_status": status})
+    outcome.update(status=job.status, exit_code=job.exit_code, cluster_status=status)
+
+
+async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any) -> AsyncIterator[bytes]:
+    outcome: dict[str, Any] = {}
+    async for chunk in job_lines(bus, name, job_id, follow, tail, start, outcome):
+        yield chunk
+    yield frame("end", {"cluster": name, "job_id": job_id, **outcome})
 
 
 class _Owners:

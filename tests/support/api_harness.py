@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -56,3 +58,18 @@ def problem(res: httpx.Response, status: int) -> dict:
     body = res.json()
     assert body["status"] == status and body["type"].startswith("https://") and body["title"] and body["detail"]
     return body
+
+
+def sse_frames(res: httpx.Response, until: float) -> Iterator[tuple[str, dict]]:
+    """(event, data) of an SSE response, until the server ends it or `until` (monotonic) passes."""
+    event, data = None, []
+    for raw in res.iter_lines():
+        if time.monotonic() > until:
+            return
+        if raw.startswith("event: "):
+            event = raw[7:]
+        elif raw.startswith("data: "):
+            data.append(raw[6:])
+        elif raw == "" and event is not None:
+            yield event, json.loads("\n".join(data))
+            event, data = None, []

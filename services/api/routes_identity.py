@@ -1,0 +1,117 @@
+"""Users and teams over HTTP (`spz users|teams`): admins only, 403 with the reason for anyone else.
+
+Changes go through services/api/directory_io.py (optimistic concurrency on the log), as the CLI's
+do. A new token is in the answer of the POST that made it, once: the log holds only its digest
+and no listing shows one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path
+from pydantic import BaseModel, ConfigDict, Field
+
+from skypurza.events import naming
+from skypurza.events.identity_events import Role
+
+from . import directory_io
+from .deps import ApiDeps
+from .identity import Principal, authorize
+from .problems import Problem, forbidden, not_found
+
+_NAME = naming.PRINCIPAL_NAME_PATTERN  # the CLI's rule: every name it made can be named here
+Name = Annotated[str, Path(min_length=1, max_length=63, pattern=_NAME,
+                           description="A user's or team's name (lower-case letters, digits, - _).")]
+_BodyName = Annotated[str, Field(min_length=1, max_length=63, pattern=_NAME)]
+_Infra = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class UserRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: _BodyName
+    team: _BodyName
+    role: Role = "member"
+
+
+class TeamRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: _BodyName
+    allowed_infras: list[_Infra] = Field(default_factory=list, max_length=100)
+    labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=64)
+
+
+def _refused(exc: directory_io.IdentityError) -> Problem:
+    text = str(exc)
+    if text.startswith("no user") or text.startswith("no team "):
+        return not_found(text)
+    return Problem(409, "conflict", "Conflict", text)
+
+
+def router(deps: ApiDeps) -> APIRouter:
+    r = APIRouter(prefix="/api/v1", tags=["identity"])
+
+    async def admin(who: Principal = Depends(deps.principal)) -> Principal:
+        decision = authorize(who, "manage")
+        if not decision.allowed:
+            raise forbidden(decision.reason)
+        return who
+
+    only_admin = Depends(admin)
+
+    @r.get("/users", summary="Users, their team and role (spz users list); no tokens")
+    async def users(who: Principal = only_admin) -> dict[str, Any]:
+        d = await directory_io.load_directory(deps.bus())
+        return {"users": [{"name": u.name, "team": u.team, "role": u.role, "tokens": len(u.tokens)}
+                          for u in sorted(d.users.values(), key=lambda u: u.name)]}
+
+    @r.post("/users", status_code=201, summary="Add a user; the answer holds their token, once (spz users add)")
+    async def add_user(body: UserRequest, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            token = await directory_io.add_user(deps.bus(), body.name, body.team, body.role)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": body.name, "team": body.team, "role": body.role, "token": token.token,
+                "token_id": token.token_id}
+
+    @r.delete("/users/{name}", summary="Remove a user; their tokens die (spz users remove)")
+    async def remove_user(name: Name, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            await directory_io.remove_user(deps.bus(), name)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": name, "removed": True}
+
+    @r.post("/users/{name}/token", status_code=201,
+            summary="A new token for the user, the old one revoked; in this answer once (spz users token)")
+    async def new_token(name: Name, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            token = await directory_io.reissue_token(deps.bus(), name)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": name, "token": token.token, "token_id": token.token_id}
+
+    @r.get("/teams", summary="Teams and their members (spz teams list)")
+    async def teams(who: Principal = only_admin) -> dict[str, Any]:
+        d = await directory_io.load_directory(deps.bus())
+        return {"teams": [{"name": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
+                           "members": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]}
+
+    @r.post("/teams", status_code=201, summary="Add a team (spz teams add)")
+    async def add_team(body: TeamRequest, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            await directory_io.add_team(deps.bus(), body.name, list(body.allowed_infras), dict(body.labels))
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": body.name, "allowed_infras": list(body.allowed_infras), "labels": dict(body.labels)}
+
+    @r.delete("/teams/{name}", summary="Remove a team without users (spz teams remove)")
+    async def remove_team(name: Name, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            await directory_io.remove_team(deps.bus(), name)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": name, "removed": True}
+
+    return r

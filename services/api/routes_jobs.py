@@ -1,0 +1,241 @@
+"""Managed jobs and the cost report over HTTP (`spz jobs queue|launch|cancel`, `spz cost-report`).
+
+- `GET /api/v1/jobs`: the status service's managed jobs queue (events/status_queries.py): the
+  caller's own; `all_users=true` everyone's the caller may read; an admin's: all.
+- `POST /api/v1/jobs`: one task (YAML text + the overrides of POST /tasks) as a managed job; the
+  id is allocated by the log (events/managed_submit.py), the job and its envelope stamped with
+  the caller, as POST /tasks stamps.
+- `POST /api/v1/jobs/{id}/cancel`: `act` on the job's owner; 404 unknown, 409 already ended.
+- `GET /api/v1/jobs/{id}/logs`: the job's output as server-sent events, cluster after cluster as
+  recoveries move it (each cluster's job streamed by routes_streams.job_lines; a `launch` frame
+  names each cluster); the last frame is `end`, with the managed job's status. `logs` on the
+  job's owner; one of the caller's stream slots while open.
+- `GET /api/v1/cost-report`: the ledger's showback lines (events/ledger_queries.py); a member or
+  viewer sees their own team's lines, an admin all; 503 when the ledger does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal, Optional
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from skypurza.events import ledger_queries, limits, status_queries
+from skypurza.events.managed_events import TERMINAL_STATUSES, ManagedJobCancelRequested
+from skypurza.events.managed_submit import submit_managed_job
+from skypurza.events.principal import stamp
+
+from .clusterview import read_view
+from .deps import STATUS_TIMEOUT_S, ApiDeps
+from .identity import Principal, authorize
+from .problems import Problem, conflict, forbidden, not_found, unavailable
+from .routes_streams import MAX_TAIL, job_lines
+from .sse import KEEPALIVE, SseResponse, StreamSlots, frame
+from .tasks import Refused, TaskOverrides, TaskRequest, load_task
+
+log = logging.getLogger("skypurza.api")
+
+LEDGER_TIMEOUT_S = 15.0
+MAX_QUEUE_ROWS = 10_000
+POLL_S = 1.0  # a followed managed job between clusters (pending, recovering): its row read this often
+ManagedJobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="The managed job's id (spz jobs queue).")]
+ReportBy = Literal["team", "user", "project", "cluster", "region", "day"]  # the ledger's GROUP_BYS
+
+
+class JobRequest(BaseModel):
+    """One task to run as a managed job (`spz jobs launch`). `user` and `team` are not fields: the
+    server stamps the caller."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str | dict[str, Any] = Field(description="The task YAML text, or the same as a JSON object.")
+    name: Optional[Annotated[str, Field(min_length=1, max_length=limits.MAX_TASK_NAME_CHARS)]] = Field(
+        None, description="The managed job's name (-n); the task's name when left out.")
+    overrides: TaskOverrides = TaskOverrides()
+
+
+async def _jobs(deps: ApiDeps, **kw: Any) -> list[dict[str, Any]]:
+    b = deps.bus()
+    try:
+        return await status_queries.jobs_queue(b, min_seq=await b.last_seq(), timeout=STATUS_TIMEOUT_S, **kw)
+    except Exception as exc:
+        log.warning("jobs_queue query failed: %s: %s", type(exc).__name__, exc)
+        raise unavailable(f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
+                          "running (spz api status)?")
+
+
+def _when(value: str | None, field: str) -> str | None:
+    """A period (YYYY-MM), a date (YYYY-MM-DD) or an ISO date-time, checked here so that a bad one
+    is a 422 that says so, not the ledger's error."""
+    if value is None:
+        return None
+    try:
+        if len(value) == 7:
+            date.fromisoformat(value + "-01")
+        elif len(value) == 10:
+            date.fromisoformat(value)
+        else:
+            datetime.fromisoformat(value)
+    except ValueError:
+        raise Problem(422, "invalid-request", "Invalid request",
+                      f"{field}: {value[:40]!r} is not a period (YYYY-MM), a date (YYYY-MM-DD) or an ISO date-time") \
+            from None
+    return value
+
+
+async def _managed_logs(bus: Any, job_id: int, follow: bool, tail: int,
+                        row_of: Callable[[], Awaitable[dict[str, Any] | None]]) -> AsyncIterator[bytes]:
+    """The managed job's output: its current cluster's job, then (a recovery) the next cluster's,
+    until the managed job ends (with `follow`) or what is there was sent (without)."""
+    streamed: set[str] = set()
+    row: dict[str, Any] | None = None
+    try:
+        while True:
+            row = await row_of()
+            if row is None:
+                break
+            cluster = row.get("cluster")
+            if cluster and cluster not in streamed:
+                view = await read_view(bus, cluster)
+                if view.jobs:
+                    streamed.add(cluster)
+                    yield frame("launch", {"job_id": job_id, "cluster": cluster, "launch": len(streamed)})
+                    async for chunk in job_lines(bus, cluster, max(view.jobs), follow, tail, view, {}):
+                        yield chunk
+                    continue
+            if not follow or row.get("status") in TERMINAL_STATUSES:
+                break
+            yield KEEPALIVE
+            await asyncio.sleep(POLL_S)
+    except Exception as exc:  # the status service or the bus went away mid-stream: said, and the stream ends
+        log.warning("managed job %s logs stream failed: %s: %s", job_id, type(exc).__name__, exc)
+        yield frame("error", {"detail": exc.detail if isinstance(exc, Problem) else
+                              "the server lost the log mid-stream; reconnect to read on"})
+        return
+    yield frame("end", {"job_id": job_id, "status": (row or {}).get("status"), "cluster": (row or {}).get("cluster"),
+                        "reason": (row or {}).get("reason")})
+
+
+def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
+    slots = slots or StreamSlots()
+    r = APIRouter(prefix="/api/v1", tags=["jobs"])
+    caller = Depends(deps.principal)
+
+    @r.get("/jobs", summary="Managed jobs: your own, or everyone's you may read (all_users; spz jobs queue)")
+    async def jobs_queue(who: Principal = caller,
+                         all_users: bool = Query(False, description="Everyone's jobs, for reading (sky's -u)."),
+                         skip_finished: bool = Query(False, description="Only jobs that have not ended."),
+                         ) -> dict[str, Any]:
+        rows = await _jobs(deps, skip_finished=skip_finished, limit=MAX_QUEUE_ROWS)
+        mine_only = not all_users and who.role != "admin"
+        shown = []
+        for row in rows:
+            owner, team = row.get("user") or "", row.get("team")
+            if mine_only and (owner != who.user if who.role != "viewer" else team != who.team):
+                continue
+            if authorize(who, "read", owner, team).allowed:
+                shown.append(row)
+        return {"jobs": shown, "all_users": all_users}
+
+    @r.post("/jobs", status_code=202, summary="Launch a managed job (spz jobs launch)")
+    async def submit(body: JobRequest, who: Principal = caller) -> dict[str, Any]:
+        decision = authorize(who, "submit", who.user, who.team)
+        if not decision.allowed:
+            raise forbidden(decision.reason)
+        try:
+            task = load_task(TaskRequest(task=body.task, overrides=body.overrides))
+        except Refused as exc:
+            raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
+        labels = dict(task.resources.labels or {}) if task.resources is not None and task.resources.labels else {}
+        name = body.name or task.name or "sky-managed"
+        job = await submit_managed_job(deps.bus(), name=name, tasks=[task.public_dict()], user=who.user,
+                                       team=who.team, project=labels.get("project"),
+                                       secrets=[task.secret_values()], stamped=(who.user, who.team))
+        log.info("managed job %s (%s) submitted by %s (team %s)", job.managed_job_id, name, who.user, who.team)
+        return {"job_id": job.managed_job_id, "name": name, "task_ids": job.skypilot_task_ids, "user": who.user,
+                "team": who.team, "status": "PENDING"}
+
+    async def job_row(job_id: int) -> dict[str, Any] | None:
+        rows = await _jobs(deps, job_ids=[job_id])
+        return next((x for x in rows if x.get("job_id") == job_id), None)
+
+    @r.post("/jobs/{job_id}/cancel", status_code=202, summary="Cancel a managed job (spz jobs cancel ID)")
+    async def cancel(job_id: ManagedJobId, who: Principal = caller) -> dict[str, Any]:
+        row = await job_row(job_id)
+        if row is None:
+            raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
+        decision = authorize(who, "act", row.get("user") or "", row.get("team"))
+        if not decision.allowed:
+            raise forbidden(decision.reason)
+        if row.get("status") in TERMINAL_STATUSES:
+            raise conflict(f"managed job {job_id} already ended ({row['status']}); there is nothing to cancel")
+        b = deps.bus()
+        ack = await b.publish(stamp(b.envelope(ManagedJobCancelRequested(managed_job_id=job_id,
+                                                                         requested_by=who.user)),
+                                    who.user, who.team))
+        log.info("cancel of managed job %s requested by %s", job_id, who.user)
+        return {"job_id": job_id, "requested": "cancel", "seq": ack.seq}
+
+    sse_doc = {200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}}
+
+    @r.get("/jobs/{job_id}/logs", responses=sse_doc, response_model=None,
+           summary="A managed job's output as server-sent events (spz jobs logs)")
+    async def logs(job_id: ManagedJobId, who: Principal = caller,
+                   follow: bool = Query(True, description="Stream until the managed job ends."),
+                   tail: int = Query(0, ge=0, le=MAX_TAIL, description=f"The last N chunks of each cluster's history "
+                                                                       f"(0: all; at most {MAX_TAIL:,})."),
+                   ) -> SseResponse:
+        row = await job_row(job_id)
+        if row is None:
+            raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
+        decision = authorize(who, "logs", row.get("user") or "", row.get("team"))
+        if not decision.allowed:
+            raise forbidden(decision.reason)
+        release = slots.take(who.user)
+        return SseResponse(_managed_logs(deps.bus(), job_id, follow, tail, lambda: job_row(job_id)), release)
+
+    @r.get("/cost-report", summary="Showback: usage and compensations by team, user ... (spz cost-report)")
+    async def cost_report(who: Principal = caller,
+                          by: ReportBy = Query("team", description="What a line is per."),
+                          since: Optional[Annotated[str, Query(max_length=40, description="From (YYYY-MM-DD or an "
+                                                               "ISO date-time).")]] = None,
+                          until: Optional[Annotated[str, Query(max_length=40, description="Until (YYYY-MM-DD or an "
+                                                               "ISO date-time).")]] = None,
+                          ) -> dict[str, Any]:
+        since, until = _when(since, "since"), _when(until, "until")
+        if who.role != "admin" and by != "team":
+            raise forbidden(f"a report by {by} spans teams: members and viewers see their own team's line "
+                            f"(by=team); other groupings are for admins")
+        b = deps.bus()
+        try:
+            report = await ledger_queries.cost_report(b, by=by, since=since, until=until, min_seq=await b.last_seq(),
+                                                      timeout=LEDGER_TIMEOUT_S)
+        except RuntimeError as exc:  # the ledger answered, refusing the query (until before since ...)
+            raise Problem(422, "invalid-request", "Invalid request", f"the ledger refused the report: {str(exc)[:300]}")
+        except Exception as exc:
+            log.warning("cost_report query failed: %s: %s", type(exc).__name__, exc)
+            raise unavailable(f"the ledger did not answer in {LEDGER_TIMEOUT_S:.0f} s: the cost report comes from "
+                              "the ledger service; is it running (spz api status)?")
+        if not isinstance(report, dict):
+            raise unavailable("the ledger's answer was not a report; try again shortly")
+        if who.role == "admin":
+            return {**report, "scope": "all"}
+        return {**_team_only(report, who.team), "scope": f"team {who.team}"}
+
+    return r
+
+
+def _team_only(report: dict[str, Any], team: str) -> dict[str, Any]:
+    """A by-team report cut to `team`'s lines, the total summed again from them."""
+    lines = [x for x in report.get("lines") or [] if isinstance(x, dict) and x.get("key") == team]
+    cost = sum(int(x.get("cost_micros") or 0) for x in lines)
+    total = {"cost_micros": cost, "cost_usd": str((Decimal(cost) / 1_000_000).quantize(Decimal("0.000001"))),
+             "billing_seconds": sum(int(x.get("billing_seconds") or 0) for x in lines),
+             "billing_minutes": sum(int(x.get("billing_minutes") or 0) for x in lines)}
+    return {**report, "lines": lines, "total": total}
