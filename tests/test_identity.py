@@ -110,3 +110,18 @@ def test_the_stamp_is_two_cloudevents_extension_attributes_that_survive_the_log(
     decoded = decode(env.to_json())
     assert decoded.status == "ok" and stamped_principal(decoded.envelope) == ("alice", "ml")
     assert stamped_principal(make_envelope(UserRemoved(user="a"), source="/cli")) is None
+
+
+def test_a_listing_shows_what_the_caller_may_read_and_own_by_default():
+    from skypurza.services.api.identity import Principal, visible
+
+    rows = [{"name": "a1", "user": "alice", "team": "ml"}, {"name": "b1", "user": "bob", "team": "ml"},
+            {"name": "c1", "user": "carol", "team": "ops"}]
+    alice = Principal("alice", "ml", "member", "t1", False)
+    vera = Principal("vera", "ml", "viewer", "t2", False)
+    root = Principal("root", "admin", "admin", "t3", False)
+    assert [r["name"] for r in visible(alice, rows, all_users=False)] == ["a1"]
+    assert [r["name"] for r in visible(vera, rows, all_users=False)] == ["a1", "b1"]  # a viewer: the team's
+    assert [r["name"] for r in visible(root, rows, all_users=False)] == ["a1", "b1", "c1"]
+    assert [r["name"] for r in visible(alice, rows, all_users=True)] == ["a1", "b1", "c1"]  # -u: read everyone's
+    assert [r["name"] for r in visible(vera, rows, all_users=True)] == ["a1", "b1"]  # a viewer: never another team

@@ -42,7 +42,7 @@ from . import routes_clusters, routes_identity, routes_jobs, routes_streams
 from .contract import CONTRACT
 from .deps import ApiDeps
 from .follower import DirectoryFollower, DirectoryStale
-from .identity import Principal, authenticate, authorize
+from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
 from .sse import StreamSlots
 from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission
@@ -233,14 +233,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             raise Problem(503, "unavailable", "Service unavailable",
                           f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
                           "running (spz api status)?", {"Retry-After": "5"})
-        mine_only = not all_users and who.role != "admin"
-        shown = []
-        for row in rows:
-            owner, team = row.get("user") or "", row.get("team")
-            if mine_only and (owner != who.user if who.role != "viewer" else team != who.team):
-                continue
-            if authorize(who, "read", owner, team).allowed:
-                shown.append(row)
+        shown = visible(who, rows, all_users)
         return {"clusters": shown, "all_users": all_users}
 
     @app.post("/api/v1/tasks", status_code=202, summary="Launch a task on a new cluster (as spz launch)")

@@ -21,7 +21,7 @@ import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from skypurza.events.identity_events import (
     Role,
@@ -202,6 +202,21 @@ def authenticate(directory: Directory, presented: str | None) -> Principal | Non
 
 
 # ---------------------------------------------------------------- authorization
+
+
+def visible(principal: Principal, rows: Iterable[dict[str, Any]], all_users: bool) -> list[dict[str, Any]]:
+    """The rows (clusters, jobs: each with its owner's `user` and `team`) a listing shows: an
+    admin's every row; otherwise their own (a viewer's: their team's), or with `all_users` every
+    row they may read."""
+    mine_only = not all_users and principal.role != "admin"
+    shown = []
+    for row in rows:
+        owner, team = row.get("user") or "", row.get("team")
+        if mine_only and (owner != principal.user if principal.role != "viewer" else team != principal.team):
+            continue
+        if authorize(principal, "read", owner, team).allowed:
+            shown.append(row)
+    return shown
 
 
 def authorize(principal: Principal, action: Action, owner_user: str | None = None,

@@ -33,7 +33,7 @@ from skypurza.events.principal import stamp
 
 from .clusterview import read_view
 from .deps import STATUS_TIMEOUT_S, ApiDeps
-from .identity import Principal, authorize
+from .identity import Principal, authorize, visible
 from .problems import Problem, conflict, forbidden, not_found, unavailable
 from .routes_streams import MAX_TAIL, job_lines
 from .sse import KEEPALIVE, SseResponse, StreamSlots, frame
@@ -133,14 +133,7 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
                          skip_finished: bool = Query(False, description="Only jobs that have not ended."),
                          ) -> dict[str, Any]:
         rows = await _jobs(deps, skip_finished=skip_finished, limit=MAX_QUEUE_ROWS)
-        mine_only = not all_users and who.role != "admin"
-        shown = []
-        for row in rows:
-            owner, team = row.get("user") or "", row.get("team")
-            if mine_only and (owner != who.user if who.role != "viewer" else team != who.team):
-                continue
-            if authorize(who, "read", owner, team).allowed:
-                shown.append(row)
+        shown = visible(who, rows, all_users)
         return {"jobs": shown, "all_users": all_users}
 
     @r.post("/jobs", status_code=202, summary="Launch a managed job (spz jobs launch)")
