@@ -11,24 +11,17 @@ with the reason); a new token is in the POST's answer once and works; a listing 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from api_harness import Api
 from api_harness import problem as _problem
-from api_harness import sse_frames
-from local_cli import local_cli, spz
+from api_harness import sse_frames, team_of_four
+from local_cli import local_cli
 
 STAGE = "test"
 TASK = "name: slow\nrun: |\n  echo managed-start\n  sleep 120\n"
-
-
-def _token(env: dict[str, str], user: str, role: str, team: str = "ml") -> str:
-    r = spz(env, "users", "add", user, "--team", team, "--role", role, "-o", "json")
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)["token"]
 
 
 def _wait(api: Api, token: str, job_id: int, statuses: set[str], timeout: float = 120) -> dict:
@@ -46,9 +39,7 @@ def _wait(api: Api, token: str, job_id: int, statuses: set[str], timeout: float 
 
 def test_managed_jobs_cost_report_and_identity_over_http(tmp_path: Path) -> None:
     with local_cli(tmp_path, STAGE) as env:
-        assert spz(env, "teams", "add", "ml").returncode == 0
-        alice, bob, vera, root = (_token(env, "alice", "member"), _token(env, "bob", "member"),
-                                  _token(env, "vera", "viewer"), _token(env, "root", "admin"))
+        alice, bob, vera, root = team_of_four(env)
         api = Api(SimpleNamespace(url=f"nats://127.0.0.1:{env['SKYPURZA_NATS_PORT']}"), tmp_path)
         try:
             # Users and teams: admins only; a new token is shown once, and works.

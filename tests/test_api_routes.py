@@ -11,24 +11,17 @@ a caller's streams are bounded and a client that disconnects frees its slot.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-from local_cli import local_cli, spz
-from api_harness import Api, sse_frames
+from local_cli import local_cli
+from api_harness import Api, sse_frames, team_of_four
 from api_harness import problem as _problem
 
 STAGE = "test"  # the stage test_api_server.Api starts the server on
 TASK = "run: |\n  for i in 1 2 3; do echo line-$i; sleep 0.3; done\n  sleep 120\n"
-
-
-def _token(env: dict[str, str], user: str, role: str, team: str = "ml") -> str:
-    r = spz(env, "users", "add", user, "--team", team, "--role", role, "-o", "json")
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)["token"]
 
 
 def _wait_job(api: Api, token: str, cluster: str, status: str, timeout: float = 180) -> dict:
@@ -46,9 +39,7 @@ def _wait_job(api: Api, token: str, cluster: str, status: str, timeout: float = 
 
 def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Path) -> None:
     with local_cli(tmp_path, STAGE) as env:
-        assert spz(env, "teams", "add", "ml").returncode == 0
-        alice, bob, vera, root = (_token(env, "alice", "member"), _token(env, "bob", "member"),
-                                  _token(env, "vera", "viewer"), _token(env, "root", "admin"))
+        alice, bob, vera, root = team_of_four(env)
         api = Api(SimpleNamespace(url=f"nats://127.0.0.1:{env['SKYPURZA_NATS_PORT']}"), tmp_path)
         try:
             res = api.http.post("/api/v1/tasks", headers=api.as_(alice),

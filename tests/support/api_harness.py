@@ -73,3 +73,21 @@ def sse_frames(res: httpx.Response, until: float) -> Iterator[tuple[str, dict]]:
         elif raw == "" and event is not None:
             yield event, json.loads("\n".join(data))
             event, data = None, []
+
+
+def cli_token(env: dict[str, str], user: str, role: str, team: str = "ml") -> str:
+    """`spz users add USER` on the plane `env` points at: the token it shows once."""
+    from local_cli import spz
+
+    r = spz(env, "users", "add", user, "--team", team, "--role", role, "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)["token"]
+
+
+def team_of_four(env: dict[str, str]) -> tuple[str, str, str, str]:
+    """Team `ml` with members alice and bob, viewer vera, admin root: their tokens, in that order."""
+    from local_cli import spz
+
+    assert spz(env, "teams", "add", "ml").returncode == 0
+    return (cli_token(env, "alice", "member"), cli_token(env, "bob", "member"),
+            cli_token(env, "vera", "viewer"), cli_token(env, "root", "admin"))
