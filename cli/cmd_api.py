@@ -20,6 +20,11 @@ _HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
+def console_url(api_url: str | None) -> str | None:
+    """Where the web console of the API server at `api_url` is (pure; docs/console.md)."""
+    return f"{api_url.rstrip('/')}/console/" if api_url else None
+
+
 def bind_host(host: str | None, deploy: bool, basic_auth: bool) -> str:
     """Where the API server listens (pure): loopback by default; another address only with
     --deploy, which turns auth on (tokens only) and, as sky's, listens on 0.0.0.0 unless told."""
@@ -88,6 +93,7 @@ def api_start(
         raise
     except (ControlPlaneError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
         raise fail(str(exc))
+    st["console_url"] = console_url(st.get("api_url"))
     if output == "json":
         print_json({**st, **({"admin": admin} if admin else {})})
         return
@@ -98,6 +104,8 @@ def api_start(
     typer.echo(f"Control plane {verb} for stage {st['stage']}: API server {st.get('api_url') or '-'}"
                f"{' (deploy: tokens only)' if st.get('api_deploy') else ''}, NATS {st['nats_url']} "
                f"(state in {st['state_dir']}).")
+    if st.get("console_url"):
+        typer.echo(f"Web console: {st['console_url']}")
     if admin and admin.get("token"):
         typer.echo(f"The admin's token, shown this once (also in {admin['token_file']}, mode 0600):", err=True)
         typer.echo(admin["token"])
@@ -220,6 +228,7 @@ def api_status(
 
     st = ControlPlane(stage()).status()
     st["metrics_url"] = _metrics_url(st) if st["running"] else None
+    st["console_url"] = console_url(st.get("api_url")) if st["running"] else None
     if output == "json":
         print_json(st)
         if not st["running"]:
@@ -233,6 +242,8 @@ def api_status(
             f"{'[green]running[/green]' if st['running'] else '[yellow]not running[/yellow]'}")
     c.print(f"API server: {st.get('api_url') or '-'}{' (deploy: tokens only)' if st.get('api_deploy') else ''}    "
             f"NATS: {st['nats_url'] or '-'}    state: {st['state_dir']}")
+    if st.get("console_url"):
+        c.print(f"web console: {st['console_url']}")
     if st.get("metrics_url"):
         c.print(f"metrics: {st['metrics_url']}")
     if st["processes"]:

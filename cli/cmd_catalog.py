@@ -45,7 +45,7 @@ def _parse_infra(infra: str | None) -> tuple[str | None, str | None]:
 def gpus_list_command(
     accelerator: Optional[str] = typer.Argument(None, metavar="[NAME[:COUNT]]",
                                                 help="Accelerator, e.g. A100 or h100:8 (case-insensitive)."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION or local."),
+    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION, k8s, k8s/CONTEXT, slurm, slurm/CLUSTER or local."),
     show_all: bool = typer.Option(False, "-a", "--all", help="Also accelerators that are not common GPUs."),
     all_regions: bool = typer.Option(False, "--all-regions", help="One row per region, not the cheapest only."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
@@ -78,8 +78,24 @@ def gpus_list_command(
             rows = [r for r in rows if r["accelerator"].lower() == name.lower()
                     and (count is None or r["count"] >= count)]
         return _print_rows(rows, output, "local GPUs", ["accelerator", "count", "instance_type", "hourly_price"])
+    if cloud == "kubernetes":
+        rows = _kubernetes_gpu_rows(infra.split("/", 1)[1] if infra and "/" in infra else None)
+        if name:
+            rows = [r for r in rows if r["accelerator"].lower() == name.lower()
+                    and (count is None or r["free"] >= count)]
+        return _print_rows(rows, output, "Kubernetes GPUs (free now)",
+                           ["context", "accelerator", "free", "most_on_a_node", "nodes", "hourly_price"])
+    if cloud == "slurm":
+        rows = _slurm_gpu_rows(infra.split("/", 1)[1] if infra and "/" in infra else None)
+        if name:
+            rows = [r for r in rows if r["accelerator"].lower() == name.lower()
+                    and (count is None or r["per_node"] >= count)]
+        return _print_rows(rows, output, "Slurm GPUs", ["cluster", "partition", "accelerator", "per_node", "nodes",
+                                                        "hourly_price"])
     if cloud not in (None, "aws"):
-        typer.echo(f"error: infra {cloud!r} is not supported yet: SkyPurza runs aws and local today", err=True)
+        typer.echo(f"error: infra {cloud!r} is not supported yet: SkyPurza runs aws, kubernetes, slurm and local "
+                   "today",
+                   err=True)
         raise typer.Exit(2)
     cat = load_catalog()
     if region and region not in cat.regions:
@@ -110,6 +126,49 @@ def gpus_list_command(
                "spot with on-demand of the same type in the spot zone's region.")
     if name is None and not show_all:
         typer.echo("Hint: use -a/--all to see all accelerators; NAME[:COUNT] for instance types and prices.")
+
+
+def _kubernetes_gpu_rows(only: str | None) -> list[dict[str, Any]]:
+    """Each enabled context's GPUs by name: free now (allocatable minus requested), on how many nodes."""
+    from skypurza.events.k8s_config import KubernetesSettings, read_all_capacity
+
+    settings = KubernetesSettings.load()
+    rows = []
+    for ctx in read_all_capacity(settings):
+        if only and ctx.context != only:
+            continue
+        if not ctx.reachable:
+            typer.echo(f"warning: context {ctx.context!r} did not answer: {ctx.error}", err=True)
+            continue
+        by_gpu: dict[str, list[int]] = {}
+        for node in ctx.nodes:
+            if node.gpu:
+                by_gpu.setdefault(node.gpu, []).append(node.gpus)
+        for gpu, free in sorted(by_gpu.items()):
+            rows.append({"context": ctx.context, "accelerator": gpu, "free": sum(free), "most_on_a_node": max(free),
+                         "nodes": len(free), "hourly_price": settings.gpu_hourly_usd})
+    return rows
+
+
+def _slurm_gpu_rows(only: str | None) -> list[dict[str, Any]]:
+    """Each Slurm partition's GPUs per node (its smallest usable node) and their price per hour."""
+    from skypurza.events.slurm_discovery import accelerator_name
+    from skypurza.services.optimizer.world import slurm_clusters
+
+    rows = []
+    for c in slurm_clusters(frozenset({"slurm"})):
+        if only and c.cluster != only.split("/")[0]:
+            continue
+        if not c.reachable:
+            typer.echo(f"warning: Slurm cluster {c.cluster!r} did not answer: {c.error}", err=True)
+            continue
+        for o in c.offers:
+            cfg = c.config.for_partition(o.partition)
+            for kind, per_node in o.gpus.items():
+                name = accelerator_name(kind, cfg.gres)
+                rows.append({"cluster": c.cluster, "partition": o.partition, "accelerator": name, "per_node": per_node,
+                             "nodes": o.nodes, "hourly_price": cfg.pricing.hourly_micros(0, 0, name, 1) / 1e6})
+    return rows
 
 
 def _compact_types(names: list[str]) -> str:
@@ -248,7 +307,7 @@ def check_command(
     from skypurza.services.optimizer.placement import default_enabled_infras
 
     statuses = check_infras(infras or None)
-    clouds = [s.infra for s in statuses if s.enabled and s.infra != "local"]
+    clouds = sorted({s.infra.split("/")[0] for s in statuses if s.enabled and s.infra != "local"})
     default = sorted(default_enabled_infras(clouds)) if not infras else None
     if output == "json":
         _echo_json({"infras": [s.to_dict() for s in statuses],

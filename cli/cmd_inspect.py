@@ -48,15 +48,28 @@ def logs_command(
         raise fail("--hook: spz has no lifecycle hooks, so there is no hook log; spz logs --provision shows "
                    "how the cluster came up", 2)
     if provision or autostop:
+        from .transport import not_over_api
+
+        not_over_api("spz logs --provision/--autostop", "the history is read from the log; spz events tail "
+                     "--server comes later")
         from .clusterhistory import AUTOSTOP_EVENTS, PROVISION_EVENTS
 
         raise typer.Exit(_history(cluster, PROVISION_EVENTS if provision else AUTOSTOP_EVENTS,
                                   "provisioning" if provision else "autostop"))
+    from .transport import api, not_over_api
+
     if sync_down:
+        not_over_api("spz logs --sync-down", "the API server streams output; redirect spz logs to a file")
         raise typer.Exit(_sync_down(cluster, job_id))
+    t = api()
     status = StatusLine()
     try:
-        code = run_async(_logs(cluster, job_id, follow, status_only, tail, timestamps, status, echo_out, worker))
+        if t is not None:
+            from . import via_api
+
+            code = via_api.logs(t, cluster, job_id, follow, status_only, tail, timestamps, status, echo_out, worker)
+        else:
+            code = run_async(_logs(cluster, job_id, follow, status_only, tail, timestamps, status, echo_out, worker))
     except KeyboardInterrupt:
         status.stop()
         status.note("\nStopped following (Ctrl-C); the job keeps running.")
@@ -231,7 +244,14 @@ def status_command(
     check_output(output)
     if terminate_orphans and not refresh:
         raise typer.BadParameter("--terminate-orphans goes with --refresh", param_hint="--terminate-orphans")
-    options.all_users_note(all_users)
+    from .transport import api, not_over_api
+
+    t = api()
+    if t is None:
+        options.all_users_note(all_users)
+    elif refresh or verbose or ip or endpoints or endpoint is not None:
+        not_over_api("spz status -r/-v/--ip/--endpoints", "the API server's rows carry no addresses; reconciling "
+                     "is the server's")
     if show_services:
         options.unused("--show-services", "SkyServe services are not supported yet; there are none to show")
     if show_pools:
@@ -257,7 +277,12 @@ def status_command(
         finally:
             await bus.close()
 
-    rows = run_async(run())
+    if t is not None:
+        from . import via_api
+
+        rows = [cluster_row(r) for r in via_api.status_rows(t, all_, all_users)]
+    else:
+        rows = run_async(run())
     if not all_:
         rows = [r for r in rows if r["status"] != "TERMINATED"]
     missing: list[str] = []
@@ -273,7 +298,7 @@ def status_command(
     if output == "json":
         print_json(rows)
         return
-    managed = _managed_in_progress() if show_managed_jobs else []
+    managed = _managed_in_progress(t) if show_managed_jobs else []
     if not rows:
         if not missing:
             print_line("No existing clusters.")
@@ -369,8 +394,18 @@ def _addresses(clusters: list[str], *, ip: bool, endpoint: int | None) -> int:
     return 0
 
 
-def _managed_in_progress() -> list[dict[str, Any]]:
-    """The managed jobs not yet ended (`status --show-managed-jobs`, sky's default), read from the log."""
+def _managed_in_progress(t: Any = None) -> list[dict[str, Any]]:
+    """The managed jobs not yet ended (`status --show-managed-jobs`, sky's default), read from the log
+    (through an API server `t`: its GET /api/v1/jobs)."""
+    if t is not None:
+        from .apitransport import ApiError
+        from .cmd_jobs import queue_row
+
+        try:
+            return [queue_row(r) for r in t.get("/api/v1/jobs", skip_finished=True)["jobs"]]
+        except ApiError as exc:
+            raise fail(str(exc))
+
     async def run() -> list[dict[str, Any]]:
         from skypurza.services.recovery.submit import read_jobs
 
@@ -429,7 +464,11 @@ def queue_command(
 ) -> None:
     """Show the job queue of clusters: each job's id, name, user, times and status."""
     check_output(output)
-    options.all_users_note(all_users)
+    from .transport import api
+
+    t = api()
+    if t is None:
+        options.all_users_note(all_users)
 
     async def run() -> list[dict[str, Any]]:
         from .clusterlog import read_cluster
@@ -456,7 +495,12 @@ def queue_command(
         finally:
             await bus.close()
 
-    rows = run_async(run())
+    if t is not None:
+        from . import via_api
+
+        rows = [job_row(r) for r in via_api.queue_rows(t, list(clusters or []), all_users)]
+    else:
+        rows = run_async(run())
     if skip_finished:
         from .clusterlog import TERMINAL_JOB
 
@@ -493,9 +537,16 @@ def cancel_command(
     all_users: bool = options.all_users_option(),
 ) -> None:
     """Cancel jobs: their whole process groups get SIGTERM, then SIGKILL after a grace period."""
-    options.all_users_note(all_users)
     if all_ and job_ids:
         raise fail("give job ids or --all, not both")
+    from .transport import api
+
+    t = api()
+    if t is not None:
+        from . import via_api
+
+        raise typer.Exit(via_api.cancel(t, cluster, list(job_ids or []), all_, yes, async_, WAIT_S))
+    options.all_users_note(all_users)
 
     async def run() -> int:
         from skypurza.events.job_events import CancelRequested

@@ -24,6 +24,7 @@ from skypurza.events.aiotasks import stop_tasks
 
 from . import bounds, fanout, options
 from .context import check_output, fail, print_json, run_async, stage
+from .jobrows import final_note as _final_note, queue_row  # noqa: F401  (queue_row: cmd_inspect uses it)
 
 jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
                        no_args_is_help=True, rich_markup_mode="rich")
@@ -167,6 +168,12 @@ def launch_command(
     except Exception as exc:  # e.g. an unknown --job-recovery strategy
         raise fail(str(exc))
     cfg = _config()
+    from .transport import api
+
+    t = api()
+    if t is not None and (len(tasks) != 1 or fanout.needed(plans)):
+        raise fail("a pipeline, a job group or --num-jobs is not available through an API server yet (it takes one "
+                   "task); unset SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
     _confirm(f"Launch {fanout.describe(job_name, tasks, plans)}?", yes, destructive=False)
     if fanout.needed(plans):
         raise typer.Exit(fanout.launch_many(plans, tasks, publics, cfg, output=output, detach_run=detach_run,
@@ -216,7 +223,14 @@ def launch_command(
             await bus.close()
 
     try:
-        code, summary = run_async(run())
+        if t is not None:
+            from . import via_api_jobs
+
+            code, summary = via_api_jobs.launch(t, job_name, tasks[0], publics[0], detach_run=detach_run,
+                                                status=status, out=out)
+            submitted.append(summary["id"])
+        else:
+            code, summary = run_async(run())
     except KeyboardInterrupt:
         status.stop()
         if submitted:
@@ -334,15 +348,6 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     return state.status
 
 
-def _final_note(status: Any, job_id: int, state: Any) -> None:
-    if status is None or not state.terminal:
-        return
-    status.stop()
-    color = "green" if state.status == "SUCCEEDED" else ("yellow" if state.status == "CANCELLED" else "red")
-    status.note(f"[{color}]Managed job {job_id}: {state.status}[/{color}]"
-                + (f" — {state.reason}" if state.status != "SUCCEEDED" and state.reason else ""))
-
-
 def logs_command(
     job_id: Optional[int] = typer.Argument(None, parser=bounds.JOB_ID, help="The managed job (default: the latest)."),
     name: Optional[str] = typer.Option(None, "-n", "--name", help="The job by name (the latest of that name)."),
@@ -360,9 +365,13 @@ def logs_command(
 
     if refresh:
         options.unused("-r/--refresh", "there is no jobs controller to restart; spz reads the event log as it is")
+    from .transport import api, not_over_api
+
     if controller or sync_down:
+        not_over_api("spz jobs logs --controller/--sync-down", "the server streams the output only")
         raise typer.Exit(run_async(_job_records(job_id, name, controller=controller)))
     status = StatusLine()
+    t = api()
 
     async def run() -> int:
         from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of  # models: not for --help
@@ -390,7 +399,12 @@ def logs_command(
             await bus.close()
 
     try:
-        code = run_async(run())
+        if t is not None:
+            from . import via_api_jobs
+
+            code = via_api_jobs.logs(t, job_id, name, follow, tail, status, echo_out)
+        else:
+            code = run_async(run())
     except KeyboardInterrupt:
         status.stop()
         status.note("\nStopped following (Ctrl-C); the job keeps running.")
@@ -444,23 +458,6 @@ async def _job_records(job_id: int | None, name: str | None, *, controller: bool
 
 # ------------------------------------------------------------------------------------------ queue
 
-def queue_row(d: dict[str, Any]) -> dict[str, Any]:
-    """One job as `-o json` prints it, from the status service's row or the log's fold alike."""
-    return {
-        "id": d.get("id", d.get("job_id")), "name": d.get("name"), "status": d.get("status"),
-        "recoveries": d.get("recoveries", 0), "restarts_on_errors": d.get("restarts_on_errors", 0),
-        "cluster": d.get("cluster"), "task_index": d.get("task_index", 0), "num_tasks": d.get("num_tasks", 1),
-        "user": d.get("user"), "submitted_at": _iso(d.get("submitted_at")), "started_at": _iso(d.get("started_at")),
-        "ended_at": _iso(d.get("ended_at")), "reason": d.get("reason") or None,
-    }
-
-
-def _iso(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.isoformat() if isinstance(value, datetime) else str(value)
-
-
 async def _projected_jobs(bus: Any, skip_finished: bool) -> list[dict[str, Any]] | None:
     """The status service's projection, up to date with the log as it is now; None when no
     status service answers."""
@@ -495,7 +492,14 @@ def queue_command(
     check_output(output)
     from skypurza.events.managed_events import TERMINAL_STATUSES
 
-    options.all_users_note(all_users)
+    from .transport import api
+
+    t = api()
+    if t is None:
+        options.all_users_note(all_users)
+    elif refresh or infra is not None:
+        raise fail("spz jobs queue -r/--infra is not available through an API server yet; unset "
+                   "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
     if since is not None and after is not None:
         raise typer.BadParameter("give --since or --after, not both", param_hint="--since")
     statuses = _statuses(status_filter)
@@ -523,7 +527,12 @@ def queue_command(
         finally:
             await bus.close()
 
-    rows = run_async(run())
+    if t is not None:
+        from . import via_api_jobs
+
+        rows = via_api_jobs.queue_rows(t, skip_finished, all_users)
+    else:
+        rows = run_async(run())
     if skip_finished:
         rows = [r for r in rows if r["status"] not in TERMINAL_STATUSES]
     if statuses:
@@ -625,13 +634,20 @@ def cancel_command(
     if graceful:
         options.unused("--graceful", "spz has no MOUNT_CACHED uploads to wait for; jobs cancel waits until the jobs "
                                      "have ended anyway")
-    options.all_users_note(all_users)
     chosen = sum(1 for x in (bool(job_ids), name is not None, all_) if x)
     if chosen != 1:
         raise fail("give job ids, or -n NAME, or --all (exactly one of them)")
     from .verbs import WAIT_S, _confirm
 
     wait_s = float(graceful_timeout) if graceful_timeout is not None else WAIT_S
+    from .transport import api
+
+    t = api()
+    if t is not None:
+        from . import via_api_jobs
+
+        raise typer.Exit(via_api_jobs.cancel(t, list(job_ids or []), name, all_, yes, async_, wait_s, all_users))
+    options.all_users_note(all_users)
 
     async def run() -> int:
         from skypurza.services.recovery.submit import read_jobs, request_cancel

@@ -110,11 +110,23 @@ def launch_command(
     status = StatusLine()
     out = echo_err if output == "json" else echo_out
     from .jobwatch import SubmissionFailed
+    from .transport import api
 
+    t = api()
+    if t is not None and (wait_for is not None or retry_until_up or no_setup or fast):
+        raise fail("spz launch --wait-for/-r/--no-setup/--fast is not available through an API server yet; unset "
+                   "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
     try:
-        code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_, no_setup=no_setup or fast,
-                                          detach_run=detach_run, async_=async_, status=status, out=out,
-                                          wait_for=wait_for, retry_until_up=retry_until_up))
+        if t is not None:
+            from . import via_api
+
+            code, summary = via_api.launch(t, task, public, name_, idle=idle, down=down_, detach_run=detach_run,
+                                           async_=async_, status=status, out=out)
+        else:
+            code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_,
+                                              no_setup=no_setup or fast, detach_run=detach_run, async_=async_,
+                                              status=status, out=out, wait_for=wait_for,
+                                              retry_until_up=retry_until_up))
     except SubmissionFailed as exc:
         status.stop()
         raise fail(str(exc))
@@ -332,6 +344,9 @@ def exec_command(
     entrypoint = words
     detach_run = detach_run or async_
     overrides = options.overrides_of(res, task_flags, name=name)
+    from .transport import not_over_api
+
+    not_over_api("spz exec", "the API server launches new clusters only (POST /api/v1/tasks)")
     task, public = _prepare(entrypoint or [], overrides)
     cfg = _config()
     from .progress import StatusLine, echo_out

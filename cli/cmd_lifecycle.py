@@ -139,19 +139,30 @@ async def _purge(bus: Any, names: list[str]) -> None:
 
 def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
                timeout: float = WAIT_S, *, graceful: bool = False, graceful_timeout: float | None = None,
-               purge: bool = False, autostop: Any = None) -> None:
+               purge: bool = False, autostop: Any = None, all_users: bool = False) -> None:
     """stop / start / down of the clusters named. `graceful`: cancel their jobs first; `purge`
     (down): what could not be torn down is dropped from the records anyway; `autostop` (start):
     an AutostopSet (idle_minutes, down, wait_for) to publish with each start."""
     raise typer.Exit(_lifecycle_code(verb, clusters, all_, yes, async_, timeout, graceful=graceful,
-                                     graceful_timeout=graceful_timeout, purge=purge, autostop=autostop))
+                                     graceful_timeout=graceful_timeout, purge=purge, autostop=autostop,
+                                     all_users=all_users))
 
 
 def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
                     timeout: float = WAIT_S, *, graceful: bool = False, graceful_timeout: float | None = None,
-                    purge: bool = False, autostop: Any = None) -> int:
+                    purge: bool = False, autostop: Any = None, all_users: bool = False) -> int:
     if not clusters and not all_:
         raise fail(f"name the cluster(s) to {verb}, or use -a for all")
+    from .transport import api
+
+    t = api()
+    if t is not None:
+        if graceful or purge:
+            raise fail(f"spz {verb} --graceful/--purge is not available through an API server yet; unset "
+                       "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
+        from . import via_api
+
+        return via_api.lifecycle(t, verb, clusters, all_, yes, async_, timeout, autostop, all_users=all_users)
 
     async def run() -> int:
         import asyncio
@@ -284,9 +295,9 @@ def stop_command(
     all_users: bool = options.all_users_option(),
 ) -> None:
     """Stop clusters: nodes (and running jobs) stop, disks and homes are kept; spz start resumes."""
-    options.all_users_note(all_users)
+    _all_users_note(all_users)
     _lifecycle("stop", clusters or [], all_, yes, async_, timeout, graceful=graceful,
-               graceful_timeout=graceful_timeout)
+               graceful_timeout=graceful_timeout, all_users=all_users)
 
 
 def start_command(
@@ -347,12 +358,21 @@ def down_command(
 
     Exit status: 0 gone; 1 a teardown failed or was not confirmed in time (the reason is printed);
     3 gone, but a security group, key pair or placement group is not released yet (retried in the background)."""
-    options.all_users_note(all_users)
+    _all_users_note(all_users)
     if purge and async_:
         options.unused("--async", "--purge waits for the teardown's outcome, to know what to purge")
         async_ = False
     _lifecycle("down", clusters or [], all_, yes, async_, timeout, graceful=graceful,
-               graceful_timeout=graceful_timeout, purge=purge)
+               graceful_timeout=graceful_timeout, purge=purge, all_users=all_users)
+
+
+def _all_users_note(all_users: bool) -> None:
+    """-u means something through an API server (everyone's, for reading; acting is for admins);
+    on the embedded bus every cluster is shown already."""
+    from .transport import endpoint
+
+    if endpoint() is None:
+        options.all_users_note(all_users)
 
 
 # ---------------------------------------------------------------------------------------- autostop
@@ -392,6 +412,14 @@ def autostop_command(
         raise fail("name the cluster(s), or use -a for all")
     if wait_for is not None and cancel:
         raise fail("--wait-for goes with -i MINUTES, not --cancel", 2)
+    from .transport import api
+
+    t = api()
+    if t is not None:
+        from . import via_api
+
+        raise typer.Exit(via_api.autostop(t, clusters or [], all_, idle_minutes, down, cancel, wait_for,
+                                          all_users=all_users))
     options.all_users_note(all_users)
 
     async def run() -> int:

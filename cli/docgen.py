@@ -92,7 +92,9 @@ def help_text(command: Command, ctx: Context) -> str:
 
 def render_app(root: Command, prog: str = "spz") -> str:
     """The reference page of a click command tree (pure but for rendering the help text)."""
-    ctx = root.make_context(prog, [], resilient_parsing=True)
+    # The usage line is wrapped by click at the context's terminal width (inherited by every
+    # sub-context), which is COLUMNS unless given: fix it too, or a long `spz a b c` path wraps.
+    ctx = root.make_context(prog, [], resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH)
     parts = [HEADER]
     for entry, sub_ctx in walk(root, ctx):
         title = " ".join((prog, *entry.path))

@@ -255,7 +255,9 @@ def yes_option() -> Any:
 
 
 def all_users_option() -> Any:
-    return typer.Option(False, "-u", "--all-users", help="Every user's (spz already shows all users of the stage).")
+    return typer.Option(False, "-u", "--all-users", help="Every user's, for reading, through an API server (acting on "
+                                                         "another's is for admins); the embedded bus shows every "
+                                                         "user's already.")
 
 
 def workspace_option() -> Any:

@@ -19,7 +19,7 @@ module of events/ or services/ does outside the list of I/O places below.
 What stays on the loop clock (asyncio) or the system clock directly, on purpose — these bound
 waits, they decide nothing a replay or a test must reproduce:
 - I/O timeouts and pacing: `asyncio.wait_for`/`asyncio.sleep` between polls, retries and ticks,
-  the runner's keep-alive, a launch's or a kill's deadline (provisioner/aws.py, local.py,
+  the runner's keep-alive, a launch's or a kill's deadline (provisioner/aws.py, local.py, slurm.py,
   agent/procs.py), nats-server's start wait (events/natsserver.py), the bus's reconnect grace
   (`Bus.disconnected_at`);
 - stamps of identity or of storage: a pid file's start time (agent/procs.py, compared with

@@ -328,5 +328,151 @@ def bucket(stage: str, purpose: str) -> str:
     return n.replace("_", "-")[:63]
 
 
+def slurm_job_name(stage: str, cluster: str) -> str:
+    """The sbatch --job-name of a cluster's allocation (squeue/scancel find ours by it)."""
+    return name(stage, "slurm", _cloud_part(cluster))
+
+
+def slurm_dir(stage: str, cluster: str) -> str:
+    """The cluster's directory on a Slurm site, relative to the login user's home: the
+    allocation's output file and nothing else (no daemon, no install)."""
+    return f".{PROJECT}/{check_stage(stage)}/slurm/{_cloud_part(cluster)}"
+
+
 def _cloud_part(value: str) -> str:
     return re.sub(r"[^a-z0-9_.]", "_", value.lower()).strip("_.") or "x"
+
+
+# ---------------------------------------------------------------- infrastructure as code (infra/)
+# The control plane on AWS (infra/, docs/deploy.md): stacks `Skypurza<Stage><Component>`, physical
+# names `skypurza-<stage>-<component>-<purpose>`, roles `skypurza-<stage>-*`, log groups
+# `/skypurza/<stage>/...`. infra/ writes no name of its own: tests/test_infra.py walks every
+# synthesized template and refuses any name these functions do not make.
+
+# The stacks of one stage, and the delivery stage's pipeline (`ci`: the account's own stage).
+INFRA_COMPONENTS = ("network", "bus", "state", "iam", "logs", "services", "dns", "pipeline")
+DELIVERY_STAGE = "ci"
+
+
+def stage_label(stage: str) -> str:
+    """`bake_usw2` -> `BakeUsw2`: a stage as CloudFormation and CDK construct ids spell it."""
+    return "".join(part.capitalize() for part in check_stage(stage).split("_") if part)
+
+
+def stage_id(stage: str) -> str:
+    """The CDK Stage (cloud assembly) of a stage: `SkypurzaBakeUsw2`."""
+    return f"{PROJECT.capitalize()}{stage_label(stage)}"
+
+
+def stack_name(stage: str, component: str) -> str:
+    """`Skypurza<Stage><Component>`: one of INFRA_COMPONENTS (a stack name is an account-wide id)."""
+    if component not in INFRA_COMPONENTS:
+        raise ValueError(f"unknown infrastructure component {component!r}")
+    return f"{stage_id(stage)}{component.capitalize()}"
+
+
+def role_name(stage: str, component: str, purpose: str) -> str:
+    """`skypurza-<stage>-<component>-<purpose>` for an IAM role (at most 64 characters: a long
+    purpose is cut and keeps a digest, so two long ones stay apart)."""
+    return _bounded(name(stage, component, purpose), 64)
+
+
+def infra_bucket(stage: str, purpose: str, account: str) -> str:
+    """A stage's S3 bucket: `skypurza-<stage>-state-<purpose>-<account>`. Bucket names are global
+    to all of S3, so the account keeps two organisations' stages apart; '_' is not allowed."""
+    if not re.fullmatch(r"[0-9]{12}", account):
+        raise ValueError(f"invalid AWS account {account!r}: 12 digits")
+    return f"{name(stage, 'state', purpose)}-{account}".replace("_", "-")[:63]
+
+
+def load_balancer(stage: str, purpose: str) -> str:
+    """Load balancers and target groups: letters, digits and '-', at most 32 characters."""
+    return _bounded(name(stage, "lb", purpose).replace("_", "-").replace(".", "-"), 32)
+
+
+def log_group(stage: str, component: str) -> str:
+    """`/skypurza/<stage>/<component>`: one log group per service (and per bus, pipeline step)."""
+    check_stage(stage)
+    if not _PART_RE.match(component):
+        raise ValueError(f"invalid name part {component!r}")
+    return f"/{PROJECT}/{stage}/{component}"
+
+
+def parameter(stage: str, component: str, purpose: str) -> str:
+    """An SSM parameter: `/skypurza/<stage>/<component>/<purpose>`."""
+    if not _PART_RE.match(purpose):
+        raise ValueError(f"invalid name part {purpose!r}")
+    return f"{log_group(stage, component)}/{purpose}"
+
+
+def bus_dns_zone(stage: str) -> str:
+    """The private DNS zone of a stage's bus nodes (`n1.<zone>`): a DNS name has no '_'."""
+    return f"{check_stage(stage).replace('_', '-')}.bus.{PROJECT}.internal"
+
+
+def bus_node_host(stage: str, node: int) -> str:
+    return f"n{int(node)}.{bus_dns_zone(stage)}"
+
+
+def infra_name_patterns(stage: str) -> tuple[re.Pattern[str], ...]:
+    """Every shape of name the functions above give a stage's resources (what the naming walk of
+    tests/test_infra.py accepts)."""
+    s = re.escape(check_stage(stage))
+    dash = re.escape(stage.replace("_", "-"))
+    part = r"[a-z0-9][a-z0-9_.]*"
+    return (
+        # name(), role_name(); CDK derives a few from one (the pipeline's `...-main-selfupdate`)
+        re.compile(rf"{PROJECT}-{s}-{part}-{part}(-[0-9a-f]{{6}})?(-[a-z0-9]+)?"),
+        re.compile(rf"{PROJECT}-{dash}-state-[a-z0-9.-]+-[0-9]{{12}}"),            # infra_bucket()
+        re.compile(rf"{PROJECT}-{dash}-lb-[a-z0-9-]+"),                            # load_balancer()
+        re.compile(rf"/{PROJECT}/{s}/{part}(/[a-z0-9_.]+)?"),                      # log_group(), parameter()
+        re.compile(rf"(n[0-9]+\.)?{re.escape(bus_dns_zone(stage))}\.?"),           # bus_dns_zone()
+    )
+
+
+def _bounded(value: str, limit: int) -> str:
+    if len(value) <= limit:
+        return value
+    import hashlib
+
+    digest = hashlib.sha256(value.encode()).hexdigest()[:6]
+    return f"{value[:limit - 7].rstrip('-_.')}-{digest}"
+
+
+# ---------------------------------------------------------------- Kubernetes objects and labels
+
+# Label keys: `<prefix>/<name>`, the prefix a DNS subdomain (the project's name is one).
+K8S_LABEL_STAGE = f"{PROJECT}/stage"
+K8S_LABEL_CLUSTER = f"{PROJECT}/cluster"
+K8S_LABEL_RANK = f"{PROJECT}/node-rank"
+K8S_LABEL_LAUNCH_TOKEN = f"{PROJECT}/launch-token"
+K8S_LABEL_JOB = f"{PROJECT}/job"
+K8S_CONTAINER = "agent"
+
+
+def _dns_label(value: str, limit: int = 63) -> str:
+    """A DNS-1123 label (lower case, digits, '-'; letter first for a Service): too long, it keeps
+    a readable head and a hash of the whole, so two long names never collide."""
+    import hashlib
+
+    clean = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-") or "x"
+    if len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(value.encode()).hexdigest()[:10]
+    return f"{clean[:limit - 11].rstrip('-')}-{digest}"
+
+
+def k8s_service(stage: str, cluster: str) -> str:
+    """The cluster's headless Service (its pods' DNS subdomain)."""
+    return _dns_label(name(stage, "svc", _cloud_part(cluster)))
+
+
+def k8s_pod(stage: str, cluster: str, rank: int) -> str:
+    """Node `rank` of a cluster: the pod's name and hostname."""
+    base = _dns_label(name(stage, "node", _cloud_part(cluster)), 63 - len(str(rank)) - 1)
+    return f"{base}-{rank}"
+
+
+def k8s_labels(stage: str, cluster: str) -> dict[str, str]:
+    """What every object of a cluster carries (the listing selector is the stage's part)."""
+    return {K8S_LABEL_STAGE: check_stage(stage), K8S_LABEL_CLUSTER: cluster}

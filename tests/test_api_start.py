@@ -105,6 +105,14 @@ def test_api_start_serves_health_as_the_os_user_and_stop_leaves_no_api_server(ho
     # The embedded default: a loopback caller without a token is the OS user, as admin.
     assert health["caller"] == {"user": "osuser", "team": "local", "role": "admin", "local": True}
     assert httpx.get(f"{st['api_url']}/api/v1/clusters", timeout=20).json()["clusters"] == []
+    # The web console is served by the same server, at the URL `spz api start` and `status` give.
+    assert st["console_url"] == f"{st['api_url']}/console/"
+    page = httpx.get(st["console_url"], timeout=10)
+    assert page.status_code == 200 and "SkyPurza console" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert httpx.get(f"{st['api_url']}/", timeout=10).headers["location"] == "/console/"
+    status = spz(env, "api", "status", "-o", "json")
+    assert json.loads(status.stdout)["console_url"] == st["console_url"], status.stdout
     assert _roles(home)["api-server"] == 1
     info = spz(env, "api", "info", "-o", "json")
     assert info.returncode == 0, info.stderr

@@ -30,7 +30,7 @@ TOPS = ("events", "services", "cli")
 # join). Everything else in the package is the open broker (the status projections included:
 # services/status/). Open code reaches the platform only over the bus (events/ledger_queries.py)
 # and through entry points (cli/plugins.py: CLI plugins, and services for `spz api serve`).
-PLATFORM_PACKAGES = ("skypurza.services.ledger", "skypurza.services.observability")
+PLATFORM_PACKAGES = ("skypurza.services.ledger", "skypurza.services.observability", "skypurza.services.dispatch")
 PLUGIN_GROUP = "skypurza.cli_plugins"
 SERVICES_GROUP = "skypurza.services"
 
@@ -234,8 +234,10 @@ def test_platform_services_join_through_entry_points():
 
     services = plugin_modules(ROOT / "pyproject.toml", SERVICES_GROUP)
     assert services == {"ledger": "skypurza.services.ledger.service:LedgerService",
+                        "dispatch": "skypurza.services.dispatch.service:DispatchService",
                         "observability": "skypurza.services.observability.service:ObservabilityService",
-                        "gpuhealth": "skypurza.services.observability.gpuhealth.service:GpuHealthService"}
+                        "gpuhealth": "skypurza.services.observability.gpuhealth.service:GpuHealthService",
+                        "alerts": "skypurza.services.observability.alerts.service:AlertsService"}
     for name, value in services.items():
         module, _, cls = value.partition(":")
         assert any(_under(module, p) for p in PLATFORM_PACKAGES), f"{name}: {module} is not platform code"

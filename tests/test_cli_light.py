@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 HEAVY = ("nats", "duckdb", "pydantic", "aiohttp", "skypurza.events.taskspec", "skypurza.events.registry",
-         "skypurza.events.models", "skypurza.events.bus")
+         "skypurza.events.models", "skypurza.events.bus", "httpx")  # httpx: only once an API server is configured
 
 PROBE = """
 import json, runpy, sys

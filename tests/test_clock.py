@@ -203,6 +203,7 @@ SYSTEM_TIME_ALLOWED = {
     "services/agent/procs.py": "a pid file's start time (compared with /proc); a kill's grace",
     "services/provisioner/aws.py": "a launch's and a stop's polling deadline",
     "services/provisioner/local.py": "the local 'cloud's' own node records; start and kill deadlines",
+    "services/provisioner/slurm.py": "the allocation's record (like local's) and the sbatch-to-RUNNING deadline",
     "services/recovery/history.py": "the stand-in timestamp of an event that cannot be decoded",
     "services/optimizer/catalog/build.py": "the date a catalog was built",
     "services/optimizer/catalog/refresh.py": "the date of a price refresh and EC2's StartTime",

@@ -88,6 +88,7 @@ def test_wheel_ships_only_the_skypurza_package(tmp_path):
     wheel = next(tmp_path.glob("skypurza-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
+    assert not any(n.startswith("skypurza/infra/") for n in names)  # infra/ deploys the package, not in it
     assert tops <= {"skypurza", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for must in ("skypurza/events/bus.py", "skypurza/cli/main.py", "skypurza/services/optimizer/__init__.py",
                  "skypurza/events/projection/pipeline.py", "skypurza/services/status/service.py"):
@@ -100,4 +101,10 @@ def test_wheel_ships_only_the_skypurza_package(tmp_path):
     assert groups["skypurza.cli_plugins"]["health"] == "skypurza.services.observability.gpuhealth.cli:register"
     # and its services join `spz api serve` through this one (cli/serve.py)
     assert groups["skypurza.services"]["ledger"] == "skypurza.services.ledger.service:LedgerService"
-    assert set(groups["skypurza.services"]) == {"ledger", "observability", "gpuhealth"}
+    assert set(groups["skypurza.services"]) == {"ledger", "observability", "gpuhealth", "alerts", "dispatch"}
+    assert groups["skypurza.cli_plugins"]["alerts"] == "skypurza.services.observability.alerts.cli:register"
+    # the Prometheus alerting rules are package data (docs/observability.md#alerts)
+    assert "skypurza/services/observability/rules/skypurza.rules.yml" in names
+    # the web console's files are package data: pip install serves it, no build step (docs/console.md)
+    for must in ("index.html", "style.css", "app.js", "api.js", "pages/cluster.js", "pages/cost.js"):
+        assert f"skypurza/services/api/console/{must}" in names, must

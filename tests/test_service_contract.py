@@ -210,7 +210,9 @@ def test_subjects_are_derived_from_what_is_consumed(nats_server):
     # The services' subjects are what they were written out as before the contracts.
     by_name = {c.name: c for c in all_contracts()}
     assert by_name["optimizer"].subjects("dev") == [naming.event_filter("dev", "task", "task_submitted"),
-                                                    naming.event_filter("dev", "task", "capacity_error")]
+                                                    naming.event_filter("dev", "task", "capacity_error"),
+                                                    naming.aggregate_events_subject("dev", "dispatch"),
+                                                    naming.event_filter("dev", "task", "task_admitted")]
     assert by_name["recovery"].subjects("dev")[:3] == [naming.aggregate_events_subject("dev", "mjob"),
                                                        naming.event_filter("dev", "task", "placement_failed"),
                                                        naming.event_filter("dev", "task", "provision_failed")]

@@ -41,7 +41,7 @@ from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
 
-from . import fetch, mounts, sampling, storage, userenv
+from . import fetch, mounts, sampling, slurmexec, storage, userenv
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -57,7 +57,7 @@ from .decide import (
     decide,
     key,
 )
-from .envcontract import (UNSET_IN_SETUP, JobContext, cluster_task_id, cuda_visible_devices, gpus_per_node,
+from .envcontract import (CUDA_VISIBLE_DEVICES, UNSET_IN_SETUP, JobContext, cluster_task_id, cuda_visible_devices, gpus_per_node,
                           job_environment)
 from .gpus import detect_gpus
 from .procs import Chunk, LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
@@ -385,8 +385,15 @@ class Agent:
         if phase == "setup":
             for name in UNSET_IN_SETUP:
                 env.pop(name, None)
-        proc = await asyncio.to_thread(spawn, files, userenv.phase_script(script, self.workdir, job_env),
-                                       self.workdir, env)
+        if self.spec.infra == "slurm":  # the same process, running the phase as an srun step over SSH
+            env.pop(CUDA_VISIBLE_DEVICES, None)  # Slurm's, from the allocation's GRES
+            body = slurmexec.executor_script(
+                script, job_env, config=self.spec.extra["slurm_config"], host=self.spec.extra["slurm_host"],
+                job=self.spec.extra["slurm_job"], node=self.spec.extra["slurm_node"],
+                step_name=f"{job.job_id}-{phase}", remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster))
+        else:
+            body = userenv.phase_script(script, self.workdir, job_env)
+        proc = await asyncio.to_thread(spawn, files, body, self.workdir, env)
         self.local.running.add((job.job_id, phase))
         self.local.killing.discard(job.job_id)
         self._pgids[(job.job_id, phase)] = proc.pid
@@ -410,6 +417,11 @@ class Agent:
         file_mounts = await self.checkpoints.attach(job.job_id, file_mounts, self.home, download=not synced.exists())
         confined = self.spec.infra == "local" and not mounts.host_paths_allowed(os.environ)
         steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home, confined=confined)
+        if steps and self.spec.infra == "slurm":
+            # This agent runs on the control plane: putting them in place here would write the
+            # control plane's disk, not the cluster's (docs/slurm.md, *Not yet*).
+            raise RuntimeError("workdir and file_mounts are not copied to Slurm clusters yet; put the files on "
+                               "the cluster's shared filesystem and refer to them from the run script")
         # A cloud node gets the user's local paths from the object store (fetch.py); `local` copies them.
         uploads = (job.queued.task.uploads or {}) if self.spec.infra != "local" else {}
         for step in steps:

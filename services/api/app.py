@@ -9,7 +9,9 @@
 - the routers it wires: one cluster, its queue, its lifecycle and job cancel
   (routes_clusters.py); a job's logs and the CloudEvents as server-sent events
   (routes_streams.py, sse.py); managed jobs, their logs and the cost report (routes_jobs.py);
-  users and teams, for admins (routes_identity.py). docs/team.md lists every endpoint and who
+  users and teams, for admins (routes_identity.py); what the web console reads besides (a
+  cluster's timeline, a managed job's history, tokens: routes_console.py), and the console's
+  files at /console/ (console_static.py, docs/console.md). docs/team.md lists every endpoint and who
   may call it.
 
 Errors are RFC 9457 problem details (`application/problem+json`: type, title, status, detail a
@@ -30,7 +32,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from skypurza.events import naming, status_queries
@@ -38,7 +40,8 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import routes_clusters, routes_identity, routes_jobs, routes_streams
+from . import routes_clusters, routes_console, routes_identity, routes_jobs, routes_streams
+from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
 from .follower import DirectoryFollower, DirectoryStale
@@ -263,5 +266,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(routes_streams.router(deps, slots))
     app.include_router(routes_jobs.router(deps, slots))
     app.include_router(routes_identity.router(deps))
+    app.include_router(routes_console.router(deps))
+
+    # The web console (services/api/console_static.py): static files calling the API above.
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(f"{CONSOLE_PATH}/", status_code=307)
+
+    @app.get(CONSOLE_PATH, include_in_schema=False)
+    async def console_root() -> RedirectResponse:
+        return RedirectResponse(f"{CONSOLE_PATH}/", status_code=307)
+
+    app.mount(CONSOLE_PATH, ConsoleFiles(), name="console")
 
     return app

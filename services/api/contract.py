@@ -36,7 +36,8 @@ CONTRACT = Contract(
                 ManagedJobCancelRequested: "`POST /api/v1/jobs/{id}/cancel`, stamped",
                 UserAdded: "`POST /api/v1/users`, admins only", UserRemoved: "`DELETE /api/v1/users/{name}`, admins only",
                 TokenIssued: "`POST /api/v1/users` and `/users/{name}/token`, admins only",
-                TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one), admins only",
+                TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one) and "
+                              "`DELETE /api/v1/users/{name}/tokens/{id}`, admins only",
                 TeamAdded: "`POST /api/v1/teams`, admins only", TeamRemoved: "`DELETE /api/v1/teams/{name}`, admins only"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams"},

@@ -133,3 +133,16 @@ async def remove_user(bus: Bus, user: str) -> None:
         return _Change([UserRemoved(user=user)])
 
     await _change(bus, "user", user, decide)
+
+
+async def revoke_token(bus: Bus, user: str, token_id: str, by: str = "") -> None:
+    """One of `user`'s live tokens revoked (the console's admin page); unknown or dead: refused."""
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        if token_id not in d.users[user].tokens:
+            raise IdentityError(f"no live token {token_id} of {user} (GET /api/v1/users/{user}/tokens)")
+        reason = f"revoked by {by}" if by else "revoked"
+        return _Change([TokenRevoked(user=user, token_id=token_id, reason=reason)])
+
+    await _change(bus, "user", user, decide)

@@ -177,7 +177,15 @@ def cost_report_command(
         raise typer.BadParameter(f"{by!r}; accepted: {', '.join(GROUP_BYS)}", param_hint="--by")
     from skypurza.events import ledger_queries as lq
 
-    rep = _ask("cost-report", lambda bus: lq.cost_report(bus, by=by, since=_since(since, days), until=until))
+    from skypurza.cli.transport import api
+
+    t = api()
+    if t is not None:  # through the configured API server: its GET /api/v1/cost-report
+        from skypurza.cli.via_api_jobs import cost_report
+
+        rep = cost_report(t, by, _since(since, days), until)
+    else:
+        rep = _ask("cost-report", lambda bus: lq.cost_report(bus, by=by, since=_since(since, days), until=until))
     if output == "json":
         print_json(rep)
         return

@@ -15,6 +15,8 @@ from datetime import datetime
 from skypurza.events.models import (
     CapacityError,
     ClusterProvisioned,
+    GpuUnhealthy,
+    OrphanFound,
     PlacementChosen,
     PlacementFailed,
     SpotPreempted,
@@ -81,6 +83,9 @@ class LogCounters:
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # by team
     provisioning: Histogram = field(default_factory=lambda: Histogram(PROVISION_BUCKETS))
     submitted_at: dict[str, datetime] = field(default_factory=dict)  # task id -> TaskSubmitted store time
+    # For the Prometheus alerting rules (services/observability/rules/): closed label sets.
+    gpu_findings: dict[tuple[str, str], int] = field(default_factory=dict)  # (severity, rule)
+    orphans: dict[str, int] = field(default_factory=dict)  # OrphanFound by action: reported | terminated
 
 
 UNASSIGNED = "(none)"
@@ -107,6 +112,11 @@ def apply(c: LogCounters, seq: int, time: datetime, event: object) -> None:
         began = c.submitted_at.pop(event.task_id, None)
         if began is not None:  # a cluster provisioned for a task submitted before the log began: not timed
             c.provisioning.observe((time - began).total_seconds())
+    elif isinstance(event, GpuUnhealthy):
+        k = (event.severity, event.rule)
+        c.gpu_findings[k] = c.gpu_findings.get(k, 0) + 1
+    elif isinstance(event, OrphanFound):
+        c.orphans[event.action] = c.orphans.get(event.action, 0) + 1
     elif isinstance(event, UsageRecorded):
         gpus = int(event.tres.get("gres/gpu", 0) or 0)
         if gpus > 0:

@@ -19,6 +19,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from skypurza.events.fold import JOB_TERMINAL
+from skypurza.events.managed_events import TERMINAL_STATUSES as MANAGED_TERMINAL
 from skypurza.events.naming import metric
 
 from .logfold import Histogram, LogCounters, histogram_of
@@ -113,6 +115,41 @@ def queue_waits(jobs: list[dict[str, Any]]) -> list[float]:
     return [s for s in (_seconds_between(j.get("submitted_at"), j.get("started_at")) for j in jobs) if s is not None]
 
 
+def _epoch(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def oldest_pending(jobs: list[dict[str, Any]]) -> float | None:
+    """Unix time of the oldest submission still PENDING (cluster or managed jobs), None when none."""
+    times = [t for t in (_epoch(j.get("submitted_at")) for j in jobs if j.get("status") == "PENDING") if t is not None]
+    return min(times) if times else None
+
+
+def oldest_idle_without_autostop(clusters: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> float | None:
+    """Unix time since which the longest-idle UP cluster with no autostop has had no job pending or
+    running (its launch or start, or its last job's end), None when there is no such cluster."""
+    busy = {j.get("cluster") for j in jobs if j.get("status") not in JOB_TERMINAL}
+    last_end: dict[str, float] = {}
+    for j in jobs:
+        t = _epoch(j.get("ended_at"))
+        if t is not None and j.get("cluster"):
+            last_end[j["cluster"]] = max(last_end.get(j["cluster"], t), t)
+    since = []
+    for c in clusters:
+        if c.get("status") != "UP" or c.get("autostop_minutes") is not None or c.get("name") in busy:
+            continue
+        began = [t for t in (_epoch(c.get("launched_at")), _epoch(c.get("started_at")), last_end.get(c.get("name")))
+                 if t is not None]
+        if began:
+            since.append(max(began))
+    return min(since) if since else None
+
+
 def _dollars(micros: int | float) -> float:
     return float(Decimal(int(micros)).scaleb(-6))
 
@@ -141,8 +178,21 @@ def families(s: Snapshot, max_series: int) -> list[Metric]:
         out.append(_gauge("jobs", "Cluster jobs by state.", ["state"], _count_by(s.jobs, "status")))
         out.append(_histogram("queue_wait_seconds", "Seconds from a job's submission to its start (jobs that started).",
                               histogram_of(queue_waits(s.jobs), QUEUE_WAIT_BUCKETS)))
+    if s.clusters is not None and s.jobs is not None:
+        idle = oldest_idle_without_autostop(s.clusters, s.jobs)
+        out.append(_gauge("oldest_idle_cluster_without_autostop_timestamp_seconds",
+                          "Unix time since which the longest-idle UP cluster with no autostop has run nothing "
+                          "(absent when none).", [], {} if idle is None else {(): idle}))
+    if s.jobs is not None or s.managed is not None:
+        pend = oldest_pending((s.jobs or []) + (s.managed or []))
+        out.append(_gauge("oldest_pending_job_timestamp_seconds", "Unix time of the oldest submission of a job "
+                          "(cluster or managed) still PENDING (absent when none).", [],
+                          {} if pend is None else {(): pend}))
     if s.managed is not None:
         out.append(_gauge("managed_jobs", "Managed jobs by state.", ["state"], _count_by(s.managed, "status")))
+        live = [int(m.get("recoveries") or 0) for m in s.managed if m.get("status") not in MANAGED_TERMINAL]
+        out.append(_gauge("managed_job_recoveries_max", "The most recoveries of one managed job not finished yet.",
+                          [], {(): float(max(live, default=0))}))
         out.append(_counter("managed_job_recoveries", "Recoveries of managed jobs (preemptions and lost nodes).",
                             [], {(): float(sum(int(m.get("recoveries") or 0) for m in s.managed))}))
     if s.costs is not None:
@@ -171,6 +221,10 @@ def families(s: Snapshot, max_series: int) -> list[Metric]:
                             ["team"], bound(gpu, 0, max_series)))
         out.append(_histogram("provisioning_seconds", "Seconds from a task's submission to its cluster provisioned.",
                               lg.provisioning))
+        out.append(_counter("gpu_unhealthy_findings", "GPU health findings (GpuUnhealthy) by severity and rule.",
+                            ["severity", "rule"], {k: float(v) for k, v in lg.gpu_findings.items()}))
+        out.append(_counter("orphans_found", "Nodes reconciliation found running for no live cluster, by action "
+                            "(reported, then terminated).", ["action"], {(k,): float(v) for k, v in lg.orphans.items()}))
         out.append(_counter("log_events_read", "Events this endpoint has folded from the log.", [],
                             {(): float(lg.events)}))
     if s.consumers is not None:

@@ -15,6 +15,8 @@ an object's identity), which only saves work: a hit returns what a miss would co
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,6 +25,9 @@ from typing import Any, Iterable, Sequence
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.types import Attempt
 from skypurza.events.types import Candidate as EventCandidate
+
+from skypurza.events.k8s_capacity import ContextCapacity
+from skypurza.events.slurm_discovery import SlurmCluster
 
 from .catalog import Catalog
 from .local import LocalResources
@@ -51,6 +56,8 @@ class World:
     enabled_infras: frozenset[str]
     local: LocalResources | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    kubernetes: tuple[ContextCapacity, ...] = ()  # each enabled context's free capacity, read at start
+    slurm: tuple[SlurmCluster, ...] = ()  # each Slurm cluster's partitions (events/slurm_discovery.py)
 
 
 def to_event_candidate(c: Candidate) -> EventCandidate:
@@ -84,7 +91,7 @@ PLAN_CACHE_SIZE = 512
 
 def plan_key(submitted: TaskSubmitted, world: World, blocks: Sequence[Block]) -> tuple[Any, ...]:
     """What a plan depends on, by content."""
-    return (world.catalog.fingerprint, world.enabled_infras, repr(world.local),
+    return (world.catalog.fingerprint, world.enabled_infras, repr(world.local), repr(world.kubernetes), repr(world.slurm),
             json.dumps(_resources_of(submitted), sort_keys=True, default=str),
             submitted.num_nodes, json.dumps([b.to_dict() for b in blocks], sort_keys=True, default=str))
 
@@ -112,7 +119,7 @@ def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | N
 
     task = Task.from_public_dict(submitted.task.to_dict())
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
-                 world.local, limit=PLAN_LIMIT)
+                 world.local, limit=PLAN_LIMIT, kubernetes=world.kubernetes, slurm=world.slurm)
     entry = _PLAN_CACHE[key] = _Planned(plan)
     if len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
         _PLAN_CACHE.popitem(last=False)
@@ -174,13 +181,39 @@ def _failed(submitted: TaskSubmitted, attempts: list[Attempt], why: str) -> Plac
                            managed_job_id=submitted.managed_job_id)
 
 
+# ---------------------------------------------------------------- admission (dispatch)
+# While a dispatch policy is active a TaskSubmitted waits for its TaskAdmitted; with none (the
+# default) it is placed at once, exactly as before. Whether one was active is a function of the
+# submission's stream sequence and the log's DispatchPolicyApplied events, so the optimizer and
+# the dispatch service agree without sharing anything (docs/dispatch.md).
+
+PolicyChanges = Sequence[tuple[int, bool]]  # (stream seq, a policy is active from then on), sorted
+
+
+def awaits_admission(changes: PolicyChanges, seq: int) -> bool:
+    """True when the newest policy change stored before `seq` left a policy active."""
+    i = bisect.bisect_left(changes, (seq, False))
+    return i > 0 and changes[i - 1][1]
+
+
+def admitted_world(world: World, infra: str | None) -> World:
+    """The world of an admitted task: the flavor's infra only, where it names an enabled one."""
+    if infra is None or infra not in world.enabled_infras:
+        return world
+    return dataclasses.replace(world, enabled_infras=frozenset({infra}))
+
+
 # ---------------------------------------------------------------- which infras are enabled
 
 def enabled_infras(forced: Iterable[str] | None, aws_is_configured: bool,
-                   allowed: Iterable[str] | None = None) -> frozenset[str]:
+                   allowed: Iterable[str] | None = None, kubernetes_configured: bool = False,
+                   slurm_configured: bool = False) -> frozenset[str]:
     """Pure: `forced` (SKYPURZA_ENABLED_INFRAS) wins; else AWS when it is configured
-    (events/awsconfig.py), and `local` only while no cloud is enabled (or when `allowed`,
-    config's `allowed_infras`, names it). The looking is world.py's."""
+    (events/awsconfig.py), Kubernetes when a kubeconfig is (events/k8s_config.py), and `local`
+    only while no cloud is enabled (or when `allowed`, config's `allowed_infras`, names it).
+    The looking is world.py's."""
     if forced:
         return frozenset(x.strip().lower() for x in forced if x.strip())
-    return default_enabled_infras(["aws"] if aws_is_configured else [], allowed)
+    clouds = (["aws"] if aws_is_configured else []) + (["kubernetes"] if kubernetes_configured else []) + (
+        ["slurm"] if slurm_configured else [])
+    return default_enabled_infras(clouds, allowed)

@@ -1,4 +1,5 @@
-"""Which infras can take work here (`spz check`): AWS when credentials answer; local always.
+"""Which infras can take work here (`spz check`): AWS when credentials answer; each enabled
+Kubernetes context when its API server answers (with its free GPUs); local always.
 
 I/O lives here (an STS call, nvidia-smi); the decision of what a task may use given these
 answers is `placement.default_enabled_infras`, a pure function.
@@ -13,7 +14,7 @@ from .placement import KNOWN_INFRAS, SUPPORTED_INFRAS
 
 
 # What a plain `spz check` lists as "not supported yet" (a named infra is always answered).
-_LISTED_UNSUPPORTED = ("azure", "gcp", "kubernetes", "slurm", "ssh")
+_LISTED_UNSUPPORTED = ("azure", "gcp", "ssh")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,54 @@ def check_aws(session: Any = None, endpoint_url: str | None = None, timeout_s: f
                        + "; ".join(errors))
 
 
+def check_kubernetes(contexts: Any = None) -> list[InfraStatus]:
+    """One line per enabled context (`kubernetes/<context>`): reachable, and its free GPUs and CPUs."""
+    from skypurza.events.k8s_config import KubernetesSettings, read_all_capacity
+
+    settings = KubernetesSettings.load()
+    if contexts is None:
+        if not settings.configured():
+            return [InfraStatus("kubernetes", False, f"no kubeconfig at {settings.kubeconfig_path()}: set "
+                                "KUBECONFIG or kubernetes.kubeconfig, or run in a pod (SKYPURZA_K8S_IN_CLUSTER=1)")]
+        contexts = read_all_capacity(settings)
+    if not contexts:
+        return [InfraStatus("kubernetes", False, "no context of the kubeconfig is enabled: "
+                            "check kubernetes.allowed_contexts and the current context")]
+    out = []
+    for c in contexts:
+        if not c.reachable:
+            out.append(InfraStatus(f"kubernetes/{c.context}", False, f"the API server did not answer: {c.error}"))
+            continue
+        gpus = ", ".join(f"{g}:{n}" for g, n in sorted(c.gpus().items())) or "no GPU"
+        out.append(InfraStatus(f"kubernetes/{c.context}", True, "the API server answered",
+                               f"{len(c.nodes)} nodes ready; free: {c.cpus():g} CPUs, {gpus}"))
+    return out
+
+
+def check_slurm(clusters: Any = None) -> list[InfraStatus]:
+    """One line per cluster of ~/.slurm/config (`slurm/<cluster>`): its login node answered, and
+    its partitions with their nodes and GPUs."""
+    from skypurza.events.slurm_config import slurm_config_path
+
+    from .world import slurm_clusters
+
+    if clusters is None:
+        clusters = slurm_clusters(frozenset({"slurm"}))
+    if not clusters:
+        return [InfraStatus("slurm", False, f"no cluster in {slurm_config_path()} (or none in "
+                            "slurm.allowed_clusters): add a Host per cluster, as for SkyPilot")]
+    out = []
+    for c in clusters:
+        if not c.reachable:
+            out.append(InfraStatus(f"slurm/{c.cluster}" if c.cluster != "*" else "slurm", False, c.error))
+            continue
+        parts = "; ".join(f"{o.partition}: {o.nodes} nodes, {o.cpus} CPUs"
+                          + "".join(f", {k or 'gpu'}:{n}" for k, n in o.gpus.items()) for o in c.offers)
+        out.append(InfraStatus(f"slurm/{c.cluster}", bool(c.offers), "the login node answered" if c.offers
+                               else "the login node answered but no partition is up", parts))
+    return out
+
+
 def check_local(local: Any = None) -> InfraStatus:
     from .local import detect_local_resources
 
@@ -76,13 +125,17 @@ def check_infras(only: list[str] | None = None, *, session: Any = None, endpoint
     out: list[InfraStatus] = []
     if wanted is None or "aws" in wanted:
         out.append(check_aws(session, endpoint_url))
+    if wanted is None or "kubernetes" in wanted:
+        out.extend(check_kubernetes())
+    if wanted is None or "slurm" in wanted:
+        out.extend(check_slurm())
     if wanted is None or "local" in wanted:
         out.append(check_local(local))
     others = sorted(_LISTED_UNSUPPORTED if wanted is None
                     else {w for w in wanted if w and w not in SUPPORTED_INFRAS})
     for name in others:
         why = "not supported yet" if name in KNOWN_INFRAS else "unknown infra"
-        out.append(InfraStatus(name, False, f"{why}: SkyPurza runs aws and local today"))
+        out.append(InfraStatus(name, False, f"{why}: SkyPurza runs aws, kubernetes, slurm and local today"))
     return out
 
 

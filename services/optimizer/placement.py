@@ -28,10 +28,13 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 from skypurza.events.taskspec.request import ResourceRequest
 
+from skypurza.events.k8s_capacity import ContextCapacity, hourly_price_micros, pod_size
+from skypurza.events.slurm_discovery import SlurmCluster, fits as slurm_fits, node_shape
+
 from .catalog.model import Catalog, InstanceType, dollars_to_micros, format_dollars
 from .local import LocalResources
 
-SUPPORTED_INFRAS = ("aws", "local")
+SUPPORTED_INFRAS = ("aws", "local", "kubernetes", "slurm")
 # Clouds SkyPilot 0.14.1 knows (ALL_CLOUDS) plus the container/HPC backends: recognised, so
 # we can say "not supported yet" instead of "unknown".
 KNOWN_INFRAS = frozenset({
@@ -290,7 +293,8 @@ def default_enabled_infras(clouds_enabled: Iterable[str], allowed_infras: Iterab
 def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
           blocks: Sequence[Block] = (), enabled_infras: Iterable[str] = ("aws",),
           local_resources: LocalResources | None = None, limit: int | None = None,
-          index: CatalogIndex | None = None) -> PlacementPlan:
+          index: CatalogIndex | None = None, kubernetes: Sequence[ContextCapacity] = (),
+          slurm: Sequence[SlurmCluster] = ()) -> PlacementPlan:
     """Rank every feasible candidate for `requests` (alternatives of one task) over `catalog`.
 
     With `limit`, only the `limit` best candidates of each request are guaranteed to be in the
@@ -301,6 +305,8 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
 
     Pure: the result depends on the arguments only, and none of them is written to. `index`
     is the catalog's precomputation (default: `index_for(catalog)`, shared by equal catalogs).
+    `kubernetes`: each enabled context's free capacity and prices (events/k8s_capacity.py).
+    `slurm`: each enabled Slurm cluster's partitions and prices (events/slurm_discovery.py).
     """
     if num_nodes < 1:
         raise ValueError("num_nodes must be at least 1")
@@ -311,7 +317,8 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
     cands: list[Candidate] = []
     failures: list[tuple[int, str]] = []
     for i, req in enumerate(reqs):
-        got, why = _expand(i, req, num_nodes, catalog, index, blocks, enabled, local_resources, limit)
+        got, why = _expand(i, req, num_nodes, catalog, index, blocks, enabled, local_resources, limit, kubernetes,
+                           slurm)
         if got:
             cands.extend(got)
         else:
@@ -359,14 +366,25 @@ def _fmt_count(x: float) -> str:
 
 def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, index: CatalogIndex, blocks: Sequence[Block],
             enabled: frozenset[str], local: LocalResources | None,
-            limit: int | None = None) -> tuple[list[Candidate], str]:
+            limit: int | None = None, kubernetes: Sequence[ContextCapacity] = (),
+            slurm: Sequence[SlurmCluster] = ()) -> tuple[list[Candidate], str]:
     cloud = normalize_infra(req.cloud)
     if cloud is not None and cloud not in SUPPORTED_INFRAS:
         known = "" if cloud in KNOWN_INFRAS else " (unknown infra)"
         return [], (f"infra {req.cloud!r}{known} is not supported yet: SkyPurza places work on "
-                    f"AWS and on this machine (local) today; use infra: aws or infra: local")
+                    f"AWS, Kubernetes and on this machine (local) today; use infra: aws, k8s or local")
     out: list[Candidate] = []
     whys: list[str] = []
+    if cloud == "kubernetes" or (cloud is None and "kubernetes" in enabled):
+        got_k8s, why_k8s = _k8s_candidates(i, req, n, kubernetes, blocks)
+        out.extend(got_k8s)
+        if not got_k8s and (cloud == "kubernetes" or why_k8s):
+            whys.append(why_k8s)
+    if cloud == "slurm" or (cloud is None and "slurm" in enabled):
+        got_slurm, why_slurm = _slurm_candidates(i, req, n, slurm, blocks)
+        out.extend(got_slurm)
+        if not got_slurm and (cloud == "slurm" or why_slurm):
+            whys.append(why_slurm)
     if cloud == "local" or (cloud is None and "local" in enabled):
         c, why = _local_candidate(i, req, n, local, blocks)
         if c is not None:
@@ -427,6 +445,93 @@ def _local_candidate(i: int, req: ResourceRequest, n: int, local: LocalResources
         memory_gib=local.memory_gib, image_id=None, disk_size_gb=req.disk_size_gb or DEFAULT_DISK_SIZE_GB,
         num_nodes=n, zones=(), request_index=i, order=req.order or 0,
     ), ""
+
+
+# ---------------------------------------------------------------------------------- Kubernetes
+
+def _k8s_candidates(i: int, req: ResourceRequest, n: int, contexts: Sequence[ContextCapacity],
+                    blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
+    """One candidate per context (a "region") whose nodes fit `n` pods of the request's size now."""
+    def no(why: str) -> tuple[list[Candidate], str]:
+        return [], f"kubernetes: {why}"
+
+    if req.instance_type or req.use_spot or req.zone or req.image_id:
+        return no("pods have no instance types, spot market, zones or machine images: drop them")
+    size = pod_size(req.cpus, req.memory_gib, req.memory_ratio, req.accelerator, req.accelerator_count)
+    wanted = [c for c in contexts if req.region in (None, c.context)]
+    if not wanted:
+        known = ", ".join(c.context for c in contexts) or "none"
+        return no(f"context {req.region!r} is not enabled (enabled: {known}): kubernetes.allowed_contexts"
+                  if req.region else "no context is enabled: run `spz check kubernetes`")
+    out, whys = [], []
+    for ctx in wanted:
+        if not ctx.reachable:
+            whys.append(f"{ctx.context}: not reachable ({ctx.error})")
+            continue
+        itype = size.instance_type()
+        if any(b.covers("kubernetes", ctx.context, None, itype, False) for b in blocks):
+            whys.append(f"{ctx.context}: blocked after a failed attempt")
+            continue
+        if not ctx.fits(size, n):
+            has = ", ".join(f"{g}:{c}" for g, c in sorted(ctx.gpus().items())) or "no GPU"
+            whys.append(f"{ctx.context}: no room for {n} x {itype} now (free: {ctx.cpus():g} CPUs, {has})")
+            continue
+        price = hourly_price_micros(size, ctx.gpu_hourly_usd, ctx.cpu_hourly_usd)
+        out.append(Candidate(
+            infra="kubernetes", region=ctx.context, zone=None, instance_type=itype,
+            accelerators={size.gpu: float(size.gpus)} if size.gpu else None, use_spot=False,
+            hourly_price_micros=price, total_hourly_price_micros=price * n, vcpus=size.cpus,
+            memory_gib=size.memory_gib, image_id=None, disk_size_gb=req.disk_size_gb or DEFAULT_DISK_SIZE_GB,
+            num_nodes=n, zones=(), request_index=i, order=req.order or 0))
+    return out, "" if out else "kubernetes: " + "; ".join(whys)
+
+
+# ---------------------------------------------------------------------------------- Slurm
+
+def _slurm_candidates(i: int, req: ResourceRequest, n: int, clusters: Sequence[SlurmCluster],
+                      blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
+    """One candidate per partition (a zone of the cluster, its region) whose nodes take the
+    shape; priced by `slurm.pricing` ($0.00 when none, as sky)."""
+    from skypurza.events.slurm_discovery import accelerator_name
+
+    def no(why: str) -> tuple[list[Candidate], str]:
+        return [], f"slurm: {why}"
+
+    if req.instance_type or req.use_spot or req.image_id:
+        return no("Slurm partitions have no instance types, spot market or machine images: drop them")
+    wanted = [c for c in clusters if req.region in (None, c.cluster)]
+    if not wanted:
+        known = ", ".join(c.cluster for c in clusters) or "none"
+        return no(f"cluster {req.region!r} is not in ~/.slurm/config or slurm.allowed_clusters (known: {known})"
+                  if req.region else "no Slurm cluster is configured: see `spz check slurm`")
+    cpus, mem_mib, gpus = node_shape(req.cpus, req.memory_gib, req.accelerator, req.accelerator_count)
+    out, whys = [], []
+    for cl in wanted:
+        if not cl.reachable:
+            whys.append(f"{cl.cluster}: not reachable ({cl.error})")
+            continue
+        offers = [o for o in cl.offers if req.zone in (None, o.partition)]
+        if req.zone and not offers:
+            whys.append(f"{cl.cluster}: no partition {req.zone!r} (partitions: "
+                        f"{', '.join(o.partition for o in cl.offers) or 'none'})")
+        for o in offers:
+            why = slurm_fits(o, n, cpus, mem_mib, req.accelerator, gpus, cl.config.for_partition(o.partition).gres)
+            acc = accelerator_name(req.accelerator.lower(), {}) if req.accelerator else None
+            itype = f"{cpus}cpu-{mem_mib}mb" + (f"-{req.accelerator}x{gpus}" if req.accelerator else "")
+            if why:
+                whys.append(f"{cl.cluster}/{why}")
+                continue
+            if any(b.covers("slurm", cl.cluster, o.partition, itype, False) for b in blocks):
+                whys.append(f"{cl.cluster}/{o.partition}: blocked after a failed attempt")
+                continue
+            price = cl.price_micros(o.partition, cpus, mem_mib, req.accelerator, gpus)
+            out.append(Candidate(
+                infra="slurm", region=cl.cluster, zone=o.partition, instance_type=itype,
+                accelerators={req.accelerator: float(gpus)} if acc else None, use_spot=False,
+                hourly_price_micros=price, total_hourly_price_micros=price * n, vcpus=float(cpus),
+                memory_gib=mem_mib / 1024, image_id=None, disk_size_gb=req.disk_size_gb or DEFAULT_DISK_SIZE_GB,
+                num_nodes=n, zones=(o.partition,), request_index=i, order=req.order or 0))
+    return out, "" if out else "slurm: " + "; ".join(whys)
 
 
 # ---------------------------------------------------------------------------------- AWS

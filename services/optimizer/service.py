@@ -2,6 +2,8 @@
 
 Eats:  TaskSubmitted            -> PlacementChosen (attempt 1) | PlacementFailed
        CapacityError            -> PlacementChosen (attempt n+1) | PlacementFailed (every attempt listed)
+       DispatchPolicyApplied    -> (folded: while a policy is active, a TaskSubmitted waits ...)
+       TaskAdmitted             -> ... for this, then PlacementChosen (attempt 1) | PlacementFailed
 Emits: PlacementChosen, PlacementFailed, as `CONTRACT` declares (the runner refuses anything
        else); ids derived from the cause: a redelivered cause republishes the same ids and
        JetStream drops the copies.
@@ -20,32 +22,38 @@ does not decide.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import logging
 
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
-from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
+from skypurza.events.models import (
+    CapacityError, DispatchPolicyApplied, PlacementChosen, PlacementFailed, TaskAdmitted, TaskSubmitted,
+)
 from skypurza.events.service import EmitContext, Emit, Pipelined, Reactions, ServiceContract, handles
 
 from . import decide
 from .catalog import Catalog
 from .settings import OptimizerSettings
-from .world import load_world
+from .world import kubernetes_contexts, load_world
 
 log = logging.getLogger("skypurza.optimizer")
 
 SPOT_REFRESH_TTL_S = 300.0
+KUBE_REFRESH_TTL_S = 5.0
 
 CONTRACT = ServiceContract(
     name="optimizer",
-    consumes=(TaskSubmitted, CapacityError),
+    consumes=(TaskSubmitted, CapacityError, DispatchPolicyApplied, TaskAdmitted),
     emits=(PlacementChosen, PlacementFailed),
     # Decisions take well under a millisecond and read only the task's own inputs: handle a
     # fetched batch in order and publish the placements pipelined (see ServiceRunner).
     delivery=Pipelined(),
-    consume_notes={TaskSubmitted: "first placement", CapacityError: "next placement"},
+    consume_notes={TaskSubmitted: "first placement (with no dispatch policy active)",
+                   CapacityError: "next placement", DispatchPolicyApplied: "whether submissions wait for admission",
+                   TaskAdmitted: "first placement (while a dispatch policy is active)"},
     emit_notes={PlacementFailed: "every attempt listed"},
 )
 
@@ -63,13 +71,18 @@ class OptimizerService:
         self.settings = settings or OptimizerSettings.load()  # a bad value stops it here, with its name
         self._live_spot = self.settings.live_spot_prices if live_spot_prices is None else live_spot_prices
         self._spot_refreshed: dict[str, float] = {}
+        self._kube_read = clock.monotonic()
         self.world: decide.World | None = None
         self.bus: Bus | None = None
+        self.policy_changes: list[tuple[int, bool]] = []  # decide.awaits_admission reads them
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self.world = await asyncio.to_thread(load_world, self.settings, self._catalog, self._enabled)
         enabled = self.world.enabled_infras
+        async for s in bus.replay(filter_subject=naming.event_filter(bus.stage, DispatchPolicyApplied.AGGREGATE,
+                                                                     DispatchPolicyApplied.EVENT_NAME)):
+            self._policy_changed(s)
         log.info("optimizer: infras enabled: %s", ", ".join(sorted(enabled)))
 
     async def close(self) -> None:
@@ -79,9 +92,34 @@ class OptimizerService:
     async def on_submitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
         assert self.world is not None and isinstance(stored.event, TaskSubmitted)
         ev = stored.event
+        if decide.awaits_admission(self.policy_changes, stored.seq):
+            return []  # the dispatch service admits it (TaskAdmitted) or says why it waits
         if self._live_spot and "aws" in self.world.enabled_infras:
             await self._refresh_spot(ev)
+        await self._refresh_kubernetes()
         return [Emit(decide.first_placement(ev, self.world), key="attempt-1")]
+
+    def _policy_changed(self, stored: Stored) -> None:
+        if isinstance(stored.event, DispatchPolicyApplied) and all(seq != stored.seq for seq, _ in self.policy_changes):
+            bisect.insort(self.policy_changes, (stored.seq, stored.event.policy is not None))
+
+    @handles(DispatchPolicyApplied)
+    async def on_policy(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        self._policy_changed(stored)
+        return []
+
+    @handles(TaskAdmitted)
+    async def on_admitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        assert self.world is not None and isinstance(stored.event, TaskAdmitted)
+        ev = stored.event
+        if not decide.awaits_admission(self.policy_changes, ev.submitted_seq):
+            return []  # submitted with no policy active: placed when it was submitted
+        submitted, _ = await self._history(ev.task_id, stored.seq)
+        if submitted is None:
+            log.warning("admission of unknown task %s ignored", ev.task_id)
+            return []
+        return [Emit(decide.first_placement(submitted, decide.admitted_world(self.world, ev.infra)),
+                     key="attempt-1")]
 
     @handles(CapacityError)
     async def on_capacity_error(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -91,6 +129,7 @@ class OptimizerService:
         if submitted is None:
             log.warning("capacity error for unknown task %s ignored", ev.task_id)
             return []
+        await self._refresh_kubernetes()
         return [Emit(decide.after_capacity_error(submitted, errors, self.world), key=f"attempt-{ev.attempt + 1}")]
 
     async def _history(self, task_id: str, until_seq: int) -> tuple[TaskSubmitted | None, list[CapacityError]]:
@@ -106,6 +145,23 @@ class OptimizerService:
                 seen.add(s.event.attempt)
                 errors.append(s.event)
         return submitted, errors
+
+    async def _refresh_kubernetes(self) -> None:
+        """Pods come and go: each context's free capacity is read again when older than a TTL
+        (the World stays the deciders' only input; a replay gives the same World, the same answer)."""
+        assert self.world is not None
+        if not self.world.kubernetes:
+            return
+        now = self.clock.monotonic()
+        if now - self._kube_read < KUBE_REFRESH_TTL_S:
+            return
+        self._kube_read = now
+        try:
+            contexts = await asyncio.to_thread(kubernetes_contexts, self.world.enabled_infras)
+        except Exception as exc:  # a refresh must never stop a placement: the last reading stands
+            log.warning("Kubernetes capacity unavailable: %s", exc)
+            return
+        self.world = dataclasses.replace(self.world, kubernetes=contexts)
 
     async def _refresh_spot(self, ev: TaskSubmitted) -> None:
         assert self.world is not None

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class FailureKind(enum.StrEnum):
@@ -174,6 +174,14 @@ class LaunchSpec:
             raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
         if not self.launch_token:
             raise ValueError("launch_token is required: it makes launches idempotent")
+
+
+@dataclass(frozen=True)
+class OptionsLaunchSpec(LaunchSpec):
+    """A LaunchSpec with the task's own settings for its backend (`config.kubernetes`:
+    pod_config, provision_timeout), for backends that take them."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

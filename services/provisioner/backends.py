@@ -18,7 +18,7 @@ from .settings import ProvisionerSettings
 
 log = logging.getLogger(__name__)
 
-KNOWN = ("aws", "local")
+KNOWN = ("aws", "local", "kubernetes", "slurm")
 
 
 class UnsupportedInfra(Exception):
@@ -61,6 +61,26 @@ class Backends:
                 raise UnsupportedInfra("the local backend is not available in this build") from exc
             root = Path(s.local_root) if s.local_root else None
             return LocalAdapter(self.nats_url, self.stage, root)  # type: ignore[no-any-return]
+        if infra in ("kubernetes", "k8s"):
+            from skypurza.events.k8s_config import KubernetesSettings
+
+            from .k8s import KubernetesAdapter
+
+            # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do.
+            return KubernetesAdapter(KubernetesSettings.load(), nats_url=s.agent_nats_url or self.nats_url,
+                                     stage=self.stage)
+        if infra == "slurm":
+            from skypurza.events.config import load_config
+
+            from .slurm import SlurmAdapter
+            from skypurza.events.slurm_config import SlurmConfigError, parse_user_config
+
+            try:
+                user = parse_user_config(load_config().get("slurm"))
+            except SlurmConfigError as exc:
+                raise UnsupportedInfra(f"the slurm: settings cannot be used: {exc}") from None
+            root = Path(s.local_root) if s.local_root else None
+            return SlurmAdapter(self.nats_url, self.stage, root, user_config=user)
         raise UnsupportedInfra(f"infra {infra!r} has no backend here (known: {', '.join(KNOWN)})")
 
     async def aws_regions(self) -> tuple[str, ...]:

@@ -3,6 +3,7 @@ is reported, what the provisioned cluster looks like. No bus, no cloud, no clock
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from datetime import datetime
@@ -15,7 +16,7 @@ from skypurza.events.taskspec.request import ResourceRequest
 from skypurza.events.types import Candidate
 from skypurza.events.types import NodeInfo as EventNode
 
-from .adapter import FailureKind, LaunchSpec, NodeInfo, ProvisionError
+from .adapter import FailureKind, LaunchSpec, NodeInfo, OptionsLaunchSpec, ProvisionError
 
 # Failure kind -> the CapacityError class the optimizer blocks by. Kinds not here are not
 # capacity-class: they end the task with ProvisionFailed.
@@ -128,6 +129,26 @@ def launch_spec(
         ports=tuple(str(p) for p in (request.ports if request else ())),
         labels={**(request.labels if request else {}), **(labels or {})},
     )
+
+
+# The task's `config.<section>` keys a backend takes, per infra (SkyPilot's overridable ones).
+BACKEND_OPTION_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kubernetes": ("kubernetes", ("pod_config", "provision_timeout")),
+}
+
+
+def with_backend_options(spec: LaunchSpec, submitted: TaskSubmitted | None) -> LaunchSpec:
+    """The spec with the task's own settings for its backend, when it has some (pure)."""
+    section = BACKEND_OPTION_KEYS.get(spec.infra)
+    if section is None or submitted is None:
+        return spec
+    config = submitted.task.to_dict().get("config")
+    given = config.get(section[0]) if isinstance(config, dict) else None
+    options = {k: given[k] for k in section[1] if isinstance(given, dict) and given.get(k) is not None}
+    if not options:
+        return spec
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(LaunchSpec)}
+    return OptionsLaunchSpec(**fields, options=options)
 
 
 def agent_spec(*, nats_url: str, stage: str, placement: PlacementChosen, start_seq: int) -> AgentSpec:

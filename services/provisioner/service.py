@@ -236,8 +236,9 @@ class ProvisionerService:
         else:
             # Backends that start agents themselves (local) read where to start from here.
             labels[plan.START_SEQ] = str(stored.seq)
-        return plan.launch_spec(stage=self.bus.stage, placement=pc, placement_id=placement_id, submitted=submitted,
+        spec = plan.launch_spec(stage=self.bus.stage, placement=pc, placement_id=placement_id, submitted=submitted,
                                 request=request, job_id=job_id, user_data=user_data, labels=labels)
+        return plan.with_backend_options(spec, submitted)
 
     async def _launch(self, backend: ComputeBackend, spec: LaunchSpec, pc: PlacementChosen,
                       placement_id: str) -> list[NodeInfo] | Event:

@@ -1,0 +1,33 @@
+"""A managed job as the CLI shows it: its `-o json` row and the note its end gets (shared by the
+embedded `spz jobs` verbs, cli/cmd_jobs.py, and their forms through an API server, cli/via_api_jobs.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+def final_note(status: Any, job_id: int, state: Any) -> None:
+    if status is None or not state.terminal:
+        return
+    status.stop()
+    color = "green" if state.status == "SUCCEEDED" else ("yellow" if state.status == "CANCELLED" else "red")
+    status.note(f"[{color}]Managed job {job_id}: {state.status}[/{color}]"
+                + (f" — {state.reason}" if state.status != "SUCCEEDED" and state.reason else ""))
+
+
+def queue_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One job as `-o json` prints it, from the status service's row or the log's fold alike."""
+    return {
+        "id": d.get("id", d.get("job_id")), "name": d.get("name"), "status": d.get("status"),
+        "recoveries": d.get("recoveries", 0), "restarts_on_errors": d.get("restarts_on_errors", 0),
+        "cluster": d.get("cluster"), "task_index": d.get("task_index", 0), "num_tasks": d.get("num_tasks", 1),
+        "user": d.get("user"), "submitted_at": iso(d.get("submitted_at")), "started_at": iso(d.get("started_at")),
+        "ended_at": iso(d.get("ended_at")), "reason": d.get("reason") or None,
+    }
+
+
+def iso(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -1,0 +1,416 @@
+"""The verbs through a configured API server (cli/transport.py picks this or the embedded bus).
+
+Each prints what its embedded form prints (the same sentences, on the same stream) and exits
+with the same code; only how it learns the facts differs: the server's routes (docs/team.md)
+instead of the log. Waiting for an outcome polls the cluster's row (bounded by the verb's
+--timeout); a job's output and a launch's progress come as server-sent events.
+
+A refusal is one line: 401 (the token), 403 (the server's reason: whose it is and the role
+needed), 404/409/422 (the server's detail); an unreachable server says so.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import typer
+
+from .apitransport import ApiError, ApiTransport
+from .context import fail
+
+POLL_S = 1.0
+
+
+def _fail(exc: ApiError) -> typer.Exit:
+    return fail(str(exc))
+
+
+def _cluster(t: ApiTransport, name: str) -> dict[str, Any] | None:
+    """The cluster's row, None when the server knows no such cluster."""
+    try:
+        return t.get(f"/api/v1/clusters/{name}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise _fail(exc)
+
+
+def _jobs(t: ApiTransport, name: str) -> list[dict[str, Any]] | None:
+    try:
+        return [{"cluster": name, **j} for j in t.get(f"/api/v1/clusters/{name}/jobs")["jobs"]]
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise _fail(exc)
+
+
+# ----------------------------------------------------------------------------------- status, queue
+
+def status_rows(t: ApiTransport, include_terminated: bool, all_users: bool) -> list[dict[str, Any]]:
+    try:
+        return list(t.get("/api/v1/clusters", all_users=all_users,
+                          include_terminated=include_terminated)["clusters"])
+    except ApiError as exc:
+        raise _fail(exc)
+
+
+def queue_rows(t: ApiTransport, clusters: list[str], all_users: bool) -> list[dict[str, Any]]:
+    names = list(clusters)
+    rows: list[dict[str, Any]] = []
+    for n in names:
+        got = _jobs(t, n)
+        if got is None:
+            raise fail(f"no cluster named {n}")
+        rows += got
+    if not names:
+        for c in status_rows(t, False, all_users):
+            rows += _jobs(t, c["name"]) or []
+    return rows
+
+
+# --------------------------------------------------------------------------------- lifecycle verbs
+
+def _targets(t: ApiTransport, patterns: list[str], all_: bool, all_users: bool) -> list[dict[str, Any]]:
+    """The clusters named (globs allowed) or all, as the embedded `_resolve` picks them."""
+    globbed = all_ or any(any(ch in p for ch in "*?[") for p in patterns)
+    known = status_rows(t, False, all_users) if globbed else []
+    if all_:
+        return known
+    chosen: list[dict[str, Any]] = []
+    for p in patterns:
+        if any(ch in p for ch in "*?["):
+            matched = [c for c in known if fnmatch.fnmatchcase(c["name"], p)]
+            if not matched:
+                raise fail(f"no cluster matches {p!r}")
+            chosen += [c for c in matched if c["name"] not in {x["name"] for x in chosen}]
+            continue
+        c = _cluster(t, p)
+        if c is None or c.get("status") not in ("UP", "STOPPED", "INIT"):
+            raise fail(f"no cluster named {p}" + (" (it was terminated)" if c and c.get("status") == "TERMINATED"
+                                                   else ""))
+        chosen.append(c)
+    return chosen
+
+
+def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
+              timeout: float, autostop: dict[str, Any] | None = None, all_users: bool = False) -> int:
+    from skypurza.events.verbs import LIFECYCLE_FROM, LIFECYCLE_GOAL
+
+    from .progress import StatusLine
+    from .verbs import _confirm
+
+    states = LIFECYCLE_FROM[verb]
+    targets = _targets(t, clusters, all_, all_users)
+    for c in [c for c in targets if c.get("status") not in states]:
+        typer.echo(f"Cluster {c['name']} is already {c.get('status')}.")
+    targets = [c for c in targets if c.get("status") in states]
+    if not targets:
+        return 0
+    names = ", ".join(c["name"] for c in targets)
+    what = {"stop": "Stop", "start": "Start", "down": "Tear down"}[verb]
+    _confirm(f"{what} cluster(s) {names}?", yes or verb == "start")
+    for c in targets:
+        try:
+            t.post(f"/api/v1/clusters/{c['name']}/{verb}", autostop if verb == "start" else None)
+        except ApiError as exc:
+            raise _fail(exc)
+    if async_:
+        typer.echo(f"{what} requested for {names}.")
+        return 0
+    goal = LIFECYCLE_GOAL[verb]
+    status = StatusLine()
+    status.update(f"{what} {names}: waiting for the provisioner")
+    pending = {c["name"] for c in targets}
+    deadline = time.monotonic() + timeout
+    try:
+        while pending and time.monotonic() < deadline:
+            for name in sorted(pending):
+                row = _cluster_or_transient(t, name)
+                if row is not None and row.get("status") == goal:
+                    status.note(f"Cluster {name}: {goal}.")
+                    pending.discard(name)
+            if pending:
+                time.sleep(POLL_S)
+    finally:
+        status.stop()
+    for n in sorted(pending):
+        typer.echo(f"Cluster {n}: {what.lower()} requested, not confirmed within {timeout:.0f}s "
+                   "(see spz status and spz events dlq).", err=True)
+    return 1 if pending else 0
+
+
+def _cluster_or_transient(t: ApiTransport, name: str) -> dict[str, Any] | None:
+    """The row while waiting: a server busy for a moment (503) is asked again, not fatal."""
+    try:
+        return t.get(f"/api/v1/clusters/{name}")
+    except ApiError as exc:
+        if exc.status in (503, 404):
+            return None
+        raise _fail(exc)
+
+
+def autostop(t: ApiTransport, clusters: list[str], all_: bool, idle_minutes: int | None, down: bool,
+             cancel: bool, wait_for: str | None, all_users: bool = False) -> int:
+    targets = _targets(t, clusters, all_, all_users)
+    if all_:
+        targets = [c for c in targets if c.get("status") == "UP"]
+    for c in targets:
+        body: dict[str, Any] = {"down": down}
+        body.update({"cancel": True} if cancel else {"idle_minutes": idle_minutes, "wait_for": wait_for})
+        try:
+            t.post(f"/api/v1/clusters/{c['name']}/autostop", body)
+        except ApiError as exc:
+            raise _fail(exc)
+        if cancel:
+            typer.echo(f"Autostop of {c['name']}: off.")
+        elif wait_for == "none":
+            typer.echo(f"Autostop of {c['name']}: {'tear down' if down else 'stop'} in {idle_minutes} minute(s), "
+                       "whatever runs (--wait-for none).")
+        else:
+            typer.echo(f"Autostop of {c['name']}: {'tear down' if down else 'stop'} after {idle_minutes} idle "
+                       f"minute(s).")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ cancel
+
+def _job_states(rows: list[dict[str, Any]]) -> dict[int, Any]:
+    from .clusterlog import TERMINAL_JOB
+
+    return {int(r["job_id"]): SimpleNamespace(status=r.get("status"), terminal=r.get("status") in TERMINAL_JOB)
+            for r in rows if r.get("job_id") is not None}
+
+
+def cancel(t: ApiTransport, cluster: str, job_ids: list[int], all_: bool, yes: bool, async_: bool,
+           wait_s: float) -> int:
+    from skypurza.events.verbs import cancel_targets
+
+    from .verbs import _confirm
+
+    rows = _jobs(t, cluster)
+    if rows is None:
+        raise fail(f"no cluster named {cluster}")
+    jobs = _job_states(rows)
+    choice = cancel_targets(jobs, job_ids, all_)
+    if choice.missing:
+        raise fail(f"no job {', '.join(map(str, choice.missing))} on cluster {cluster}")
+    for j in choice.ended:
+        typer.echo(f"Job {j} already ended ({jobs[j].status}).")
+    ids = list(choice.targets)
+    if not ids:
+        typer.echo(f"No unfinished jobs to cancel on cluster {cluster}.")
+        return 0
+    _confirm(f"Cancel job(s) {', '.join(map(str, ids))} on cluster {cluster}?", yes or bool(job_ids))
+    try:
+        t.post(f"/api/v1/clusters/{cluster}/jobs/cancel", {"job_ids": ids})
+    except ApiError as exc:
+        raise _fail(exc)
+    if async_:
+        typer.echo(f"Cancellation of job(s) {', '.join(map(str, ids))} requested.")
+        return 0
+    results: dict[int, str] = {}
+    deadline = time.monotonic() + wait_s
+    while len(results) < len(ids) and time.monotonic() < deadline:
+        time.sleep(POLL_S / 2)
+        try:
+            now = _job_states(_jobs(t, cluster) or [])
+        except typer.Exit:
+            raise
+        for j in ids:
+            if j in now and now[j].terminal:
+                results[j] = now[j].status
+    for j in ids:
+        typer.echo(f"Job {j}: {results.get(j, 'cancellation requested, not confirmed yet')}")
+    return 0 if len(results) == len(ids) else 1
+
+
+# -------------------------------------------------------------------------------------------- logs
+
+def logs(t: ApiTransport, cluster: str, job_id: int | None, follow: bool, status_only: bool, tail: int,
+         timestamps: bool, status: Any, out: Callable[[str], None], worker: int | None = None) -> int:
+    from .clusterlog import EXIT_NOT_FOUND, exit_code_of
+
+    rows = _jobs(t, cluster)
+    if rows is None:
+        status.note(f"[red]No cluster named {cluster}.[/red]")
+        return EXIT_NOT_FOUND
+    by_id = {int(r["job_id"]): r for r in rows if r.get("job_id") is not None}
+    if job_id is None:
+        if not by_id:
+            status.note(f"Cluster {cluster} has no jobs yet.")
+            return EXIT_NOT_FOUND
+        job_id = max(by_id)
+    job = by_id.get(job_id)
+    if status_only:
+        out(f"Job {job_id}: {job['status'] if job else 'NOT FOUND'}")
+        return exit_code_of(job["status"] if job else None)
+    if job is None:
+        status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
+        return EXIT_NOT_FOUND
+    nodes = int(job.get("num_nodes") or 1)
+    if worker is not None and worker >= max(nodes, 1):
+        status.note(f"[red]Job {job_id} runs on {nodes} node(s): there is no worker {worker}.[/red]")
+        return 1
+    end = stream_lines(t, cluster, job_id, nodes, out, follow=follow, tail=tail, timestamps=timestamps,
+                       rank=worker, status=status)
+    final = end.get("status") or job.get("status")
+    status.stop()
+    done = _finished(t, cluster, job_id, final)
+    if done.terminal and follow:
+        from .verbs import _report_job
+
+        _report_job(status, cluster, done)
+    return exit_code_of(final) if follow or done.terminal else 0
+
+
+def _finished(t: ApiTransport, cluster: str, job_id: int, final: str | None) -> Any:
+    """The job as `_report_job` reads it (status, reason), from the queue once it has ended."""
+    from .clusterlog import TERMINAL_JOB
+
+    row = next((r for r in (_jobs(t, cluster) or []) if r.get("job_id") == job_id), {})
+    return SimpleNamespace(job_id=job_id, status=final, terminal=final in TERMINAL_JOB,
+                           reason=row.get("reason") if row.get("status") == final else None)
+
+
+def stream_lines(t: ApiTransport, cluster: str, job_id: int, nodes: int, out: Callable[[str], None], *,
+                 follow: bool = True, tail: int = 0, timestamps: bool = False, rank: int | None = None,
+                 status: Any = None) -> dict[str, Any]:
+    """Print the job's output as `spz logs` does on the bus (the same prefixes, partial lines and
+    carriage returns joined); the `end` frame's data."""
+    from skypurza.events.logchunks import LogLine, format_line
+
+    from .logrender import Render, show, with_text
+
+    if follow:
+        from . import lostplane
+
+        lostplane.still_running(f"job {job_id} keeps running on cluster {cluster}; "
+                                f"follow it with spz logs {cluster} {job_id}")
+    render = Render(lambda ln, text: format_line(with_text(ln, text), nodes, timestamps))
+    progress = status.update if follow and status is not None and getattr(status, "live", False) else None
+    end: dict[str, Any] = {}
+    try:
+        for event, data in t.frames(f"/api/v1/clusters/{cluster}/jobs/{job_id}/logs", follow=follow, tail=tail):
+            if event == "line":
+                if rank is not None and data.get("rank") != rank:
+                    continue
+                line = LogLine(seq=0, ts=str(data.get("ts") or ""), rank=int(data.get("rank") or 0),
+                               stream=str(data.get("stream") or "run"), line=str(data.get("line") or ""),
+                               end=str(data.get("end", "\n")))
+                show(render.feed(line), out, progress)
+            elif event == "end":
+                end = data
+    except ApiError as exc:
+        raise _fail(exc)
+    show(render.close(), out)
+    return end
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, idle: int | None, down: bool,
+           detach_run: bool, async_: bool, status: Any, out: Callable[[str], None]) -> tuple[int, dict[str, Any]]:
+    """`spz launch` of a new cluster through POST /api/v1/tasks, its progress from the events
+    stream, then its job's output as `spz logs` prints it."""
+    from .clusterlog import exit_code_of
+    from .jobwatch import SubmissionFailed
+    from .verbs import _detached_hint
+
+    existing = _cluster(t, cluster)
+    if existing is not None and existing.get("status") in ("UP", "STOPPED", "INIT"):
+        raise fail(f"cluster {cluster} exists ({existing.get('status')}): through an API server a launch makes a new "
+                   "cluster; queueing on an existing one is not offered yet (spz exec runs on the embedded control "
+                   "plane)", 2)
+    secrets = task.secret_values()
+    body: dict[str, Any] = {"task": {k: v for k, v in public.items() if k != "secrets"}, "cluster": cluster,
+                            "down": down, "idle_minutes": idle}
+    if secrets:
+        body["overrides"] = {"secrets": secrets}
+    status.update("Submitting to the API server")
+    try:
+        sub = t.post("/api/v1/tasks", body)
+    except ApiError as exc:
+        raise _fail(exc)
+    task_id, seq = sub["task_id"], int(sub.get("seq") or 0)
+    summary: dict[str, Any] = {"cluster": cluster, "task_id": task_id, "submitted_seq": seq}
+    if async_:
+        status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; see it: spz status")
+        summary["status"] = "SUBMITTED"
+        return 0, summary
+    try:
+        job_id, nodes = _wait_for_job(t, task_id, cluster, seq, status)
+    except SubmissionFailed as exc:
+        status.stop()
+        status.note(f"[red]✗ {exc}[/red]")
+        summary.update(status="FAILED", reason=str(exc))
+        return 1, summary
+    summary["job_id"] = job_id
+    if detach_run:
+        status.note(f"Job {job_id} queued on cluster {cluster}. " + _detached_hint(cluster, job_id))
+        summary["status"] = "QUEUED"
+        return 0, summary
+    end = stream_lines(t, cluster, job_id, nodes, out, status=status)
+    final = end.get("status")
+    status.stop()
+    done = _finished(t, cluster, job_id, final)
+    if final is None:
+        status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
+    else:
+        from .verbs import _report_job
+
+        _report_job(status, cluster, done)
+    code = exit_code_of(final)
+    summary.update(status=final, exit_code=end.get("exit_code"), cli_exit_code=code)
+    return code, summary
+
+
+def _wait_for_job(t: ApiTransport, task_id: str, cluster: str, seq: int, status: Any) -> tuple[int, int]:
+    """Follow the caller's events from the submission on until the task's job is queued: (job id,
+    nodes). The same notes as the embedded launch; a failed placement or launch ends it."""
+    from skypurza.events.envelope import decode
+
+    from .jobwatch import SubmissionFailed
+
+    status.update("Choosing where to run the task")
+    nodes = 1
+    try:
+        for _, data in t.frames("/api/v1/events", since=max(seq - 1, 0)):
+            try:
+                decoded = decode(json.dumps(data).encode())
+            except Exception:
+                continue  # an event this CLI cannot read is not this launch's outcome
+            ev, env = decoded.event, decoded.envelope
+            if ev is None or env is None:
+                continue
+            kind, mine = ev.EVENT_NAME, getattr(ev, "task_id", None) == task_id
+            ours = env.subject.startswith((f"task/{task_id}", f"cluster/{cluster}"))
+            if not ours:
+                continue
+            if kind == "placement_chosen" and mine:
+                c = ev.candidate
+                price = f", ${c.total_hourly_price_micros / 1e6:.4f}/h" if c.hourly_price_micros else ""
+                status.note(f"Placement (attempt {ev.attempt}): {c.label()} x{ev.num_nodes}{price}")
+                status.update(f"Launching {ev.num_nodes} node(s) on {c.label()}")
+                nodes = ev.num_nodes
+            elif kind == "capacity_error" and mine:
+                status.note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next "
+                            "placement")
+            elif kind == "placement_failed" and mine:
+                raise SubmissionFailed(f"no placement for the task: {ev.reason}")
+            elif kind == "provision_failed" and mine:
+                raise SubmissionFailed(f"launch failed: {ev.code}: {ev.message}")
+            elif kind == "cluster_provisioned":
+                nodes = len(ev.nodes)
+                status.note(f"Cluster {cluster} is up ({nodes} node(s))")
+                status.update("Waiting for the nodes' agents")
+            elif kind == "job_queued" and mine:
+                return ev.job_id, int(getattr(ev, "num_nodes", None) or nodes)
+            elif kind == "cluster_terminated":
+                raise SubmissionFailed(f"cluster {cluster} was terminated before the job was queued")
+    except ApiError as exc:
+        raise _fail(exc)
+    raise SubmissionFailed("the API server ended the events stream before the job was queued")

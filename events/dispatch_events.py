@@ -1,0 +1,63 @@
+"""Events of dispatch: admission of a task (the `task` aggregate, so a task's history says why it
+waited) and the dispatch policy (the `dispatch` aggregate, one instance: `policy`).
+
+Emitted by: the dispatch service (TaskAdmitted, TaskHeld), `spz dispatch policy apply`
+(DispatchPolicyApplied). The optimizer folds DispatchPolicyApplied: while a policy is active
+it places a TaskSubmitted only once a TaskAdmitted names it (docs/dispatch.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .dispatch_policy import DispatchPolicy
+from .registry import Event, register
+
+HoldKind = Literal["quota", "user_limit", "budget", "order", "no_queue", "no_flavor", "policy"]
+POLICY_ID = "policy"
+
+
+class _TaskDispatchEvent(Event):
+    AGGREGATE = "task"
+    AGGREGATE_KEY = "task_id"
+    task_id: str
+    cluster: str
+    # The stream sequence of the TaskSubmitted: the optimizer's gate reads which policy was
+    # active when it was stored, so both sides agree without sharing any state.
+    submitted_seq: int
+    managed_job_id: int | None = None
+
+
+@register
+class TaskAdmitted(_TaskDispatchEvent):
+    """Quota reserved for the task: the optimizer may place it (on `infra` when a flavor names one)."""
+
+    EVENT_NAME = "task_admitted"
+    queue: str | None = None
+    flavor: str | None = None
+    infra: str | None = None
+    borrowing: bool = False
+    reason: str = ""
+
+
+@register
+class TaskHeld(_TaskDispatchEvent):
+    """The task waits; `reason` says what would let it go, and a newer TaskHeld replaces it."""
+
+    EVENT_NAME = "task_held"
+    queue: str | None = None
+    kind: HoldKind = "quota"
+    reason: str
+
+
+@register
+class DispatchPolicyApplied(Event):
+    """The policy from now on; `policy` None removes it (every held task is admitted)."""
+
+    EVENT_NAME = "dispatch_policy_applied"
+    AGGREGATE = "dispatch"
+    AGGREGATE_KEY = "name"
+    name: str = POLICY_ID
+    policy: DispatchPolicy | None = None
+    source: str = ""  # the file it came from, for `policy show`
+    applied_by: str = ""

@@ -1,0 +1,92 @@
+"""Running a job phase on a Slurm allocation: the agent's one seam for `--infra slurm`.
+
+The agent of a Slurm node runs on the control plane's machine (the cluster gets no daemon and its
+nodes never reach our bus). Everything it does for a phase stays the same — the detached local
+process with its pid, log and exit files, the log tail, the kill of its process group — except
+what that process runs: instead of the phase script, `executor_script` is a small bash script
+that runs the phase as an `srun --overlap` step of the allocation through the login node:
+
+    ssh -F ~/.slurm/config <cluster> 'srun --jobid=<alloc> --overlap -N1 -n1 -w <node> bash ...'
+
+- The job's environment (the same `envcontract.py` variables, secrets included) is written by
+  the executor from its own environment into the SSH session's stdin, then the phase script:
+  values never go onto the control plane's disk or into a command line; on the compute node they
+  live in a 0600 temporary file for the step's life.
+- stdout and stderr of the step come back through ssh into the phase's log file: `spz logs`
+  streams them as on any node. ssh's exit status is the step's (srun passes the task's on).
+- The session's stdin then stays open: when the agent kills the executor (cancel, down), the
+  connection closes, the login node's side sees end of input and ends the srun step.
+- CUDA_VISIBLE_DEVICES is Slurm's (from the allocation's GRES), not ours.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from collections.abc import Iterable
+
+from .envcontract import CUDA_VISIBLE_DEVICES
+from .userenv import phase_script
+
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
+               "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR")
+WORKDIR = "sky_workdir"
+
+
+def ssh_argv(config: str, host: str) -> list[str]:
+    return ["ssh", "-F", config, *SSH_OPTIONS, host]
+
+
+def step_keys(keys: Iterable[str]) -> list[str]:
+    """The job's variables the step gets: all of them but the GPUs Slurm assigns itself."""
+    return [k for k in dict.fromkeys(keys) if k != CUDA_VISIBLE_DEVICES]
+
+
+def remote_command(*, job: str, node: str, step_name: str, remote_dir: str, marker: str) -> str:
+    """What the login node runs (its own shell): read the phase from stdin, run it as a step,
+    end the step when our side of the connection goes away."""
+    inner = (f'W="$HOME"/{shlex.quote(remote_dir + "/" + WORKDIR)}; f=$(mktemp) || exit 1; cat > "$f"; '
+             'mkdir -p "$W" && cd "$W" || exit 1; bash "$f" </dev/null; c=$?; rm -f "$f"; exit $c')
+    srun = ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            f"--job-name={step_name}", "--quiet", "--kill-on-bad-exit=1", "bash", "-c", inner]
+    return "\n".join([
+        f'd="$HOME"/{shlex.quote(remote_dir)}',
+        'mkdir -p "$d" && lf=$(mktemp "$d/phase.XXXXXX") || exit 255',
+        f"sed -n '/^{marker}$/q;p' > \"$lf\"",
+        'exec 4<"$lf"; rm -f "$lf"',
+        " ".join(shlex.quote(a) for a in srun) + " <&4 &",
+        "p=$!; exec 4<&-",
+        "{ cat >/dev/null 2>&1; kill -TERM $p; } >/dev/null 2>&1 </dev/stdin &",
+        "wait $p",
+    ])
+
+
+def executor_script(user_script: str, keys: Iterable[str], *, config: str, host: str, job: str, node: str,
+                    step_name: str, remote_dir: str, marker: str | None = None) -> str:
+    """The local bash script of one phase (see the module doc)."""
+    marker = marker or f"__spz_end_{secrets.token_hex(12)}"
+    names = step_keys(keys)
+    phase = phase_script(user_script, _Here(), names)
+    heredoc = f"__SPZ_PHASE_{secrets.token_hex(8)}"
+    command = remote_command(job=job, node=node, step_name=step_name, remote_dir=remote_dir, marker=marker)
+    return "\n".join([
+        f"# Written by the SkyPurza node agent: this phase runs as an srun step of Slurm allocation {job} on {node}.",
+        'hold=$(mktemp -u "${TMPDIR:-/tmp}/spz-hold.XXXXXX") && mkfifo -m 600 "$hold" || exit 255',
+        'exec 3<>"$hold"; rm -f "$hold"',
+        "{",
+        f"  for k in {' '.join(names)}; do printf 'export %s=%q\\n' \"$k\" \"${{!k}}\"; done",
+        f"  cat <<'{heredoc}'",
+        phase.rstrip("\n"),
+        heredoc,
+        f"  printf '%s\\n' {shlex.quote(marker)}",
+        "} >&3 &",
+        "exec " + " ".join(shlex.quote(a) for a in ssh_argv(config, host)) + " " + shlex.quote(command) + " <&3",
+        "",
+    ])
+
+
+class _Here:
+    """phase_script's workdir: the step has already changed into the cluster's workdir."""
+
+    def __str__(self) -> str:
+        return "."

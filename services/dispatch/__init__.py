@@ -1,0 +1,1 @@
+"""Dispatch (platform): admission, quotas, fairshare and priority with Slurm's and Kueue's semantics."""

@@ -1,0 +1,166 @@
+"""Admission, pure: the policy, the pending submissions (in order), what admitted work holds
+and the spend so far -> for each pending task, admit (with its queue and flavor) or hold (with
+a reason a person can act on). No bus, no clock: `now` is an argument.
+
+Order: pending tasks are taken in the order given (the service gives submission order: the
+stream sequence). Within one pass over them, as Kueue does in a cohort, work that fits in its
+queue's nominal quota goes first; work that must borrow goes in a second pass, so a team
+using its own quota is never starved by another team's borrowing. `BestEffortFIFO`: a task
+that does not fit does not hold back the ones behind it; `StrictFIFO`: it does.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from skypurza.events.dispatch_events import HoldKind
+from skypurza.events.dispatch_policy import DispatchPolicy, Flavor, Queue
+
+from . import budgets, quota
+from .demand import Pending
+
+UserUsage = dict[tuple[str, str], dict[str, float]]  # (team, user) -> resource -> in use
+
+
+@dataclass(frozen=True)
+class Admit:
+    task_id: str
+    queue: str | None
+    flavor: str | None
+    infra: str | None
+    borrowing: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Hold:
+    task_id: str
+    queue: str | None
+    kind: HoldKind
+    reason: str
+
+
+Decision = Admit | Hold
+
+
+@dataclass(frozen=True)
+class Book:
+    """What admitted work holds, to charge and release: the queue, flavor and request."""
+
+    queue: str | None
+    flavor: str | None
+    team: str | None
+    user: str
+    request: dict[str, float]
+
+
+def charge(usage: dict[str, dict[quota.Key, float]], users: UserUsage, book: Book, sign: float = 1.0) -> None:
+    """Charge (sign -1: release) what one admitted task holds, in place."""
+    if book.queue is None or book.flavor is None:
+        return
+    quota.add(usage, book.queue, book.flavor, book.request, sign)
+    if book.team and book.user:
+        row = users.setdefault((book.team, book.user), {})
+        for res, amt in book.request.items():
+            row[res] = row.get(res, 0.0) + sign * amt
+
+
+def queue_of(policy: DispatchPolicy, team: str | None) -> Queue | None:
+    return next((q for q in policy.queues if team and q.team == team), None)
+
+
+def _compatible(flavor: Flavor | None, p: Pending) -> bool:
+    if flavor is None:
+        return True
+    if flavor.infra and p.infra and flavor.infra != p.infra:
+        return False
+    return flavor.market is None or (flavor.market == "spot") == p.spot
+
+
+def decide(policy: DispatchPolicy, pending: list[Pending], usage: quota.Usage, users: UserUsage,
+           spend: Mapping[budgets.SpendKey, int], now: datetime,
+           tree: quota.Tree | None = None) -> list[Decision]:
+    """A decision for every task of `pending`, in its order."""
+    tree = tree or quota.build_tree(policy)
+    flavors = {f.name: f for f in policy.flavors}
+    use = {q: dict(v) for q, v in usage.items()}
+    user_use = copy.deepcopy(users)
+    out: dict[str, Decision] = {}
+    strict_heads: dict[str, str] = {}  # StrictFIFO queue -> the held task every later one waits behind
+    for borrowing_pass in (False, True):
+        deferred_heads: dict[str, str] = {}
+        for p in pending:
+            if p.task_id in out:
+                continue
+            d = _one(policy, tree, flavors, p, use, user_use, spend, now, strict_heads, deferred_heads,
+                     borrowing_pass)
+            if d is None:
+                continue
+            out[p.task_id] = d
+            if isinstance(d, Admit):
+                charge(use, user_use, Book(d.queue, d.flavor, p.team, p.user, p.request))
+    return [out[p.task_id] for p in pending if p.task_id in out]
+
+
+def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p: Pending,
+         use: dict[str, dict[quota.Key, float]], user_use: UserUsage, spend: Mapping[budgets.SpendKey, int],
+         now: datetime, strict_heads: dict[str, str], deferred_heads: dict[str, str],
+         borrowing_pass: bool) -> Decision | None:
+    """One task's decision; None: decided in the borrowing pass."""
+    held = budgets.first_hold(policy.budgets, p.team, p.user, spend, now)
+    queue = queue_of(policy, p.team)
+    qname = queue.name if queue else None
+    if held is not None:
+        return Hold(p.task_id, qname, "budget", held.reason())
+    if queue is None:
+        if policy.unqueued == "hold":
+            return Hold(p.task_id, None, "no_queue",
+                        f"no dispatch queue for team {p.team or '(none)'}; an admin adds one to the policy")
+        return Admit(p.task_id, None, None, None, False, "no queue for its team: admitted without quota")
+    strict = queue.strategy == "StrictFIFO"
+    if strict and queue.name in strict_heads:
+        return Hold(p.task_id, queue.name, "order",
+                    f"{queue.name}: waiting behind {strict_heads[queue.name]}, the head of a StrictFIFO queue")
+    if strict and queue.name in deferred_heads:
+        return None  # behind a head that must borrow: decided after it, in the borrowing pass
+    for lim in queue.users:
+        if lim.user != p.user:
+            continue
+        row = user_use.get((queue.team, p.user), {})
+        for res, cap in sorted(lim.resources.items()):
+            want = p.request.get(res, 0.0)
+            if want > 0 and row.get(res, 0.0) + want > cap + quota.EPS:
+                return Hold(p.task_id, queue.name, "user_limit",
+                            f"{queue.name}/{p.user}: {row.get(res, 0.0):g}/{cap:g} {res} in use (user limit); "
+                            f"needs {want:g}")
+    allowed = [fq.flavor for fq in queue.quotas if _compatible(flavors.get(fq.flavor), p)]
+    if not allowed and quota.covered(tree, queue.name):
+        return Hold(p.task_id, queue.name, "no_flavor",
+                    f"{queue.name}: no flavor of the queue allows this task (infra {p.infra or 'any'}, "
+                    f"{'spot' if p.spot else 'on-demand'})")
+    if not allowed:  # the queue limits nothing at all
+        return Admit(p.task_id, queue.name, None, None, False, f"{queue.name}: no quota applies")
+    f = quota.fit(tree, queue.name, allowed, p.request, use)
+    if f.flavor is None:
+        if strict:
+            strict_heads[queue.name] = p.task_id
+        return Hold(p.task_id, queue.name, "quota", f.reason)
+    if f.borrowing and not borrowing_pass:
+        if strict:
+            deferred_heads.setdefault(queue.name, p.task_id)
+        return None
+    fl = flavors.get(f.flavor)
+    note = _budget_note(policy, p, spend, now)
+    return Admit(p.task_id, queue.name, f.flavor, fl.infra if fl else None, f.borrowing, f.reason + note)
+
+
+def _budget_note(policy: DispatchPolicy, p: Pending, spend: Mapping[budgets.SpendKey, int],
+                 now: datetime) -> str:
+    for b in budgets.applicable(policy.budgets, p.team, p.user):
+        st = budgets.status(b, spend, now)
+        if st.state != "ok":
+            return f"; budget {b.team}{'/' + b.user if b.user else ''} {b.period} at {st.fraction:.0%}"
+    return ""

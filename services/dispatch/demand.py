@@ -1,0 +1,54 @@
+"""What a submission asks of the quota, pure: its first resource alternative times its nodes
+(`cpu`, `memory` in GiB, `gpu` and the GPU model by name), where it is pinned (infra) and
+whether it runs on spot. The quota charges the first alternative: a task with `any_of` is
+charged for its first choice, which is what the optimizer tries first as well."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from skypurza.events.jobdemand import demand_options
+from skypurza.events.models import TaskSubmitted
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A submission waiting for admission, as admit.py decides on it."""
+
+    task_id: str
+    cluster: str
+    seq: int
+    team: str | None
+    user: str
+    request: dict[str, float] = field(default_factory=dict)
+    infra: str | None = None
+    spot: bool = False
+    managed_job_id: int | None = None
+    priority: float = 0.0
+
+
+def request_of(ev: TaskSubmitted) -> dict[str, float]:
+    d = demand_options(ev.task)[0]
+    nodes = max(1, ev.num_nodes)
+    out = {"cpu": d.cpus * nodes}
+    if d.memory_gib:
+        out["memory"] = d.memory_gib * nodes
+    if d.accelerator and d.accelerator_count > 0:
+        out["gpu"] = d.accelerator_count * nodes
+        out[d.accelerator] = d.accelerator_count * nodes
+    return out
+
+
+def infra_of(ev: TaskSubmitted) -> str | None:
+    res = ev.task.resources
+    if res is None:
+        return None
+    pin = res.infra or res.cloud
+    return pin.split("/", 1)[0].strip().lower() or None if pin else None
+
+
+def pending_of(ev: TaskSubmitted, seq: int, user: str, team: str | None) -> Pending:
+    res = ev.task.resources
+    return Pending(task_id=ev.task_id, cluster=ev.cluster, seq=seq, team=team, user=user, request=request_of(ev),
+                   infra=infra_of(ev), spot=bool(res is not None and res.use_spot),
+                   managed_job_id=ev.managed_job_id)

@@ -1,0 +1,98 @@
+"""Dispatch service: admission between submission and placement, by the dispatch policy.
+
+Eats:  TaskSubmitted, DispatchPolicyApplied, what frees quota (a job's end, a failed
+       placement, a cluster terminated) and what the ledger meters (UsageRecorded)
+Emits: TaskAdmitted (the optimizer places it) | TaskHeld (the reason, again when it changes)
+
+With no policy in the log it emits nothing: the optimizer places every TaskSubmitted itself, so
+nothing changes for a broker without one. While a policy is active the optimizer waits for the
+TaskAdmitted (both read which policy was active at the submission's stream sequence).
+
+Stateless across restarts: `start` folds the log (services/dispatch/state.py) up to its end,
+its own decisions included, then the durable consumer resumes; an event already folded is not
+folded again, and a task already admitted is never admitted again. Decisions are
+services/dispatch/admit.py's, pure; every one is an event, so `spz events replay` explains
+why a task waited.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, Stored
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
+from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
+from skypurza.events.service import Emit, EmitContext, InOrder, Reactions, ServiceContract, handles
+
+from . import admit
+from .state import FOLDED, OWN, DispatchState
+
+log = logging.getLogger("skypurza.dispatch")
+
+CONTRACT = ServiceContract(
+    name="dispatch",
+    consumes=FOLDED,
+    emits=(TaskAdmitted, TaskHeld),
+    reads=OWN,
+    # One decision at a time over the whole pending set: admission is an ordering.
+    delivery=InOrder(),
+    consume_notes={FOLDED[0]: "admission, while a policy is active"},
+    emit_notes={TaskHeld: "the reason, re-emitted when it changes"},
+)
+
+
+def fold_subjects(stage: str) -> list[str]:
+    """Every subject the fold reads: what the service consumes and its own decisions."""
+    return [naming.event_filter(stage, cls.AGGREGATE, cls.EVENT_NAME) for cls in FOLDED + OWN]
+
+
+async def load_state(bus: Bus) -> DispatchState:
+    """The fold of the whole log as it is now (the service's start, and the CLI's answers)."""
+    state = DispatchState()
+    async for s in bus.replay(filter_subjects=fold_subjects(bus.stage)):
+        state.apply(s)
+    return state
+
+
+class DispatchService:
+    contract = CONTRACT
+    name = CONTRACT.name
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK):
+        self.clock = clock
+        self.state = DispatchState()
+
+    async def start(self, bus: Bus) -> None:
+        self.state = await load_state(bus)
+        log.info("dispatch: policy %s, %d pending, %d admitted holding quota",
+                 "active" if self.state.policy else "none", len(self.state.pending), len(self.state.admitted))
+
+    async def close(self) -> None:
+        pass
+
+    @handles(*FOLDED)
+    async def on_event(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        self.state.apply(stored)  # idempotent: a redelivered event was folded at start
+        return self.react()
+
+    def react(self) -> Reactions:
+        """Emit what changed: an admission for each newly admitted task, a hold whose reason changed."""
+        out: Reactions = []
+        state = self.state
+        for d in state.decisions(self.clock.now()):
+            p = state.pending.get(d.task_id)
+            if p is None:
+                continue
+            if isinstance(d, admit.Admit):
+                ev = TaskAdmitted(task_id=p.task_id, cluster=p.cluster, submitted_seq=p.seq,
+                                  managed_job_id=p.managed_job_id, queue=d.queue, flavor=d.flavor, infra=d.infra,
+                                  borrowing=d.borrowing, reason=d.reason)
+                state.admitted_decision(ev)
+                out.append(Emit(ev, key=f"admit-{p.task_id}"))
+            elif state.held.get(d.task_id) != (d.kind, d.reason):
+                state.held[d.task_id] = (d.kind, d.reason)
+                out.append(Emit(TaskHeld(task_id=p.task_id, cluster=p.cluster, submitted_seq=p.seq,
+                                         managed_job_id=p.managed_job_id, queue=d.queue, kind=d.kind,
+                                         reason=d.reason), key=f"held-{p.task_id}"))
+        return out

@@ -1,0 +1,206 @@
+"""One contract, every backend: launch, idempotent relaunch, gang rollback, down, reconcile.
+
+Each backend runs against its real stand-in: `local` spawns real agent processes on a real
+nats-server, `aws` talks to moto_server over HTTP (tests/support/fakeaws.py), `kubernetes`
+to the emulated API server (tests/support/kube_emulator.py) with the test as its scheduler.
+
+Another backend joins by adding one rig factory to `RIGS`: a function of the pytest request
+that returns a `Rig` (its adapter, how a LaunchSpec for it looks, how to make the next gang
+fail, and the error that failure must raise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skypurza.services.provisioner.adapter import (
+    ALIVE_STATES,
+    CapacityError,
+    ClusterRef,
+    ComputeBackend,
+    LaunchSpec,
+    NodeState,
+    ProvisionError,
+    find_orphans,
+)
+
+STAGE = "test"
+
+
+@dataclass
+class Rig:
+    infra: str
+    make: Callable[[], ComputeBackend]  # a fresh adapter (each test's event loop gets its own)
+    spec: Callable[[str, int, str], LaunchSpec]  # (cluster, nodes, launch token) -> what to launch
+    break_gang: Callable[[], None]  # the next gang launched cannot all come up
+    gang_error: type[ProvisionError]  # what that launch raises
+    region: str | None = None
+    finalizers: list[Callable[[], None]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- the rigs
+
+
+def local_rig(request: pytest.FixtureRequest) -> Rig:
+    from skypurza.services.provisioner.local import LocalAdapter
+
+    nats = request.getfixturevalue("nats_server")
+    root: Path = request.getfixturevalue("tmp_path") / "local"
+    mp: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+
+    def spec(cluster: str, nodes: int, token: str) -> LaunchSpec:
+        return LaunchSpec(stage=STAGE, cluster=cluster, launch_token=token, instance_type="local", region="local",
+                          num_nodes=nodes, infra="local", labels={"start_seq": "1"})
+
+    # An agent with a setting it cannot use exits at once (exit 2): that node never comes up.
+    return Rig("local", lambda: LocalAdapter(nats.url, STAGE, root, ready_timeout_s=30, kill_grace_s=1), spec,
+               lambda: mp.setenv("SKYPURZA_AGENT_HEARTBEAT_S", "not-a-number"), ProvisionError, "local")
+
+
+def aws_rig(request: pytest.FixtureRequest) -> Rig:
+    from provisioner_fixtures import REGION, adapter
+
+    aws = request.getfixturevalue("fake_aws")
+
+    def spec(cluster: str, nodes: int, token: str) -> LaunchSpec:
+        return LaunchSpec(stage=STAGE, cluster=cluster, launch_token=token, instance_type="m5.large", region=REGION,
+                          zone=f"{REGION}a", num_nodes=nodes, infra="aws")
+
+    # EC2 accepts the gang, then node 1 dies at once for capacity (what AWS does).
+    return Rig("aws", lambda: adapter(aws), spec, lambda: aws.add_launch_failure(1), CapacityError, REGION)
+
+
+def kubernetes_rig(request: pytest.FixtureRequest) -> Rig:
+    from kube_emulator import KubeCluster, write_kubeconfig
+
+    from skypurza.events.k8s_config import KubernetesSettings
+    from skypurza.services.provisioner.k8s import KubernetesAdapter
+
+    tmp: Path = request.getfixturevalue("tmp_path")
+    cluster = KubeCluster("ctx").start()
+    cluster.add_node("n0", cpus=64, memory_gib=256, gpus=8, labels={"nvidia.com/gpu.product": "NVIDIA-L4"})
+    write_kubeconfig(tmp / "kubeconfig", {"ctx": cluster})
+    broken = {"on": False}
+    sched = cluster.schedule(lambda pod: "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+                             if broken["on"] and pod["metadata"]["name"].endswith("-1") else None)
+    settings = KubernetesSettings.load(env={"SKYPURZA_KUBECONFIG": str(tmp / "kubeconfig"),
+                                            "SKYPURZA_K8S_PROVISION_TIMEOUT_S": "10"}, config={})
+
+    def spec(name: str, nodes: int, token: str) -> LaunchSpec:
+        return LaunchSpec(stage=STAGE, cluster=name, launch_token=token, instance_type="2CPU--8GB--L4:1",
+                          region="ctx", num_nodes=nodes, infra="kubernetes")
+
+    def finish() -> None:
+        sched.stop()
+        rejected = cluster.rejected()
+        cluster.stop()
+        assert not rejected, rejected  # every manifest sent was valid for the newest Kubernetes
+
+    rig = Rig("kubernetes", lambda: KubernetesAdapter(settings, nats_url="nats://bus:4222", stage=STAGE, poll_s=0.02),
+              spec, lambda: broken.update(on=True), CapacityError, "ctx")
+    rig.finalizers.append(finish)
+    return rig
+
+
+# A Slurm rig joins here: "slurm": slurm_rig.
+RIGS: dict[str, Callable[[pytest.FixtureRequest], Rig]] = {
+    "local": local_rig, "aws": aws_rig, "kubernetes": kubernetes_rig,
+}
+
+
+@pytest.fixture(params=sorted(RIGS))
+def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    r = RIGS[request.param](request)
+    yield r
+    for fin in r.finalizers:
+        fin()
+
+
+def run(rig: Rig, body: Callable[[ComputeBackend], Any]) -> Any:
+    async def main() -> Any:
+        backend = rig.make()
+        try:
+            return await body(backend)
+        finally:
+            await backend.close()
+    return asyncio.run(main())
+
+
+def ref(rig: Rig, cluster: str) -> ClusterRef:
+    return ClusterRef(stage=STAGE, cluster=cluster, region=rig.region, infra=rig.infra)
+
+
+async def alive(backend: ComputeBackend, cluster: str) -> list[str]:
+    owned = await backend.list_owned(STAGE)
+    return sorted(n.instance_id for n in owned if n.cluster == cluster and n.state in ALIVE_STATES)
+
+
+# ---------------------------------------------------------------------- the contract
+
+
+def test_launch_gives_every_node_ranked_and_running(rig: Rig) -> None:
+    async def body(b: ComputeBackend):
+        nodes = await b.launch(rig.spec("gang", 2, "tok-1"))
+        described = await b.describe(ref(rig, "gang"))
+        return nodes, described, await alive(b, "gang")
+
+    nodes, described, owned = run(rig, body)
+    assert [n.rank for n in nodes] == [0, 1]
+    assert all(n.state is NodeState.RUNNING and n.private_ip for n in nodes)
+    assert [n.instance_id for n in described] == [n.instance_id for n in nodes]
+    assert owned == sorted(n.instance_id for n in nodes)
+
+
+def test_a_second_launch_with_the_same_token_adopts_the_gang(rig: Rig) -> None:
+    async def body(b: ComputeBackend):
+        first = await b.launch(rig.spec("again", 2, "tok-same"))
+        second = await b.launch(rig.spec("again", 2, "tok-same"))
+        return first, second, await alive(b, "again")
+
+    first, second, owned = run(rig, body)
+    assert [n.instance_id for n in second] == [n.instance_id for n in first]
+    assert len(owned) == 2
+
+
+def test_a_gang_that_cannot_all_come_up_leaves_nothing(rig: Rig) -> None:
+    rig.break_gang()
+
+    async def body(b: ComputeBackend):
+        with pytest.raises(ProvisionError) as info:
+            await b.launch(rig.spec("broken", 2, "tok-b"))
+        return info.value, await alive(b, "broken")
+
+    err, owned = run(rig, body)
+    assert isinstance(err, rig.gang_error), err
+    assert owned == []
+
+
+def test_down_terminates_every_node(rig: Rig) -> None:
+    async def body(b: ComputeBackend):
+        nodes = await b.launch(rig.spec("short", 2, "tok-d"))
+        gone = await b.terminate(ref(rig, "short"))
+        return nodes, gone, await alive(b, "short")
+
+    nodes, gone, owned = run(rig, body)
+    assert sorted(gone) == sorted(n.instance_id for n in nodes) and owned == []
+
+
+def test_reconcile_finds_an_orphan_and_terminates_only_it(rig: Rig) -> None:
+    async def body(b: ComputeBackend):
+        kept = await b.launch(rig.spec("known", 1, "tok-k"))
+        stray = await b.launch(rig.spec("stray", 1, "tok-s"))
+        owned = await b.list_owned(STAGE)
+        orphans, vanished = find_orphans(owned, {"known": [n.instance_id for n in kept]})
+        done = await b.terminate_nodes(STAGE, orphans)
+        return kept, stray, orphans, vanished, done, await alive(b, "known"), await alive(b, "stray")
+
+    kept, stray, orphans, vanished, done, known_left, stray_left = run(rig, body)
+    assert [o.instance_id for o in orphans] == [n.instance_id for n in stray] and not vanished
+    assert done == [n.instance_id for n in stray]
+    assert known_left == [n.instance_id for n in kept] and stray_left == []

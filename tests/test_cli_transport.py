@@ -1,0 +1,151 @@
+"""One suite, both ways: the CLI's verbs on the embedded bus, and the same verbs through a
+configured API server (cli/transport.py, cli/via_api.py), with the same assertions on their
+output and exit codes.
+
+Real parts: the embedded control plane on the `local` infra (nats-server, the services, the
+API server `spz api start` runs, real node agents), `spz` as a user runs it. For `api`, member
+alice's token comes from `spz users add` and reaches the CLI through SKYPURZA_API_SERVER /
+SKYPURZA_API_TOKEN, so every verb goes over HTTP as alice; on `embedded` the OS user is alice.
+
+Through the server only (the refusals): another member acting on alice's cluster is refused
+naming the owner and the role needed, a wrong token is a 401 line, an unreachable server is one
+line and exit 1 within the connect bound; none shows a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from local_cli import local_cli, spz
+
+from skypurza.events.natsserver import free_port
+
+STAGE = "cliway"
+SERVER_VARS = ("SKYPURZA_API_SERVER", "SKYPURZA_API_TOKEN", "SKYPILOT_API_SERVER_ENDPOINT")
+
+
+@dataclass
+class Way:
+    name: str
+    env: dict[str, str]  # what the verbs run with
+    admin_env: dict[str, str]  # the plane's own (embedded) environment
+    bob: str | None = None  # another member's token, through the server
+
+
+def _ok(r: subprocess.CompletedProcess, code: int = 0) -> subprocess.CompletedProcess:
+    assert r.returncode == code, f"exit {r.returncode}, wanted {code}\n{r.stdout}\n{r.stderr}"
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+@pytest.fixture(params=["embedded", "api"])
+def way(request: pytest.FixtureRequest, tmp_path: Path):
+    with local_cli(tmp_path, STAGE) as base:
+        for var in SERVER_VARS:
+            base.pop(var, None)
+        if request.param == "embedded":
+            yield Way("embedded", {**base, "SKYPURZA_USER": "alice"}, base)
+            return
+        base["SKYPURZA_USER"] = "carol"  # the plane's OS user: admin on the embedded server, not alice
+        _ok(spz(base, "api", "start"))
+        _ok(spz(base, "teams", "add", "ml"))
+        tokens = {}
+        for user in ("alice", "bob"):
+            r = _ok(spz(base, "users", "add", user, "--team", "ml", "--role", "member", "-o", "json"))
+            tokens[user] = json.loads(r.stdout)["token"]
+        url = json.loads(_ok(spz(base, "api", "status", "-o", "json")).stdout)["api_url"]
+        yield Way("api", {**base, "SKYPURZA_API_SERVER": url, "SKYPURZA_API_TOKEN": tokens["alice"]}, base,
+                  bob=tokens["bob"])
+
+
+def _until(check, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.3)
+
+
+def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way) -> None:
+    env = way.env
+    # ------------------------------------------------------------- launch streams the output
+    r = _ok(spz(env, "launch", "-y", "-c", "t1", "--infra", "local", "echo hello-1; echo hello-2"))
+    assert r.stdout.splitlines() == ["hello-1", "hello-2"]
+    assert "Placement (attempt 1): local" in r.stderr and "Cluster t1 is up (1 node(s))" in r.stderr
+    assert "✓ Job 1 on t1 succeeded." in r.stderr
+
+    # ------------------------------------------------------------- logs, status, queue
+    assert _ok(spz(env, "logs", "t1", "1")).stdout.splitlines() == ["hello-1", "hello-2"]
+    assert _ok(spz(env, "logs", "t1", "9", "--status"), 102).stdout.strip() == "Job 9: NOT FOUND"
+    assert "No cluster named nope." in _ok(spz(env, "logs", "nope"), 102).stderr
+    rows = json.loads(_ok(spz(env, "status", "-u", "-o", "json")).stdout)
+    assert [(c["name"], c["status"], c["infra"], c["num_nodes"], c["user"]) for c in rows] == [
+        ("t1", "UP", "local", 1, "alice")]
+    jobs = json.loads(_ok(spz(env, "queue", "t1", "-o", "json")).stdout)
+    assert [(j["cluster"], j["job_id"], j["status"], j["user"]) for j in jobs] == [("t1", 1, "SUCCEEDED", "alice")]
+
+    # ------------------------------------------------------------- -d, autostop, cancel
+    r = _ok(spz(env, "launch", "-y", "-c", "t2", "-d", "--infra", "local", "echo started; sleep 300"))
+    assert "Job 1 queued on cluster t2" in r.stderr and r.stdout == ""
+    _until(lambda: spz(env, "logs", "t2", "1", "--no-follow", "--tail", "1").stdout.splitlines() == ["started"])
+    r = _ok(spz(env, "autostop", "t2", "-i", "30"))
+    assert r.stdout.strip() == "Autostop of t2: stop after 30 idle minute(s)."
+    if way.bob is not None:
+        # Through the server another member may read alice's cluster, not act on it.
+        as_bob = {**env, "SKYPURZA_API_TOKEN": way.bob}
+        assert {c["name"] for c in json.loads(_ok(spz(as_bob, "status", "-u", "-o", "json")).stdout)} == {"t1", "t2"}
+        for args in (("cancel", "-y", "t2", "1"), ("down", "-y", "t2")):
+            err = _ok(spz(as_bob, *args), 1).stderr
+            assert "not allowed" in err and "alice's" in err and "admins" in err, (args, err)
+            assert len(err.strip().splitlines()) == 1, err
+        err = _ok(spz({**env, "SKYPURZA_API_TOKEN": "spz_wrong_token"}, "status"), 1).stderr
+        assert "refused the token (401)" in err and "spz_wrong_token" not in err
+    r = _ok(spz(env, "cancel", "-y", "t2", "1"))
+    assert "Job 1: CANCELLED" in r.stdout
+    assert _ok(spz(env, "logs", "t2", "1", "--status"), 103).stdout.strip() == "Job 1: CANCELLED"
+
+    # ------------------------------------------------------------- down
+    r = _ok(spz(env, "down", "-y", "t1", "t2"))
+    assert "Cluster t1: TERMINATED." in r.stderr and "Cluster t2: TERMINATED." in r.stderr
+    assert json.loads(_ok(spz(env, "status", "-o", "json")).stdout) == []
+    assert "no cluster named t1 (it was terminated)" in _ok(spz(env, "down", "-y", "t1"), 1).stderr
+
+    # ------------------------------------------------------------- managed jobs, the cost report
+    r = _ok(spz(env, "jobs", "launch", "-y", "-n", "mj", "--infra", "local", "echo managed-hi"))
+    assert "managed-hi" in r.stdout.splitlines() and "Managed job 1 (mj) submitted." in r.stderr
+    assert "Managed job 1: SUCCEEDED" in r.stderr
+    jobs = json.loads(_ok(spz(env, "jobs", "queue", "-o", "json")).stdout)
+    assert [(j["id"], j["name"], j["status"], j["user"]) for j in jobs] == [(1, "mj", "SUCCEEDED", "alice")]
+    assert "managed-hi" in _ok(spz(env, "jobs", "logs", "1", "--no-follow")).stdout.splitlines()
+    assert _ok(spz(env, "jobs", "cancel", "-y", "1")).stdout.splitlines() == [
+        "Managed job 1 already ended (SUCCEEDED).", "Nothing to cancel."]
+    report = json.loads(_ok(spz(env, "cost-report", "-o", "json")).stdout)
+    assert {"lines", "total", "by"} <= set(report) and "scope" not in report and report["by"] == "team"
+
+    if way.name == "embedded":  # the bus path never loads the HTTP client
+        probe = ("import runpy, sys; sys.argv = ['spz', 'status', '-o', 'json']\n"
+                 "try:\n    runpy.run_module('skypurza.cli.main', run_name='__main__')\n"
+                 "except SystemExit:\n    pass\n"
+                 "print('httpx' in sys.modules, file=sys.stderr)")
+        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        assert r.stderr.strip().splitlines()[-1] == "False", r.stderr
+
+
+def test_an_unreachable_configured_server_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": STAGE,
+           "SKYPURZA_API_SERVER": f"http://127.0.0.1:{free_port()}", "SKYPURZA_API_TOKEN": "spz_a_b"}
+    for args in (("status",), ("logs", "c1")):
+        started = time.monotonic()
+        r = _ok(spz(env, *args, timeout=60), 1)
+        assert time.monotonic() - started < 30, args
+        assert r.stderr.startswith("error: cannot reach the API server at http://127.0.0.1:") and \
+            "spz api start" in r.stderr and "spz_a_b" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
+    r = _ok(spz(env, "exec", "c1", "echo hi"), 2)
+    assert "not available through an API server yet" in r.stderr

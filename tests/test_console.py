@@ -1,0 +1,373 @@
+"""The web console in a real browser: Debian's chromium driven by playwright (sync API; never
+`playwright install`), against a real control plane on the `local` infra (nats-server, the
+services, real node agents: tests/support/local_cli.py) and the API server as its own process
+(tokens only).
+
+In order, on one plane and one browser (module-scoped): log in with a token (a wrong one is
+refused on the page); a cluster appears on the overview after a real `spz launch`; its page
+follows the job's output live and shows its nodes and events; another member's cancel is refused
+with the API's 403 shown, a viewer is offered no action, the owner cancels; a managed job's page
+shows its placement, history and output; an admin adds a user whose token is shown once, and
+revokes it; after the owner tears the cluster down from its page, the cost page's total and lines
+equal `spz cost-report`'s, and its CSV export holds the same lines.
+
+Every page is watched: a browser console error, an uncaught exception or a failed request fails
+the test, but for the refusals a test names (`Watch.allow`). Each page's screenshot is written
+under the test's tmp dir and copied to docs/img/console-*.png (docs/console.md shows them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from api_harness import Api, team_of_four
+from local_cli import REPO, local_cli, spz
+
+STAGE = "test"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DOCS_IMG = REPO / "docs" / "img"
+LAUNCH_RUN = "echo web-start; for i in $(seq 1 600); do echo web-line-$i; sleep 0.3; done"
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("console")
+    with local_cli(tmp, STAGE) as env:
+        alice, bob, vera, root = team_of_four(env)
+        (Path(env["SKYPURZA_HOME"]) / "config.yaml").write_text("teams:\n  alice: ml\n")  # alice's launches: team ml
+        api = Api(SimpleNamespace(url=f"nats://127.0.0.1:{env['SKYPURZA_NATS_PORT']}"), tmp)
+        try:
+            yield SimpleNamespace(env=env, api=api, tokens={"alice": alice, "bob": bob, "vera": vera, "root": root})
+        finally:
+            out = api.close()
+        assert "Traceback" not in out, out[-3000:]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Watch:
+    """What went wrong on a page: console errors, uncaught exceptions, failed requests, answers >= 400."""
+
+    def __init__(self, page: Page) -> None:
+        self.problems: list[str] = []
+        self.allowed: list[tuple[int, str]] = []  # (status, path part) a test expects the API to refuse
+        self.statuses: dict[str, int] = {}
+        page.on("console", self._console)
+        page.on("pageerror", lambda exc: self.problems.append(f"uncaught: {exc}"))
+        page.on("requestfailed", self._failed)
+        page.on("response", self._response)
+
+    def allow(self, status: int, path_part: str) -> None:
+        self.allowed.append((status, path_part))
+
+    def _expected(self, status: int, url: str) -> bool:
+        return any(status == s and part in url for s, part in self.allowed)
+
+    def _console(self, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        url = (msg.location or {}).get("url", "")
+        found = re.search(r"status of (\d{3})", msg.text)
+        if found and self._expected(int(found.group(1)), url):
+            return  # chromium's own line for a refusal the test asked for
+        self.problems.append(f"console error: {msg.text} ({url})")
+
+    def _failed(self, request: Any) -> None:
+        # A stream the page stops when it leaves (a job's output) is aborted on purpose.
+        if request.failure == "net::ERR_ABORTED" and re.search(r"/logs(\?|$)", request.url):
+            return
+        self.problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
+
+    def _response(self, response: Any) -> None:
+        if response.status >= 400 and not self._expected(response.status, response.url):
+            self.problems.append(f"HTTP {response.status}: {response.request.method} {response.url}")
+
+
+@pytest.fixture
+def open_as(browser: Browser, plane: Any) -> Any:
+    """open_as(user) -> (page, watch): a fresh browser context signed in as `user` (None: not signed in)."""
+    opened: list[tuple[Any, Watch]] = []
+
+    def open_(user: str | None, width: int = 1280) -> tuple[Page, Watch]:
+        ctx = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+        page = ctx.new_page()
+        page.set_default_timeout(WAIT_MS)
+        watch = Watch(page)
+        opened.append((ctx, watch))
+        page.goto(plane.api.url + "/")
+        if user is not None:
+            page.get_by_label("API token").fill(plane.tokens[user])
+            page.get_by_label("API token").press("Enter")  # the keyboard signs in
+            expect(page.locator("#who-text")).to_contain_text(user)
+        return page, watch
+
+    yield open_
+    problems = [p for _, w in opened for p in w.problems]
+    for ctx, _ in opened:
+        ctx.close()
+    assert not problems, problems
+
+
+def shot(page: Page, tmp_path: Path, name: str) -> None:
+    """The page's screenshot under the test's tmp dir, and as docs/img/console-NAME.png."""
+    path = tmp_path / f"console-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    DOCS_IMG.mkdir(exist_ok=True)
+    shutil.copyfile(path, DOCS_IMG / path.name)
+
+
+def unlabelled_controls(page: Page) -> list[str]:
+    """Inputs, selects and buttons with no accessible name (no label, no text, no aria-label)."""
+    return page.evaluate("""() => [...document.querySelectorAll('input, select, button')]
+        .filter(e => !e.closest('[hidden]'))
+        .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
+        .map(e => e.outerHTML.slice(0, 120))""")
+
+
+def wait_until(what: str, check: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_log_in_and_see_a_cluster_appear_after_spz_launch(plane: Any, open_as: Any, tmp_path: Path) -> None:
+    page, _ = open_as(None)
+    assert page.url.endswith("/console/"), page.url  # / redirects to the console
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    assert page.locator("header[role=banner]").count() == 1 and page.locator("main").count() == 1
+    shot(page, tmp_path, "login")
+    assert page.evaluate("() => document.activeElement.id") == "token", "the form takes the keyboard at once"
+    page.evaluate("() => document.activeElement.blur()")
+    page.keyboard.press("Tab")  # the page's first stop skips to the content
+    assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
+    page.get_by_label("API token").fill("spz_0000_not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("not valid")
+    page.get_by_label("API token").fill(plane.tokens["alice"])
+    page.get_by_label("API token").press("Enter")
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+    expect(page.locator("#who-text")).to_have_text("alice (team ml, member)")
+    assert page.locator("#nav-admin").is_hidden(), "a member is offered no admin page"
+    assert page.evaluate("() => sessionStorage.getItem('spz.console.token')") == plane.tokens["alice"]
+
+    env = {**plane.env, "SKYPURZA_USER": "alice"}
+    r = spz(env, "launch", "-y", "-d", "-c", "web", "--infra", "local", LAUNCH_RUN, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = page.locator("table", has=page.locator("caption", has_text="Clusters")).locator("tr", has_text="web")
+    expect(row).to_contain_text("UP")  # the page refreshes itself: no reload
+    expect(row).to_contain_text("alice")
+    assert unlabelled_controls(page) == []
+    shot(page, tmp_path, "overview")
+
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: nothing wider than the screen
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    shot(page, tmp_path, "overview-phone")
+
+
+def test_a_clusters_page_follows_its_jobs_output_live(plane: Any, open_as: Any, tmp_path: Path) -> None:
+    page, _ = open_as("alice")
+    page.goto(plane.api.url + "/console/#/cluster/web")
+    expect(page.get_by_role("heading", name="Cluster web")).to_be_focused()
+    logs = page.locator("#logs")
+    expect(logs).to_contain_text("web-start")
+
+    def last_line() -> int:
+        return max([int(n) for n in re.findall(r"web-line-(\d+)", logs.inner_text())] or [0])
+
+    first = wait_until("a first line", last_line)
+    wait_until("lines that came after the page opened", lambda: last_line() >= first + 3, 30)
+    expect(page.locator("#log-state")).to_have_text("following…")  # the job runs on
+    nodes = page.locator("table", has=page.locator("caption", has_text="Nodes"))
+    expect(nodes.locator("tbody tr")).to_have_count(1)
+    timeline = page.locator("#timeline")
+    expect(timeline).to_contain_text("cluster_provisioned")
+    expect(timeline).to_contain_text("job_started")
+    expect(page.get_by_role("button", name="Cancel job 1")).to_be_visible()
+    assert unlabelled_controls(page) == []
+    shot(page, tmp_path, "cluster")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+
+
+def test_another_member_is_refused_a_viewer_offered_nothing_and_the_owner_cancels(plane: Any, open_as: Any) -> None:
+    bob, watch = open_as("bob")
+    bob.get_by_label("Show").select_option("team")  # alice's cluster is bob's team's
+    expect(bob.locator("tr", has_text="web")).to_contain_text("alice")
+    bob.goto(plane.api.url + "/console/#/cluster/web")
+    watch.allow(403, "/api/v1/clusters/web/jobs/1/cancel")
+    bob.get_by_role("button", name="Cancel job 1").click()
+    expect(bob.get_by_role("alert")).to_have_text(
+        "Forbidden (403): this is alice's; acting on another user's clusters and jobs is for admins")
+
+    vera, _ = open_as("vera")
+    vera.goto(plane.api.url + "/console/#/cluster/web")
+    expect(vera.locator("#logs")).to_contain_text("web-line-")  # viewers read their team's logs
+    assert vera.get_by_role("button", name="Cancel job 1").count() == 0
+    assert vera.get_by_role("button", name="Down").count() == 0
+
+    alice, _ = open_as("alice")
+    alice.goto(plane.api.url + "/console/#/cluster/web")
+    alice.get_by_role("button", name="Cancel job 1").click()
+    expect(alice.get_by_role("status").filter(has_text="Cancel of job 1: requested")).to_be_visible()
+    expect(alice.locator("#log-state")).to_contain_text("job 1 ended: CANCELLED")
+    expect(alice.locator("table", has=alice.locator("caption", has_text="Jobs")).locator("tbody tr").first) \
+        .to_contain_text("CANCELLED")
+    r = plane.api.http.get("/api/v1/clusters/web/jobs", headers=plane.api.as_(plane.tokens["alice"]))
+    assert r.json()["jobs"][0]["status"] == "CANCELLED", r.text
+
+
+def test_a_managed_jobs_page_shows_its_placement_history_and_output(plane: Any, open_as: Any, tmp_path: Path) -> None:
+    api, alice_token = plane.api, plane.tokens["alice"]
+    res = api.http.post("/api/v1/jobs", headers=api.as_(alice_token),
+                        json={"task": "name: hello\nrun: echo managed-hello\n", "overrides": {"infra": "local"}})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["job_id"]
+    page, _ = open_as("alice")
+    page.goto(plane.api.url + f"/console/#/job/{job_id}")
+    expect(page.get_by_role("heading", name=f"Managed job {job_id}")).to_be_visible()
+    expect(page.locator("#logs")).to_contain_text("managed-hello")
+    expect(page.locator("#log-state")).to_have_text("managed job ended: SUCCEEDED")
+    placements = page.locator("table", has=page.locator("caption", has_text="Where each launch ran"))
+    expect(placements.locator("tbody tr")).to_have_count(1)
+    expect(placements.locator("tbody tr")).to_contain_text("local")
+    history = page.locator("table", has=page.locator("caption", has_text="Each status change"))
+    expect(history).to_contain_text("SUCCEEDED")
+    expect(history).to_contain_text("launch")
+    expect(page.locator("#preemptions")).to_have_text("0")
+    shot(page, tmp_path, "job")
+    # The history the page draws is the API's: the same placements and changes.
+    h = api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice_token)).json()
+    assert [p["infra"] for p in h["placements"]] == ["local"] and h["changes"][-1]["status"] == "SUCCEEDED", h
+    assert history.locator("tbody tr").count() == len(h["changes"])
+
+
+def test_an_admin_adds_a_user_whose_token_is_shown_once_and_revokes_it(plane: Any, open_as: Any,
+                                                                        tmp_path: Path) -> None:
+    alice, watch = open_as("alice")
+    watch.allow(403, "/api/v1/users")
+    watch.allow(403, "/api/v1/teams")
+    alice.goto(plane.api.url + "/console/#/admin")
+    expect(alice.get_by_role("alert")).to_contain_text("managing users and teams is for admins")
+
+    page, _ = open_as("root")
+    page.get_by_role("link", name="Admin").click()
+    expect(page.get_by_role("heading", name="Admin")).to_be_visible()
+    page.get_by_label("Name", exact=True).fill("carol")
+    page.get_by_label("Team", exact=True).select_option("ml")
+    page.get_by_label("Role").select_option("viewer")
+    page.get_by_role("button", name="Add user").click()
+    token = page.locator("#token-value").inner_text()
+    assert token.startswith("spz_"), token
+    expect(page.locator("tr", has_text="carol").first).to_contain_text("viewer")
+    assert unlabelled_controls(page) == []
+    shot(page, tmp_path, "admin")
+
+    def caller(t: str) -> Any:
+        return httpx.get(f"{plane.api.url}/api/v1/health", headers={"Authorization": f"Bearer {t}"}).json()["caller"]
+
+    wait_until("carol's token accepted", lambda: (caller(token) or {}).get("user") == "carol", 20)
+    page.reload()  # shown once: never again
+    expect(page.get_by_role("heading", name="Admin")).to_be_visible()
+    assert token not in page.content()
+    page.get_by_role("button", name="Tokens of carol").click()
+    page.get_by_role("button", name=re.compile("^Revoke token .* of carol$")).click()
+    expect(page.get_by_role("status").filter(has_text="of carol revoked")).to_be_visible()
+    expect(page.locator("table", has=page.locator("caption", has_text="carol's live tokens"))).to_contain_text(
+        "no live tokens")
+    wait_until("carol's token refused", lambda: caller(token) is None, 20)
+
+
+def test_the_cost_pages_total_equals_spz_cost_report(plane: Any, open_as: Any, tmp_path: Path) -> None:
+    alice, _ = open_as("alice")
+    alice.goto(plane.api.url + "/console/#/cluster/web")
+    alice.once("dialog", lambda d: d.accept())
+    alice.get_by_role("button", name="Down").click()
+    expect(alice.locator("dl.facts")).to_contain_text("TERMINATED")
+    api = plane.api
+
+    def all_down() -> bool:
+        r = api.http.get("/api/v1/clusters", headers=api.as_(plane.tokens["root"]))
+        return r.status_code == 200 and r.json()["clusters"] == []
+
+    wait_until("every cluster down (nothing accrues while the two reports are read)", all_down)
+    r = spz(plane.env, "cost-report", "--by", "user", "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cli = json.loads(r.stdout)
+    assert any(line["key"] == "alice" and line["billing_seconds"] > 0 for line in cli["lines"]), cli
+
+    page, _ = open_as("root")
+    page.get_by_role("link", name="Cost").click()
+    page.get_by_label("Group by").select_option("user")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("caption", has_text="Cost by user")).to_be_visible()
+    expect(page.locator("#total")).to_have_text(f"${cli['total']['cost_usd']}")
+    rows = page.locator("table", has=page.locator("caption", has_text="Cost by user")).locator("tbody tr")
+    shown = [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+    assert shown == [[str(x["key"]), x["kind"], x["for_period"] or "", str(x["billing_minutes"]), x["cost_usd"]]
+                     for x in cli["lines"]], (shown, cli["lines"])
+    assert page.locator("svg.chart rect").count() == sum(1 for x in cli["lines"] if x["kind"] == "usage")
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Export CSV").click()
+    exported = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text())))
+    assert [(x["user"], x["cost_micros"], x["billing_seconds"]) for x in exported] == \
+        [(x["key"], str(x["cost_micros"]), str(x["billing_seconds"])) for x in cli["lines"]]
+    shot(page, tmp_path, "cost")
+
+
+def test_the_console_endpoints_check_who_asks_and_what(plane: Any) -> None:
+    """The endpoints the console added (services/api/routes_console.py), at the edge, over HTTP."""
+    from api_harness import problem
+
+    api, t = plane.api, plane.tokens
+    _, vera, root = t["alice"], t["vera"], t["root"]
+    problem(api.http.get("/api/v1/clusters/web/events"), 401)
+    problem(api.http.get("/api/v1/clusters/nosuch/events", headers=api.as_(root)), 404)
+    problem(api.http.get("/api/v1/clusters/web/events", headers=api.as_(root), params={"limit": 0}), 422)
+    two = api.http.get("/api/v1/clusters/web/events", headers=api.as_(vera), params={"limit": 2}).json()["events"]
+    every = api.http.get("/api/v1/clusters/web/events", headers=api.as_(root)).json()["events"]
+    assert len(two) == 2 and two == every[-2:], (two, every[-2:])
+    assert [e["seq"] for e in every] == sorted(e["seq"] for e in every), "oldest first"
+    assert "cluster_terminated" in [e["type"] for e in every], every[-3:]
+    assert all(not isinstance(v, (dict, list)) for e in every for v in e["summary"].values())
+    problem(api.http.get("/api/v1/jobs/999/history", headers=api.as_(root)), 404)
+    problem(api.http.get("/api/v1/users/bob/tokens", headers=api.as_(t["bob"])), 403)
+    problem(api.http.get("/api/v1/users/nobody/tokens", headers=api.as_(root)), 404)
+    problem(api.http.delete("/api/v1/users/bob/tokens/0123abcd", headers=api.as_(root)), 404)
+    problem(api.http.delete("/api/v1/users/bob/tokens/not-hex", headers=api.as_(root)), 422)
+    bobs = api.http.get("/api/v1/users/bob/tokens", headers=api.as_(root)).json()["tokens"]
+    assert len(bobs) == 1 and t["bob"] not in json.dumps(bobs) and t["bob"].split("_")[1] == bobs[0]["token_id"]
+
+
+def test_a_timeline_row_keeps_an_events_plain_fields_only() -> None:
+    from skypurza.services.api.routes_console import MAX_SUMMARY_CHARS, summary
+
+    row = summary({"job_id": 3, "status": "x" * 500, "task": {"run": "secret stuff"}, "nodes": [1], "ok": True,
+                   "secrets_key": "k", "reason": None})
+    assert row == {"job_id": 3, "status": "x" * MAX_SUMMARY_CHARS, "ok": True, "reason": None}

@@ -1,0 +1,384 @@
+"""The Slurm backend: its pure parts line by line, then against a real Slurm 22.05 over SSH.
+
+The rig (tests/support/slurm_rig.py) is one per session: munge on a private socket, slurmctld,
+two slurmd "nodes" with two fake H100s each (char devices, so GRES is real), an sshd login node.
+Jobs run through real node agents on a real nats-server, as srun steps of the allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from agent_harness import job_end, job_lines, wait_events, wait_lines
+from nats_fixtures import connect_bus
+from slurm_rig import CLUSTER, GPU_PARTITION, SlurmRig, available
+
+from skypurza.events import naming
+from skypurza.events.jobqueue import queue_job
+from skypurza.events.models import CancelRequested, Candidate, ClusterProvisioned, NodeInfo as EventNode
+from skypurza.events.envelope import utcnow
+from skypurza.services.agent import slurmexec
+from skypurza.events import slurm_config
+from skypurza.events import slurm_discovery
+from skypurza.services.provisioner import slurm_errors, slurm_sbatch
+from skypurza.services.provisioner.adapter import (CapacityError, ClusterRef, FailureKind, FailureScope,
+                                                   FatalProvisionError, LaunchSpec)
+from skypurza.services.provisioner.slurm import SlurmAdapter
+
+# ------------------------------------------------------------------------------ ~/.slurm/config
+
+SKYPILOT_STYLE = """\
+# the same file SkyPilot reads
+Host mycluster
+    HostName login.example.org
+    User alice
+    IdentityFile ~/.ssh/slurm_key
+Host other gpu-*
+  HostName=10.1.2.3
+  Port = 2222
+Host *
+    User fallback
+    IdentityFile ~/.ssh/id_ed25519
+    StrictHostKeyChecking no
+"""
+
+
+def test_slurm_config_is_read_as_ssh_reads_it() -> None:
+    blocks = slurm_config.parse_ssh_config(SKYPILOT_STYLE)
+    assert slurm_config.cluster_names(blocks) == ["mycluster", "other"]
+    mine = slurm_config.lookup(blocks, "mycluster")
+    assert (mine.hostname, mine.port, mine.user) == ("login.example.org", 22, "alice")
+    assert mine.identity_files == ("~/.ssh/slurm_key", "~/.ssh/id_ed25519")  # IdentityFile accumulates
+    assert mine.strict_host_key_checking is False
+    other = slurm_config.lookup(blocks, "other")
+    assert (other.hostname, other.port, other.user) == ("10.1.2.3", 2222, "fallback")
+    # a glob host matches names without being a cluster of its own
+    assert slurm_config.lookup(blocks, "gpu-7").hostname == "10.1.2.3"
+    with pytest.raises(slurm_config.SlurmConfigError, match=r"Port 'x' is not a number"):
+        slurm_config.lookup(slurm_config.parse_ssh_config("Host a\n Port x\n"), "a")
+    with pytest.raises(slurm_config.SlurmConfigError, match=r":2: port has no value"):
+        slurm_config.parse_ssh_config("Host a\n Port\n")
+
+
+def test_slurm_user_config_pricing_and_errors_name_their_key() -> None:
+    cfg = slurm_config.parse_user_config({
+        "allowed_clusters": ["a"],
+        "pricing": {"cpu": 0.1, "memory": 0.01, "accelerators": {"V100": 2.5}},
+        "cluster_configs": {"a": {"gres": {"A100": "a100_80g"}, "gpu_directive": "gpus-per-node",
+                                  "sbatch_options": {"account": "ml"},
+                                  "partitions": {"big": {"pricing": {"cpu": 1.0}}}}},
+    })
+    assert cfg.allowed(["a", "b"]) == ["a"]
+    a = cfg.cluster("a")
+    assert a.pricing.hourly_micros(4, 16, "V100", 2) == round((0.4 + 0.16 + 5.0) * 1e6)
+    assert a.for_partition("big").pricing.hourly_micros(4, 16, None, 0) == 4_000_000
+    assert a.gres == {"A100": "a100_80g"} and a.gpu_directive == "gpus-per-node"
+    assert slurm_config.parse_user_config(None).cluster("x").pricing.hourly_micros(8, 64, "H100", 8) == 0  # $0.00
+    for bad, where in [({"pricing": {"cpu": "cheap"}}, "slurm.pricing.cpu"),
+                       ({"cluster_configs": {"a": {"gpu_directive": "gpus"}}}, "slurm.cluster_configs.a.gpu_directive"),
+                       ({"cluster_configs": {"a": {"partitions": {"p": {"bogus": 1}}}}},
+                        "slurm.cluster_configs.a.partitions.p.bogus"),
+                       ({"allowed_clusters": "a"}, "slurm.allowed_clusters")]:
+        with pytest.raises(slurm_config.SlurmConfigError) as err:
+            slurm_config.parse_user_config(bad)
+        assert str(err.value).startswith(where + ":"), err.value
+
+
+# ------------------------------------------------------------------------------ sbatch
+
+def test_the_generated_sbatch_script() -> None:
+    req = slurm_sbatch.SbatchRequest(
+        job_name=naming.slurm_job_name("dev", "My.Cluster"), output=".o/alloc-%j.out", nodes=2, cpus_per_task=4,
+        mem_mib=8192, accelerator="A100", accelerator_count=2, gres={}, partition="gpu", max_time="1-00:00:00",
+        options=slurm_sbatch.sbatch_options({"account": "ml", "exclusive": True, "begin": None, "hold": False}))
+    lines = slurm_sbatch.script(req).splitlines()
+    assert lines[0] == "#!/bin/bash"
+    assert [x for x in lines if x.startswith("#SBATCH")] == [
+        "#SBATCH --job-name=skypurza-dev-slurm-my.cluster", "#SBATCH --output=.o/alloc-%j.out",
+        "#SBATCH --error=.o/alloc-%j.out", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=4", "#SBATCH --mem=8192M", "#SBATCH --wait-all-nodes=1", "#SBATCH --no-requeue",
+        "#SBATCH --partition=gpu", "#SBATCH --gres=gpu:a100:2", "#SBATCH --time=1-00:00:00",
+        "#SBATCH --account=ml", "#SBATCH --exclusive"]
+    assert lines[-1] == "exec sleep infinity"
+    # the site's GRES type and --gpus-per-node; no --time on an unlimited partition; a task's own --time wins
+    site = slurm_sbatch.SbatchRequest(job_name="j", output="o", accelerator="A100", accelerator_count=1,
+                                      gres={"A100": "a100_80g"}, gpu_directive="gpus-per-node", max_time="UNLIMITED",
+                                      options=slurm_sbatch.sbatch_options({"time": "00:30:00"}))
+    got = slurm_sbatch.directives(site)
+    assert "--gpus-per-node=a100_80g:1" in got and "--time=00:30:00" in got
+    assert [d for d in got if d.startswith("--time")] == ["--time=00:30:00"]
+    assert not any(d.startswith("--time") for d in slurm_sbatch.directives(
+        slurm_sbatch.SbatchRequest(job_name="j", output="o", max_time="INFINITE")))
+    # no memory given: a bounded default per CPU, never "the whole node"
+    assert "--mem=2048M" in slurm_sbatch.directives(slurm_sbatch.SbatchRequest(job_name="j", output="o",
+                                                                                cpus_per_task=2))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"job_name": "mine"}, "slurm.sbatch_options.job_name: --job-name is generated by SkyPurza"),
+    ({"gres": "gpu:8"}, "slurm.sbatch_options.gres: --gres is generated"),
+    ({"Partition": "x"}, "slurm.sbatch_options.Partition: --partition is generated"),
+    ({"comment": "a\nb"}, "slurm.sbatch_options.comment: the value holds a newline"),
+    ({"A": "acct"}, "slurm.sbatch_options.A: not an sbatch option name"),
+    ({"constraint": ["a"]}, "slurm.sbatch_options.constraint: expected a string"),
+])
+def test_sbatch_options_refused_with_where_they_were_set(options, message) -> None:
+    with pytest.raises(slurm_sbatch.SbatchOptionError) as err:
+        slurm_sbatch.sbatch_options(options)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_sbatch_options_pass_through_as_skypilot_passes_them() -> None:
+    assert slurm_sbatch.sbatch_options({"mail_type": "END", "exclusive": True, "x11": False, "begin": None,
+                                        "nice": 10}) == (("mail-type", "END"), ("exclusive", None), ("nice", "10"))
+
+
+def test_node_shape_travels_as_the_instance_type() -> None:
+    shape = slurm_sbatch.Shape(4, 8192, "H100", 2)
+    assert shape.name == "4cpu-8192mb-H100x2" and slurm_sbatch.parse_shape(shape.name) == shape
+    assert slurm_sbatch.parse_shape("1cpu-512mb") == slurm_sbatch.Shape(1, 512)
+    with pytest.raises(ValueError):
+        slurm_sbatch.parse_shape("p3.2xlarge")
+
+
+# ------------------------------------------------------------------------------ discovery and errors
+
+PARTITIONS = (
+    "PartitionName=debug AllowGroups=ALL Default=YES DefaultTime=NONE MaxTime=UNLIMITED Nodes=n[1-2] State=UP "
+    "TotalCPUs=4\n"
+    "PartitionName=gpu Default=NO MaxTime=04:00:00 Nodes=n[1-2],g[08-10] State=UP "
+    "TRESBillingWeights=CPU=1.0,Mem=0.25G,GRES/gpu=2.0\n"
+    "PartitionName=old MaxTime=1:00:00 Nodes=n1 State=DOWN\n")
+NODES = (
+    "NodeName=n1 Arch=x86_64 CPUTot=2 CPUEfctv=2 Gres=gpu:h100:2 NodeAddr=10.0.0.1 OS=Linux 6.1 #1 SMP "
+    "RealMemory=4000 State=IDLE Partitions=debug,gpu\n"
+    "NodeName=n2 CPUTot=8 Gres=gpu:h100:4(S:0-1),shard:2 NodeAddr=10.0.0.2 RealMemory=64000 State=MIXED "
+    "Partitions=debug,gpu\n"
+    "NodeName=g08 CPUTot=8 Gres=gpu:a100:4 NodeAddr=10.0.0.8 RealMemory=64000 State=IDLE+DRAIN Partitions=gpu\n")
+
+
+def test_discovery_parses_scontrol_into_zones() -> None:
+    assert slurm_discovery.expand_hostlist("n[1-2],g[08-10],login") == ["n1", "n2", "g08", "g09", "g10", "login"]
+    assert slurm_discovery.parse_gres("gpu:h100:4(S:0-1),shard:2,gpu:2") == {"h100": 4, "": 2}
+    nodes = slurm_discovery.parse_nodes(NODES)
+    assert nodes[0].addr == "10.0.0.1" and nodes[0].cpus == 2 and nodes[0].memory_mib == 4000
+    assert not nodes[2].usable  # drained
+    offers = slurm_discovery.zone_offers("c", slurm_discovery.parse_partitions(PARTITIONS), nodes)
+    by = {o.partition: o for o in offers}
+    assert sorted(by) == ["debug", "gpu"]  # a DOWN partition is no zone
+    assert by["gpu"].nodes == 2 and by["gpu"].gpus == {"h100": 2} and by["gpu"].cpus == 2  # the smallest node
+    assert by["gpu"].max_time == "04:00:00" and by["gpu"].billing_weights == "CPU=1.0,Mem=0.25G,GRES/gpu=2.0"
+    assert by["debug"].default and by["debug"].max_time == "UNLIMITED"
+    assert slurm_discovery.accelerator_name("h100", {}) == "H100"
+    assert slurm_discovery.accelerator_name("a100_80g", {"A100-80GB": "a100_80g"}) == "A100-80GB"
+
+
+@pytest.mark.parametrize("text, kind, scope, code", [
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
+     FailureKind.CAPACITY, FailureScope.ZONE, "SlurmNodeConfigUnavailable"),
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", FailureKind.UNSUPPORTED,
+     FailureScope.ZONE, "SlurmInvalidPartition"),
+    ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
+     "size and/or time limits)", FailureKind.QUOTA, FailureScope.REGION, "SlurmPolicyLimit"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+     FailureKind.AUTH, FailureScope.REGION, "SlurmInvalidAccount"),
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)",
+     FailureKind.UNSUPPORTED, FailureScope.ZONE, "SlurmTimeLimitInvalid"),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     FailureKind.TRANSIENT, FailureScope.REQUEST, "SlurmControllerBusy"),
+    ("cannot reach the login node of c (root@10.0.0.1:22): [Errno 111] Connection refused", FailureKind.CAPACITY,
+     FailureScope.REGION, "SlurmUnreachable"),
+    ("sbatch: unrecognized option '--bogus'", FailureKind.INVALID, FailureScope.REQUEST, "SlurmInvalidOption"),
+    ("something nobody has seen", FailureKind.UNKNOWN, FailureScope.REQUEST, "SlurmError"),
+])
+def test_slurm_errors_are_classified(text, kind, scope, code) -> None:
+    f = slurm_errors.classify(text)
+    assert (f.kind, f.scope, f.code) == (kind, scope, code)
+    assert f.message and len(f.message) <= 2000
+
+
+def test_the_executor_script_is_valid_bash() -> None:
+    body = slurmexec.executor_script("echo hi\nexit 3\n", ["A", "CUDA_VISIBLE_DEVICES"], config="/c", host="h",
+                                     job="12", node="n1", step_name="1-run", remote_dir=".skypurza/t/slurm/c",
+                                     marker="MARK")
+    assert subprocess.run(["bash", "-n"], input=body, text=True).returncode == 0
+    remote = slurmexec.remote_command(job="12", node="n1", step_name="1-run", remote_dir="d", marker="MARK")
+    assert subprocess.run(["bash", "-n"], input=remote, text=True).returncode == 0
+    assert "for k in A;" in body  # Slurm sets CUDA_VISIBLE_DEVICES from the allocation's GRES
+    assert "--jobid=12 --overlap" in remote and "--nodelist=n1" in remote
+
+
+# ------------------------------------------------------------------------------ against a real Slurm
+
+@pytest.fixture(scope="session")
+def slurm_rig():
+    why = available()
+    if why:
+        raise RuntimeError(f"the Slurm rig cannot start: {why}")
+    # Not under pytest's tmp_path: slurmctld runs as the slurm user, who cannot enter a 0700 directory.
+    root = Path(tempfile.mkdtemp(prefix="spz-slurm-"))
+    root.chmod(0o755)
+    rig = SlurmRig(root).start()
+    yield rig
+    rig.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def adapter(slurm_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
+    monkeypatch.setenv("SKYPURZA_AGENT_HEARTBEAT_S", "0.5")
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    user = slurm_config.parse_user_config({"cluster_configs": {CLUSTER: {"sbatch_options": {"comment": "from-spz"}}}})
+    return SlurmAdapter(nats_server.url, "test", tmp_path / "state", config_path=config, user_config=user,
+                        pending_timeout_s=5)
+
+
+def _spec(cluster: str, shape: str, num_nodes: int = 1, start_seq: int = 1, partition: str = GPU_PARTITION):
+    return LaunchSpec(stage="test", cluster=cluster, launch_token=f"tok-{cluster}", instance_type=shape,
+                      region=CLUSTER, zone=partition, num_nodes=num_nodes, infra="slurm",
+                      labels={"start_seq": str(start_seq)})
+
+
+async def _provision(bus, adapter: SlurmAdapter, cluster: str, shape: str, num_nodes: int = 1):
+    start_seq = await bus.last_seq() + 1
+    nodes = await adapter.launch(_spec(cluster, shape, num_nodes, start_seq))
+    await bus.publish(ClusterProvisioned(
+        cluster=cluster, task_id=f"task-{cluster}", placement_id=f"p-{cluster}",
+        candidate=Candidate(infra="slurm", region=CLUSTER, zone=GPU_PARTITION, instance_type=shape,
+                            num_nodes=num_nodes),
+        nodes=[EventNode(rank=n.rank or 0, instance_id=n.instance_id, private_ip=n.private_ip) for n in nodes],
+        hourly_price_micros=0, launched_at=utcnow()))
+    return nodes
+
+
+def _squeue(rig: SlurmRig, *args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], env=rig.env, capture_output=True, text=True, timeout=10).stdout
+
+
+def test_discovery_over_ssh_of_the_real_cluster(adapter: SlurmAdapter) -> None:
+    async def main():
+        try:
+            return await adapter.discover(CLUSTER)
+        finally:
+            await adapter.close()
+
+    by = {o.partition: o for o in asyncio.run(main())}
+    assert sorted(by) == ["debug", "gpu"]
+    assert by["gpu"].nodes == 2 and by["gpu"].gpus == {"h100": 2} and by["gpu"].max_time == "04:00:00"
+    assert by["gpu"].cpus == 2 and by["gpu"].memory_mib == 4000 and by["debug"].default
+
+
+def test_a_gpu_job_runs_as_an_srun_step_with_logs_exit_codes_and_cancel(adapter, slurm_rig, nats_server) -> None:
+    async def main():
+        bus = await connect_bus(nats_server)
+        try:
+            nodes = await _provision(bus, adapter, "g1", "1cpu-1000mb-H100x1")
+            record = adapter._read("g1")
+            job_id = record["slurm_job_id"]
+            info = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=slurm_rig.env, capture_output=True,
+                                  text=True, timeout=10).stdout
+            task = {"name": "gpu", "run": "echo cvd=$CUDA_VISIBLE_DEVICES rank=$SKYPILOT_NODE_RANK "
+                                          "node=$SLURMD_NODENAME step=$SLURM_STEP_ID\necho secret=$MY_SECRET"}
+            await bus.put_secrets("t-gpu", {"MY_SECRET": "sup3r-s3cret-v4lue"})
+            job, _ = await queue_job(bus, cluster="g1", task_id="t-gpu", task={**task, "secrets": {"MY_SECRET": None}},
+                                     user="alice", secrets_key="t-gpu")
+            end = await job_end(bus, "g1", job.job_id, timeout=30)
+            lines = [x["line"] for x in await job_lines(bus, "g1", job.job_id)]
+            failing, _ = await queue_job(bus, cluster="g1", task_id="t-fail", task={"run": "echo before; exit 3"},
+                                         user="alice")
+            failed = await job_end(bus, "g1", failing.job_id, timeout=30)
+            long, _ = await queue_job(bus, cluster="g1", task_id="t-long", task={"run": "echo started; sleep 300"},
+                                      user="alice")
+            await wait_lines(bus, "g1", long.job_id, lambda ls: any(x["line"] == "started" for x in ls), timeout=30)
+            steps_running = _squeue(slurm_rig, "-s", "-j", job_id, "-o", "%i %j")
+            await bus.publish(CancelRequested(cluster="g1", job_id=long.job_id, requested_by="alice"))
+            cancelled = await job_end(bus, "g1", long.job_id, timeout=30)
+            await asyncio.sleep(0)  # the step ends when the SSH session does: poll squeue below
+            steps_after = ""
+            for _ in range(100):
+                steps_after = _squeue(slurm_rig, "-s", "-j", job_id, "-o", "%i %j")
+                if f"{long.job_id}-run" not in steps_after:
+                    break
+                await asyncio.sleep(0.1)
+            await adapter.terminate(ClusterRef(stage="test", cluster="g1", infra="slurm"))
+            gone = _squeue(slurm_rig, "-j", job_id, "-o", "%i")
+            return nodes, info, end, lines, failed, steps_running, cancelled, steps_after, gone, job_id
+        finally:
+            await adapter.close()
+            await bus.close()
+
+    nodes, info, end, lines, failed, running, cancelled, after, gone, job_id = asyncio.run(main())
+    assert [n.private_ip for n in nodes] == ["127.0.0.1"]
+    assert f"JobName={naming.slurm_job_name('test', 'g1')}" in info and "Comment=from-spz" in info
+    assert "TresPerNode=gres:gpu:h100:1" in info and "Partition=gpu" in info
+    assert end.EVENT_NAME == "job_succeeded", lines
+    assert any(x.startswith("cvd=0 rank=0 node=n1 step=") for x in lines), lines
+    assert "secret=<redacted>" in lines and not any("sup3r-s3cret-v4lue" in x for x in lines)
+    assert failed.EVENT_NAME == "job_failed" and failed.exit_code == 3
+    assert "-run" in running  # the long job ran as a step of the allocation
+    assert cancelled.EVENT_NAME == "job_cancelled"
+    assert "-run" not in after, after  # cancel ended the srun step
+    assert gone.strip() == "", gone  # terminate is scancel
+
+
+def test_two_nodes_get_ranks_0_and_1(adapter, slurm_rig, nats_server) -> None:
+    async def main():
+        bus = await connect_bus(nats_server)
+        try:
+            await _provision(bus, adapter, "duo", "1cpu-500mb", num_nodes=2)
+            job, _ = await queue_job(bus, cluster="duo", task_id="t-duo", user="alice", task={
+                "num_nodes": 2, "run": "echo rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES on=$SLURMD_NODENAME "
+                                       "ips=$(echo $SKYPILOT_NODE_IPS)"})
+            end = await job_end(bus, "duo", job.job_id, timeout=30)
+            lines = await job_lines(bus, "duo", job.job_id)
+            await adapter.terminate(ClusterRef(stage="test", cluster="duo", infra="slurm"))
+            return end, lines
+        finally:
+            await adapter.close()
+            await bus.close()
+
+    end, lines = asyncio.run(main())
+    assert end.EVENT_NAME == "job_succeeded"
+    got = sorted((x["rank"], x["line"]) for x in lines if x["stream"] == "run")
+    assert got == [(0, "rank=0 of=2 on=n1 ips=127.0.0.1 127.0.0.1"), (1, "rank=1 of=2 on=n2 ips=127.0.0.1 127.0.0.1")]
+
+
+def test_more_gpus_than_a_node_has_is_a_capacity_error_of_the_partition(adapter, slurm_rig) -> None:
+    async def main():
+        try:
+            with pytest.raises(CapacityError) as err:
+                await adapter.launch(_spec("big", "1cpu-500mb-H100x3"))
+            return err.value
+        finally:
+            await adapter.close()
+
+    err = asyncio.run(main())
+    assert err.code == "SlurmNodeConfigUnavailable" and err.scope is FailureScope.ZONE
+    assert err.region == CLUSTER and err.zone == GPU_PARTITION
+    assert _squeue(slurm_rig, "-n", naming.slurm_job_name("test", "big"), "-o", "%i").strip() == ""
+
+
+def test_a_protected_sbatch_option_is_refused_before_anything_is_submitted(slurm_rig, nats_server, tmp_path) -> None:
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    user = slurm_config.parse_user_config({"cluster_configs": {CLUSTER: {"sbatch_options": {"job_name": "mine"}}}})
+    a = SlurmAdapter(nats_server.url, "test", tmp_path / "state", config_path=config, user_config=user)
+
+    async def main():
+        try:
+            with pytest.raises(FatalProvisionError) as err:
+                await a.launch(_spec("prot", "1cpu-500mb"))
+            return err.value
+        finally:
+            await a.close()
+
+    err = asyncio.run(main())
+    assert f"slurm.cluster_configs.{CLUSTER}.sbatch_options.job_name: --job-name is generated" in str(err)
+    assert _squeue(slurm_rig, "-n", "mine", "-o", "%i").strip() == ""
