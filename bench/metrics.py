@@ -1,5 +1,7 @@
 """Metrics benchmark: `GET /metrics` latency and size with 1,000 clusters and 10,000 jobs known,
-beside the status service's `status` + `queue` queries alone (the baseline) in the same run.
+beside the first path (every cluster, job and cost report at each scrape: `render(rows=True)`)
+and the status service's `status` + `queue` queries alone (the baseline) in the same run, then
+each source's own time (where a scrape's time goes).
 
 A real nats-server, the status service, the ledger (no metering) and the observability service
 run in this process; the history is published first and both projections catch up before the
@@ -68,6 +70,7 @@ def pct(xs: list[float], q: float) -> float:
 async def bench(args: argparse.Namespace, work: Path) -> dict:
     os.environ["SKYPURZA_HOME"] = str(work / "home")
     from skypurza.services.ledger.service import LedgerService
+    from skypurza.services.observability.samples import QUEUE_WAIT_BUCKETS
     from skypurza.services.observability.service import ObservabilityService
     from skypurza.services.observability.settings import MetricsSettings
     from skypurza.services.status.service import StatusService
@@ -95,7 +98,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict:
         while metrics.counters.last_seq < last:
             await asyncio.sleep(0.1)
         port = int(metrics.url.rsplit(":", 1)[1].split("/")[0])
-        base, scrape, size = [], [], 0
+        base, scrape, rows, size, rows_size = [], [], [], 0, 0
         for _ in range(args.scrapes):
             t = time.perf_counter()
             await sq.status(bus, all=True)
@@ -105,6 +108,24 @@ async def bench(args: argparse.Namespace, work: Path) -> dict:
             body = await http_get(port)
             scrape.append(time.perf_counter() - t)
             size = len(body)
+            t = time.perf_counter()
+            rows_size = len((await metrics.render(None, rows=True))[0])  # the first path, same process
+            rows.append(time.perf_counter() - t)
+        # Where one scrape's time goes: each source alone (p50 of 5).
+        sources = {"status_metrics_summary": lambda: sq.metrics_summary(bus, QUEUE_WAIT_BUCKETS),
+                   "ledger_spend_summary": lambda: lq.spend_summary(bus),
+                   "old_status_all": lambda: sq.status(bus, all=True), "old_queue": lambda: sq.queue(bus),
+                   "old_jobs_queue": lambda: sq.jobs_queue(bus),
+                   "old_cost_report_x1": lambda: lq.cost_report(bus, by="team"),
+                   "all_sources_at_once": metrics.snapshot, "render_in_process": lambda: metrics.render(None)}
+        each = {}
+        for name, fn in sources.items():
+            xs = []
+            for _ in range(5):
+                t = time.perf_counter()
+                await fn()
+                xs.append(time.perf_counter() - t)
+            each[f"source_{name}_p50_ms"] = round(statistics.median(xs) * 1000, 1)
         stop.set()
         await asyncio.wait(tasks, timeout=20)
         await bus.close()
@@ -113,7 +134,10 @@ async def bench(args: argparse.Namespace, work: Path) -> dict:
     ms = lambda x: round(x * 1000, 1)  # noqa: E731
     return {"events": last, "publish_s": round(publish_s, 1), "metrics_bytes": size,
             "metrics_p50_ms": ms(statistics.median(scrape)), "metrics_p99_ms": ms(pct(scrape, 0.99)),
-            "baseline_status_queue_p50_ms": ms(statistics.median(base)), "baseline_p99_ms": ms(pct(base, 0.99))}
+            "old_rows_path_p50_ms": ms(statistics.median(rows)), "old_rows_path_p99_ms": ms(pct(rows, 0.99)),
+            "old_rows_path_bytes": rows_size,
+            "baseline_status_queue_p50_ms": ms(statistics.median(base)), "baseline_p99_ms": ms(pct(base, 0.99)),
+            **each}
 
 
 def main() -> int:

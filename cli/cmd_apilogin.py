@@ -23,7 +23,8 @@ def api_login(
     output: str = typer.Option("table", "-o", "--output", help="table or json (never the token)."),
 ) -> None:
     """Log in to an API server: check it answers (and takes the token), then store the URL and the
-    token (mode 0600) for the next commands. SKYPURZA_API_SERVER / SKYPURZA_API_TOKEN override it."""
+    token (mode 0600): the next commands (launch, status, logs, down, jobs ...) go through that
+    server, as you. SKYPURZA_API_SERVER / SKYPURZA_API_TOKEN override it."""
     check_output(output)
     from .apiclient import ApiClientError, check_token, check_url, health, save_login
 

@@ -248,6 +248,20 @@ def launch_command(
 
 # ------------------------------------------------------------------------------------------- logs
 
+async def _held_reason(bus: Any, job_id: int, state: Any) -> str | None:
+    """Why dispatch holds the job's current launch (its TaskHeld's reason), None once it is
+    admitted or when no policy holds it: two gets, no consumer."""
+    from skypurza.events import naming
+    from skypurza.services.recovery.machine import launch_task_id
+
+    task_id = launch_task_id(job_id, state.clusters.index(state.cluster) + 1)
+    admitted = await bus.last_event(naming.event_subject(bus.stage, "task", task_id, "task_admitted"))
+    if admitted is not None:
+        return None
+    held = await bus.last_event(naming.event_subject(bus.stage, "task", task_id, "task_held"))
+    return getattr(held.event, "reason", None) if held is not None else None
+
+
 async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: Any = None,
                      tail: int = 0) -> str | None:
     """Print the job's output across its clusters (each launch under a header); with `follow`,
@@ -260,7 +274,7 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     from skypurza.events import naming
     from skypurza.services.recovery.submit import read_jobs
 
-    from .jobwatch import DRAIN_S, ChunkFilter, format_line, parse_log
+    from .jobwatch import DRAIN_S, ChunkFilter, format_line, held_text, parse_log
 
     state = (await read_jobs(bus, [job_id])).get(job_id)
     if state is None:
@@ -314,6 +328,7 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
             await queue.put(("", None))
 
     shown_status = None
+    shown_held: str | None = None  # the dispatch hold's reason last shown ("held: ...")
     ended_at: float | None = None
     watcher = asyncio.create_task(changes())
     try:
@@ -331,7 +346,13 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
             if ended_at is not None and asyncio.get_running_loop().time() - ended_at > DRAIN_S:
                 break
             state = (await read_jobs(bus, [job_id]))[job_id]
-            if state.status != shown_status and status is not None:
+            if status is not None and not state.terminal and state.cluster and state.cluster not in printed:
+                held = await _held_reason(bus, job_id, state)
+                if held != shown_held:
+                    shown_held, shown_status = held, None  # admitted: the job's status line again
+                    if held:
+                        status.update(held_text(held))
+            if state.status != shown_status and status is not None and not shown_held:
                 shown_status = state.status
                 status.update(f"Managed job {job_id}: {state.status}" + (f" on {state.cluster}" if state.cluster else ""))
             if state.terminal and state.status == "SUCCEEDED":

@@ -79,6 +79,7 @@ CONTRACTS: dict[str, str] = {
     "recovery": "skypurza.services.recovery.service:CONTRACT",
     "status": "skypurza.services.status.service:CONTRACT",
     "api": "skypurza.services.api.contract:CONTRACT",
+    "mirror": "skypurza.services.mirror.service:CONTRACT",
 }
 
 

@@ -33,7 +33,18 @@ def dryrun_command(task: Any, overrides: Any = None, output: str = "table", limi
         from skypurza.services.optimizer.local import detect_local_resources
 
         local = detect_local_resources(catalog.accelerators())
-    plan = place(task.resource_requests(), task.num_nodes or 1, catalog, (), enabled, local)
+    slurm = ()
+    if "slurm" in enabled or any(r.cloud == "slurm" for r in task.resource_requests()):
+        from skypurza.services.optimizer.world import slurm_clusters
+
+        slurm = slurm_clusters(enabled | {"slurm"})  # over SSH, bounded: what the optimizer would see
+    kube = ()
+    if "kubernetes" in enabled or any(r.cloud in ("kubernetes", "k8s") for r in task.resource_requests()):
+        from skypurza.services.optimizer.world import kubernetes_contexts
+
+        kube = kubernetes_contexts(enabled | {"kubernetes"})  # each context's free capacity, bounded
+    plan = place(task.resource_requests(), task.num_nodes or 1, catalog, (), enabled, local, slurm=slurm,
+                 kubernetes=kube)
     if output == "json":
         doc = dryrun_json(plan, catalog, limit=None)
         doc["task"] = task.name

@@ -63,6 +63,11 @@ async def merged_follow(bus: Any, filters: list[str], start_seq: int) -> AsyncIt
         await stop_tasks(*tasks)
 
 
+def held_text(reason: str) -> str:
+    """The progress line while dispatch holds a submission (docs/dispatch.md)."""
+    return f"held: {reason}"
+
+
 async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
                        status: Callable[[str], None], note: Callable[[str], None]) -> tuple[int, Cluster]:
     """Follow a submission until its job is queued on the cluster: (job_id, cluster so far)."""
@@ -87,6 +92,10 @@ async def wait_for_job(bus: Any, *, task_id: str, cluster: str, start_seq: int,
         elif kind == "capacity_error" and ev.task_id == task_id:
             note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next placement")
             status("Choosing the next placement")
+        elif kind == "task_held" and ev.task_id == task_id:
+            status(held_text(ev.reason))  # the dispatch policy holds it; a new reason replaces the line
+        elif kind == "task_admitted" and ev.task_id == task_id:
+            status(f"Admitted ({ev.queue or 'no queue'}): choosing where to run the task")
         elif kind == "placement_failed" and ev.task_id == task_id:
             raise SubmissionFailed(f"no placement for the task: {ev.reason}", retryable=out_of_capacity(ev))
         elif kind == "provision_failed" and ev.task_id == task_id:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.bus import Bus
+from skypurza.events.bus import Bus, StreamPlacementError
+from skypurza.events.natscreds import BusCredentials, credentials_file, read_credentials
 from skypurza.events.config import ConfigError
 from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
 
@@ -35,6 +36,7 @@ OPEN_SERVICES: dict[str, str] = {
     "provisioner": "skypurza.services.provisioner.service:ProvisionerService",
     "status": "skypurza.services.status.service:StatusService",
     "recovery": "skypurza.services.recovery.service:RecoveryService",
+    "mirror": "skypurza.services.mirror.service:MirrorService",
 }
 
 
@@ -85,14 +87,21 @@ def start_service(bus: Bus, svc: Service | LoopService, stop: asyncio.Event) -> 
 
 async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | None = None,
                 ready: asyncio.Event | None = None, explicit: bool = True,
-                health_file: Path | None = None) -> None:
+                health_file: Path | None = None, credentials_dir: Path | None = None) -> None:
     """Run the named services until `stop` is set. Each is supervised on its own: one that dies
     is logged and restarted with back-off (a fresh instance: state comes from the log), and the
     others go on — a broken ledger file must not stop the provisioner. With `health_file`, each
-    service's health (running, restarting, restarts, last error) is kept there (cli/health.py)."""
+    service's health (running, restarting, restarts, last error) is kept there (cli/health.py).
+    With `credentials_dir` (a deployment's secured bus), each service connects as its own user
+    (its contract's name, events/natscreds.py) on a bus of its own."""
     stop = stop or asyncio.Event()
     health = HealthRecorder(health_file)
-    bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/serve")
+    try:
+        bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/serve",
+                                credentials=_credentials(credentials_dir, next(iter(names), "")))
+    except (ConfigError, StreamPlacementError) as exc:  # a bad URL, a cluster that cannot hold the log
+        log.error("cannot use the bus: %s", exc)
+        raise
     started: list[str] = []
     for name in names:
         try:
@@ -109,7 +118,13 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
             continue
         started.append(name)
     first = {name: asyncio.Event() for name in started}
-    tasks = [asyncio.create_task(_supervise(bus, name, stop, health, first[name]), name=name) for name in started]
+    buses = {name: bus for name in started}
+    if credentials_dir is not None:
+        for name in started[1:]:  # the first one's user is `bus`'s
+            buses[name] = await Bus.connect(url, stage, source=f"/skypurza/{stage}/{name}",
+                                            credentials=_credentials(credentials_dir, name))
+    tasks = [asyncio.create_task(_supervise(buses[name], name, stop, health, first[name]), name=name)
+             for name in started]
     # "Ready" means answering: a command run right after the control plane started (`spz
     # cost-report` on first use) must find the projections' queries served, not "not running".
     waits = [asyncio.create_task(e.wait()) for e in first.values()]
@@ -125,7 +140,16 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     if tasks:
         await asyncio.wait(tasks, timeout=10)
     await stop_tasks(*tasks)
-    await bus.close()
+    for b in {id(b): b for b in [bus, *buses.values()]}.values():
+        await b.close()
+
+
+def _credentials(directory: Path | None, name: str) -> BusCredentials | None:
+    """The service's own user on a secured bus (by its contract's name), or None (embedded)."""
+    if directory is None or not name:
+        return None
+    contract_name = load_service(name).contract.name
+    return read_credentials(credentials_file(directory, contract_name))
 
 
 async def _supervise(bus: Bus, name: str, stop: asyncio.Event, health: HealthRecorder | None = None,
@@ -203,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nats", required=True)
     p.add_argument("--stage", default="dev")
     p.add_argument("--services", default="all")
+    p.add_argument("--nats-creds-dir", default=None, type=Path,
+                   help="a deployment's bus credentials: each service connects as its own user")
     # Only a marker: it lets `spz api stop` recognise this process as its stage's (cli/planeprocs.py).
     p.add_argument("--control-plane", default=None, help="the stage's state directory (set by the supervisor)")
     args = p.parse_args(argv)
@@ -219,11 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(args.nats, args.stage, names, stop, explicit=args.services != "all",
-                    health_file=naming.services_health_file(args.stage))
+                    health_file=naming.services_health_file(args.stage), credentials_dir=args.nats_creds_dir)
 
     try:
         asyncio.run(run())
-    except ConfigError:
+    except (ConfigError, StreamPlacementError):
         return 2  # already said, once, by serve()
     return 0
 

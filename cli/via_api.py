@@ -105,6 +105,7 @@ def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: 
 
     states = LIFECYCLE_FROM[verb]
     targets = _targets(t, clusters, all_, all_users)
+    _only_own(t, [c for c in targets if c.get("status") in states], verb)
     for c in [c for c in targets if c.get("status") not in states]:
         typer.echo(f"Cluster {c['name']} is already {c.get('status')}.")
     targets = [c for c in targets if c.get("status") in states]
@@ -143,6 +144,24 @@ def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: 
     return 1 if pending else 0
 
 
+def _only_own(t: ApiTransport, targets: list[dict[str, Any]], verb: str) -> None:
+    """Acting on another's cluster is for admins: a member's `-a -u` (or a glob) that takes in
+    someone else's is refused before any is acted on, never half done."""
+    if not targets:
+        return
+    try:
+        caller = t.get("/api/v1/health").get("caller") or {}
+    except ApiError as exc:
+        raise _fail(exc)
+    if caller.get("role") == "admin":
+        return
+    others = [c for c in targets if c.get("user") and c.get("user") != caller.get("user")]
+    if others:
+        c = others[0]
+        raise fail(f"not allowed: cluster {c['name']} is {c['user']}'s; acting on another user's clusters and jobs "
+                   f"is for admins (you are {caller.get('user')}, {caller.get('role')}); nothing was asked to {verb}")
+
+
 def _cluster_or_transient(t: ApiTransport, name: str) -> dict[str, Any] | None:
     """The row while waiting: a server busy for a moment (503) is asked again, not fatal."""
     try:
@@ -158,6 +177,7 @@ def autostop(t: ApiTransport, clusters: list[str], all_: bool, idle_minutes: int
     targets = _targets(t, clusters, all_, all_users)
     if all_:
         targets = [c for c in targets if c.get("status") == "UP"]
+    _only_own(t, targets, "autostop")
     for c in targets:
         body: dict[str, Any] = {"down": down}
         body.update({"cancel": True} if cancel else {"idle_minutes": idle_minutes, "wait_for": wait_for})
@@ -216,10 +236,7 @@ def cancel(t: ApiTransport, cluster: str, job_ids: list[int], all_: bool, yes: b
     deadline = time.monotonic() + wait_s
     while len(results) < len(ids) and time.monotonic() < deadline:
         time.sleep(POLL_S / 2)
-        try:
-            now = _job_states(_jobs(t, cluster) or [])
-        except typer.Exit:
-            raise
+        now = _job_states(_jobs(t, cluster) or [])
         for j in ids:
             if j in now and now[j].terminal:
                 results[j] = now[j].status

@@ -23,7 +23,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -39,7 +38,9 @@ from nats.js import api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from . import naming
+from .bussettings import BusSettings, parse_servers
 from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, make_envelope
+from .natscreds import BusCredentials, credentials_from_env
 
 log = logging.getLogger("skypurza.bus")
 T = TypeVar("T")
@@ -54,6 +55,13 @@ LOGS_MAX_AGE_S = 30 * 24 * 3600.0
 LOGS_MAX_BYTES = 2 * 1024**3
 SECRETS_TTL_S = 30 * 24 * 3600.0
 WRONG_LAST_SEQUENCE = 10071
+# "no suitable peers for placement": a cluster just started (its JetStream meta leader not yet
+# elected, or fewer nodes up than the stream's replicas) cannot place a replicated stream yet.
+NO_SUITABLE_PEERS = 10005
+STREAM_EXISTS = 10058
+# How long a publish keeps trying while the stream has no leader ("no responders", 503): a
+# cluster's stream leader SIGKILLed was replaced in ~5.2 s here (ordinary retries give ~3 s).
+ELECTION_WAIT_S = 12.0
 # How long a pipelined append waits for its ack before it is retried with the same id: the
 # same as one attempt of `publish`.
 ACK_WAIT_S = 5.0
@@ -79,6 +87,10 @@ def log_chunk_id(cluster: str, job_id: int | str, rank: int, stream: str, seq: i
 
 class ConcurrencyConflict(Exception):
     """Another writer appended to the aggregate first: reload and decide again."""
+
+
+class StreamPlacementError(RuntimeError):
+    """A replicated stream could not be placed within the placement wait (too few nodes up)."""
 
 
 class Stored(NamedTuple):
@@ -163,7 +175,8 @@ async def fetch(sub: Any, *, batch: int, timeout: float) -> list[Any]:
 
 
 class Bus:
-    def __init__(self, nc: Any, stage: str, source: str):
+    def __init__(self, nc: Any, stage: str, source: str, *, servers: list[str] | None = None,
+                 settings: BusSettings | None = None):
         self.nc = nc
         self.js = nc.jetstream()
         self.stage = naming.check_stage(stage)
@@ -173,6 +186,20 @@ class Bus:
         self.dlq_stream = naming.dead_letter_stream(stage)
         self._link = _Link()  # the connection's state, shared with every view (`watched`)
         self._hooks: PublishHooks | None = None
+        self.servers = list(servers or [])  # every URL it was given (a cluster: all its nodes)
+        self._settings = settings
+
+    @property
+    def settings(self) -> BusSettings:
+        """Replicas and the placement wait (read once, when first needed)."""
+        if self._settings is None:
+            self._settings = BusSettings.load()
+        return self._settings
+
+    @property
+    def servers_url(self) -> str:
+        """Every server, comma-separated: what a process this one starts (a node agent) is given."""
+        return ",".join(self.servers)
 
     @property
     def _reconnected(self) -> list[Callable[[], Awaitable[None]]]:
@@ -200,8 +227,18 @@ class Bus:
     @classmethod
     async def connect(cls, url: str, stage: str, *, source: str, ensure: bool = True,
                       connect_timeout: float = 5.0, max_reconnect_attempts: int = -1,
-                      ping_interval: float = 120.0) -> "Bus":
+                      ping_interval: float = 120.0, settings: BusSettings | None = None,
+                      credentials: BusCredentials | None = None) -> "Bus":
+        """`url`: one server, or every node of a cluster comma-separated (events/bussettings.py).
+        `credentials`: a secured bus's user (events/natscreds.py); by default the file named by
+        SKYPURZA_NATS_CREDS, if any (the embedded bus has none: no auth on loopback)."""
         holder: dict[str, Bus] = {}
+        creds = credentials or credentials_from_env()
+        auth: dict[str, Any] = {}
+        if creds is not None:
+            # Its own inbox prefix: the server lets each user read its own replies only.
+            auth = {"user": creds.user, "password": creds.password, "inbox_prefix": naming.inbox_prefix(creds.user)}
+        servers = parse_servers(url, "the NATS URL")
 
         async def on_disconnect() -> None:
             bus = holder.get("bus")
@@ -222,7 +259,7 @@ class Bus:
             log.debug("nats error: %s", exc)
 
         nc = await nats.connect(
-            url,
+            servers,
             name=source,
             connect_timeout=connect_timeout,
             reconnect_time_wait=0.5,
@@ -232,8 +269,9 @@ class Bus:
             error_cb=on_error,
             ping_interval=ping_interval,
             pending_size=64 * 1024 * 1024,
+            **auth,
         )
-        bus = cls(nc, stage, source)
+        bus = cls(nc, stage, source, servers=servers, settings=settings)
         holder["bus"] = bus
         if ensure:
             await bus.ensure_streams()
@@ -285,7 +323,7 @@ class Bus:
             deny_delete=True,
             deny_purge=True,
             allow_direct=True,
-            num_replicas=int(os.environ.get("SKYPURZA_REPLICAS", "1")),
+            num_replicas=self.settings.replicas,
         ))
         await self._ensure(api.StreamConfig(
             name=self.logs_stream,
@@ -296,6 +334,7 @@ class Bus:
             max_bytes=LOGS_MAX_BYTES,
             duplicate_window=LOGS_DUPLICATE_WINDOW_S,
             allow_direct=True,
+            num_replicas=self.settings.replicas,
         ), widen_duplicate_window=True)
         await self._ensure(api.StreamConfig(
             name=self.dlq_stream,
@@ -303,11 +342,12 @@ class Bus:
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
             deny_delete=True,
+            num_replicas=self.settings.replicas,
         ))
 
     async def _ensure(self, cfg: api.StreamConfig, *, widen_duplicate_window: bool = False) -> None:
         try:
-            info = await self.js.stream_info(cfg.name)
+            info = await self._stream_info(cfg.name)
             if widen_duplicate_window and cfg.duplicate_window and \
                     (info.config.duplicate_window or 0) < cfg.duplicate_window:
                 # A stream an older version made with a shorter window (the server's 2 minutes).
@@ -315,12 +355,59 @@ class Bus:
                     await self.js.update_stream(replace(info.config, duplicate_window=cfg.duplicate_window))
                 except APIError as exc:
                     log.warning("cannot widen the duplicate window of %s: %s", cfg.name, exc)
+            if (info.config.num_replicas or 1) != (cfg.num_replicas or 1):
+                log.info("stream %s keeps %s replicas (settings ask for %s): a stream's replicas are "
+                            "changed by an operator (nats stream edit), not by a client", cfg.name,
+                            info.config.num_replicas, cfg.num_replicas)
         except NotFoundError:
+            await self._add_stream(cfg)
+
+    async def _stream_info(self, name: str) -> Any:
+        """Stream info, tried again while the server cannot answer yet. In a cluster that is
+        for up to the placement wait (a cluster just started answers 503 until its JetStream
+        meta leader is elected); on one server, `_settled`'s few attempts."""
+        if self.settings.replicas <= 1:
+            return await _settled(lambda: self.js.stream_info(name))
+        deadline = time.monotonic() + self.settings.placement_wait_s
+        delay = 0.2
+        while True:
+            try:
+                return await self.js.stream_info(name)
+            except (NatsTimeout, NoStreamResponseError, ServiceUnavailableError, NoRespondersError,
+                    asyncio.TimeoutError):
+                if time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _add_stream(self, cfg: api.StreamConfig) -> None:
+        """Create a stream; a replicated one is retried while the cluster cannot place it yet
+        (err 10005), for at most the placement wait, then a StreamPlacementError says why."""
+        wait = self.settings.placement_wait_s
+        deadline = time.monotonic() + wait
+        delay = 0.25
+        while True:
             try:
                 await self.js.add_stream(cfg)
-            except APIError as exc:  # created concurrently by another process
-                if exc.err_code != 10058:
+                return
+            except APIError as exc:
+                if exc.err_code == STREAM_EXISTS:  # created concurrently by another process
+                    return
+                if exc.err_code != NO_SUITABLE_PEERS:
                     raise
+                said = exc.description or "no suitable peers for placement"
+                if "insufficient" in said:  # the nodes' JetStream limits (max_file) are too small: final
+                    raise StreamPlacementError(
+                        f"the NATS cluster cannot place stream {cfg.name} ({said}): raise max_file in the "
+                        "nodes' jetstream {} block") from exc
+                if time.monotonic() + delay > deadline:
+                    raise StreamPlacementError(
+                        f"the NATS cluster could not place stream {cfg.name} with {cfg.num_replicas} replicas "
+                        f"within {wait:g} s ({said}): are {cfg.num_replicas} nodes up, with JetStream, in one "
+                        "cluster? (SKYPURZA_REPLICAS sets the count; 1 for a single server)") from exc
+                log.info("stream %s: no suitable peers yet for %s replicas; retrying", cfg.name, cfg.num_replicas)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     # ------------------------------------------------------------ publishing
 
@@ -363,19 +450,28 @@ class Bus:
         subject = self.subject_of(env)
         payload = env.to_json()
         delay = 0.1
-        for attempt in range(retries):
+        began = time.monotonic()
+        attempt = 0
+        while True:
             try:
                 return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
+            except ServiceUnavailableError:  # 503: the stream has no leader this moment
+                leaderless = True
             except APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
                     raise ConcurrencyConflict(str(exc)) from exc
                 raise
-            except (NatsTimeout, NoStreamResponseError, NoRespondersError, asyncio.TimeoutError):
-                if attempt == retries - 1:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+            except (NoStreamResponseError, NoRespondersError):
+                leaderless = True
+            except (NatsTimeout, asyncio.TimeoutError):
+                leaderless = False
+            attempt += 1
+            # A stream without a leader answers at once: in a cluster that is an election, so
+            # those answers are retried for ELECTION_WAIT_S whatever their count.
+            if attempt >= retries and not (leaderless and time.monotonic() - began < ELECTION_WAIT_S):
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000) -> list[api.PubAck]:
         """Pipelined appends (many in flight), each with its own Nats-Msg-Id; retried once by id."""
@@ -626,7 +722,8 @@ class Bus:
             return await self.js.key_value(bucket)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
             return await self.js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
-                                                                     ttl=SECRETS_TTL_S))
+                                                                     ttl=SECRETS_TTL_S,
+                                                                     replicas=self.settings.replicas))
 
     async def put_secrets(self, key: str, values: dict[str, str]) -> None:
         kv = await self._secrets_kv()

@@ -179,6 +179,9 @@ class UsageRecorded(_ClusterEvent):
     cost_micros: int
     tres: dict[str, int] = {}
     billing_seconds: int = 0  # billing units x seconds for this interval (Slurm's stored integer)
+    # The untruncated billing of the node (Slurm's billable_tres double): fairshare's RawUsage
+    # accrues billing x seconds (dispatch); 0 in intervals recorded before it was carried.
+    billing: float = 0.0
     user: str = ""
     team: str | None = None
     project: str | None = None

@@ -71,11 +71,38 @@ def forget_undeclared_emits() -> None:
     _UNDECLARED.clear()
 
 
+Access = str  # "" (none), "read", or "write" (which includes reading)
+
+
+@dataclass(frozen=True)
+class BusAccess:
+    """What an actor does on the bus besides consuming and emitting events: the secured bus of a
+    deployment grants each user exactly this (events/natsauth.py). `answers`: the query service
+    it serves (`naming.query_subject(stage, answers, *)`); `asks`: those it queries; `logs`: the
+    job output stream; `secrets`: the secrets KV; `objects`: the uploads object store; `beats`,
+    `samples`: core NATS heartbeats and node samples; `public`: the CloudEvents mirror."""
+
+    answers: str = ""
+    asks: tuple[str, ...] = ()
+    logs: Access = ""
+    secrets: Access = ""
+    objects: Access = ""
+    beats: Access = ""
+    samples: Access = ""
+    public: Access = ""
+
+    def __post_init__(self) -> None:
+        for what in ("logs", "secrets", "objects", "beats", "samples", "public"):
+            if getattr(self, what) not in ("", "read", "write"):
+                raise ValueError(f"BusAccess.{what} is '', 'read' or 'write', not {getattr(self, what)!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Contract:
     """Who consumes what and may emit what. `reads`: events it looks up in the log when it needs
     them, without consuming them (for the docs; no subscription). `consume_notes` / `emit_notes`
-    say, for the docs, what it does with an event or when it emits one (keyed by event class)."""
+    say, for the docs, what it does with an event or when it emits one (keyed by event class).
+    `bus`: what else it does on the bus (queries, logs, secrets ...): its permissions derive from it."""
 
     name: str
     consumes: tuple[type[Event], ...] = ()
@@ -83,6 +110,7 @@ class Contract:
     reads: tuple[type[Event], ...] = ()
     consume_notes: Mapping[type[Event], str] = field(default_factory=dict)
     emit_notes: Mapping[type[Event], str] = field(default_factory=dict)
+    bus: BusAccess = field(default_factory=BusAccess)
 
     def __post_init__(self) -> None:
         for notes, declared, what in ((self.consume_notes, self.consumes + self.reads, "consumes or reads"),

@@ -1,7 +1,7 @@
 """Events of dispatch: admission of a task (the `task` aggregate, so a task's history says why it
 waited) and the dispatch policy (the `dispatch` aggregate, one instance: `policy`).
 
-Emitted by: the dispatch service (TaskAdmitted, TaskHeld), `spz dispatch policy apply`
+Emitted by: the dispatch service (TaskAdmitted, TaskHeld, BudgetThresholdCrossed), `spz dispatch policy apply`
 (DispatchPolicyApplied). The optimizer folds DispatchPolicyApplied: while a policy is active
 it places a TaskSubmitted only once a TaskAdmitted names it (docs/dispatch.md).
 """
@@ -48,6 +48,32 @@ class TaskHeld(_TaskDispatchEvent):
     queue: str | None = None
     kind: HoldKind = "quota"
     reason: str
+
+
+@register
+class BudgetThresholdCrossed(Event):
+    """A budget's state changed in its period: `alert` at its alert fraction, `exceeded` at
+    100% (a hard one holds new work), `ok` again (a higher limit). The alerts service raises
+    the soft budget alert from it. One budget, one aggregate: `<team>[/<user>]/<period>`."""
+
+    EVENT_NAME = "budget_threshold_crossed"
+    AGGREGATE = "budget"
+    AGGREGATE_KEY = "budget_id"
+    budget_id: str
+    team: str
+    user: str | None = None
+    period: Literal["day", "month"]
+    period_key: str  # 2026-12 or 2026-12-01 (UTC)
+    state: Literal["ok", "alert", "exceeded"]
+    spent_usd: float
+    limit_usd: float
+    fraction: float
+    hard: bool
+    alert_at: float = 0.8
+
+
+def budget_id(team: str, user: str | None, period: str) -> str:
+    return "/".join(x for x in (team, user, period) if x)
 
 
 @register

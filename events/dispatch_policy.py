@@ -9,7 +9,7 @@ the YAML loader refuses unknown keys before it gets here.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +83,56 @@ class Budget(_PolicyModel):
     alert_at: float = Field(default=0.8, gt=0, le=1)
 
 
+UINT32 = 0xFFFFFFFF
+MAX_DURATION_S = 10 * 365 * 86400  # ten years: any PriorityMaxAge or half-life beyond is a typo
+
+
+class PriorityWeights(_PolicyModel):
+    """Slurm's PriorityWeight* (unsigned 32-bit integers); a factor whose weight is 0 adds nothing."""
+
+    age: int = Field(default=0, ge=0, le=UINT32)
+    fairshare: int = Field(default=0, ge=0, le=UINT32)
+    jobsize: int = Field(default=0, ge=0, le=UINT32)
+    qos: int = Field(default=0, ge=0, le=UINT32)
+
+
+class TeamShares(_PolicyModel):
+    """A team's RawShares in the fairshare tree, and its users' (a user left out has 1)."""
+
+    team: str = Field(min_length=1, max_length=63)
+    shares: int = Field(default=1, ge=0, le=UINT32 - 1)
+    users: dict[str, Annotated[int, Field(ge=0, le=UINT32 - 1)]] = Field(default={}, max_length=100_000)
+
+
+class PriorityClass(_PolicyModel):
+    """A task's `priority_class` (SkyPilot's resources key): Slurm's QOS priority, Kueue's
+    WorkloadPriorityClass value; the QOS factor is the value over the highest class's."""
+
+    name: str = Field(min_length=1, max_length=63)
+    value: int = Field(ge=0, le=UINT32)
+
+
+class PriorityConfig(_PolicyModel):
+    """Slurm's multifactor priority (docs/dispatch.md, *Priority in admission*): the order in
+    which pending tasks are admitted. Durations are seconds."""
+
+    weights: PriorityWeights = PriorityWeights()
+    # PriorityWeightTRES, per resource of a request (`cpu`, `memory`, `gpu`, a GPU model)
+    tres_weights: dict[str, Annotated[float, Field(ge=0, le=UINT32)]] = Field(default={}, max_length=64)
+    max_age_s: int = Field(default=7 * 86400, ge=1, le=MAX_DURATION_S)  # PriorityMaxAge
+    half_life_s: int = Field(default=7 * 86400, ge=0, le=MAX_DURATION_S)  # PriorityDecayHalfLife (0: none)
+    calc_period_s: int = Field(default=300, ge=1, le=86400)  # PriorityCalcPeriod
+    algorithm: Literal["fair_tree", "classic"] = "fair_tree"
+    favor_small: bool = False  # PriorityFavorSmall
+    # The job size and TRES factors' denominators (Slurm: the cluster's totals); None: the
+    # largest of the pending tasks' requests.
+    cpus_total: float | None = Field(default=None, gt=0, le=MAX_QUOTA)
+    nodes_total: int | None = Field(default=None, gt=0, le=1_000_000)
+    tres_totals: dict[str, Annotated[float, Field(gt=0, le=MAX_QUOTA)]] = Field(default={}, max_length=64)
+    shares: list[TeamShares] = Field(default=[], max_length=MAX_POLICY_ITEMS)
+    classes: list[PriorityClass] = Field(default=[], max_length=MAX_POLICY_ITEMS)
+
+
 class DispatchPolicy(_PolicyModel):
     version: Literal[1] = 1
     flavors: list[Flavor] = Field(default=[], max_length=MAX_POLICY_ITEMS)
@@ -91,3 +141,5 @@ class DispatchPolicy(_PolicyModel):
     budgets: list[Budget] = Field(default=[], max_length=MAX_POLICY_ITEMS)
     # A task whose team has no queue: admitted without quota, or held until one is added.
     unqueued: Literal["admit", "hold"] = "admit"
+    # Slurm's multifactor priority orders admission; None: submission order (all factors 0).
+    priority: PriorityConfig | None = None

@@ -120,7 +120,42 @@ def render(contracts: Sequence[Contract]) -> str:
                            f"{'yes' if name in required else 'no'} |")
             out.append("")
     out += _payloads()
+    out += _public_mirror()
     return "\n".join(out)
+
+
+def _public_mirror() -> list[str]:
+    """The public CloudEvents mirror (services/mirror/): what outsiders read, and how."""
+    return [
+        "## The public mirror (CloudEvents for outsiders)",
+        "",
+        "The mirror service (`services/mirror/`, one durable consumer: replicas share it, so each event goes",
+        "out once) republishes `TaskSubmitted` and the job events (`JobQueued`, `JobStarted`, `JobSucceeded`,",
+        "`JobFailed`, `JobCancelled`) on `skypurza.<stage>.public.<aggregate>.<id>.<name>`",
+        "(`naming.public_subject`), in CloudEvents 1.0 **structured mode**: the message is the JSON event",
+        "format with the header `Content-Type: application/cloudevents+json` (the NATS binding's structured",
+        "mode; the only mode its released version has).",
+        "",
+        "| attribute | value |",
+        "|---|---|",
+        "| `specversion` | `1.0` |",
+        "| `id` | the event's own id: (`source`, `id`) is one event, however often it is republished |",
+        "| `source` | the publisher's source, `/skypurza/<stage>/<service>` |",
+        "| `type` | `io.skypurza.<name>.v<version>` |",
+        "| `subject` | `<aggregate>/<id>` (a cluster's name, a task's id) |",
+        "| `time` | when the event happened (RFC 3339, UTC) |",
+        "| `datacontenttype` | `application/json` |",
+        "| `data` | the event's fields without what is not public: `task` (its commands and environment), "
+        "`secrets_key`, `initial_blocks`, `managed_task_ids` |",
+        "| `spzuser`, `spzteam` (extensions) | the owner the API server authenticated (its stamp on the "
+        "cluster's `TaskSubmitted`); absent when unknown (the embedded bus, a mirror restarted since) |",
+        "| `sequence` (extension) | the log's stream sequence, as a string: order and resume by it |",
+        "",
+        "Delivery is core NATS: live, at most once to whoever is subscribed. In a deployment outsiders hold",
+        "the `public` user: it may subscribe to `skypurza.<stage>.public.>` and nothing else, and publish",
+        "nothing (docs/team.md, *How the bus is secured*).",
+        "",
+    ]
 
 
 def _bounds(schema: dict[str, Any]) -> str:

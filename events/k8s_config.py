@@ -129,7 +129,10 @@ def enabled_contexts(settings: KubernetesSettings) -> list[str]:
 def client_for(settings: KubernetesSettings, context: str, *, timeout_s: float = 10.0) -> Any:
     """An ApiClient for one context (the kubernetes package's own kubeconfig loader, so exec
     plugins, tokens and certificates work as with kubectl)."""
-    import kubernetes
+    try:
+        import kubernetes
+    except ModuleNotFoundError:
+        raise SettingsError("the kubernetes package is not installed: pip install 'skypurza[kubernetes]'") from None
 
     if context == IN_CLUSTER:
         cfg = kubernetes.client.Configuration()
@@ -176,7 +179,11 @@ def read_all_capacity(settings: KubernetesSettings) -> tuple["ContextCapacity", 
     from .k8s_capacity import ContextCapacity
 
     out = []
-    for context in enabled_contexts(settings):
+    try:
+        contexts = enabled_contexts(settings)
+    except Exception as exc:  # a broken kubeconfig is a line in `spz check`, never a stopped optimizer
+        return (ContextCapacity(str(settings.kubeconfig_path()), (), reachable=False, error=_short(exc)),)
+    for context in contexts:
         try:
             client = client_for(settings, context, timeout_s=CAPACITY_TIMEOUT_S)
             try:

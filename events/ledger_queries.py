@@ -29,6 +29,12 @@ async def cost_report(bus: Bus, by: str = "team", since: str | None = None, unti
                              timeout=timeout)
 
 
+async def spend_summary(bus: Bus, max_jobs: int | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    """Dollars spent since the log began and GPU-seconds paid, by team, user, project, cluster and
+    managed job (the newest `max_jobs` jobs keep their key), in one read (docs/ledger.md)."""
+    return await bus.request(SERVICE, "spend_summary", _params(max_jobs=max_jobs), timeout=timeout)
+
+
 async def settlements(bus: Bus, timeout: float = 10.0) -> list[dict[str, Any]]:
     return await bus.request(SERVICE, "settlements", {}, timeout=timeout)
 

@@ -84,6 +84,19 @@ def dead_letter_stream(stage: str) -> str:
     return name(stage, "bus", "deadletters")
 
 
+def nats_cluster_name(stage: str) -> str:
+    """The `cluster { name }` every node of a stage's JetStream cluster shares (events/natscluster.py)."""
+    return name(stage, "bus", "cluster")
+
+
+def nats_server_name(stage: str, index: int) -> str:
+    """One node's `server_name` (1-based): unique in the cluster, stable across its restarts
+    (JetStream's RAFT groups know a peer by it)."""
+    if not isinstance(index, int) or isinstance(index, bool) or not 1 <= index <= 99:
+        raise ValueError(f"invalid NATS node index {index!r}: 1 to 99")
+    return name(stage, "bus", f"n{index}")
+
+
 def consumer(stage: str, service: str, purpose: str = "main") -> str:
     """Durable consumer name of a service (NATS allows '-' and '_' but not '.')."""
     return name(stage, service, purpose).replace(".", "_")
@@ -192,6 +205,28 @@ def samples_filter(stage: str) -> str:
     return f"{subject_prefix(stage)}.sample.>"
 
 
+def public_subject(stage: str, aggregate: str, aggregate_id: str, event_type: str) -> str:
+    """`skypurza.<stage>.public.<aggregate>.<id>.<event_type>`: the CloudEvents mirror
+    (services/mirror/) an outsider's read-only credential may subscribe to, and nothing else."""
+    return f"{subject_prefix(stage)}.public.{aggregate}.{subject_token(aggregate_id)}.{event_type}"
+
+
+def public_filter(stage: str) -> str:
+    return f"{subject_prefix(stage)}.public.>"
+
+
+def inbox_prefix(user: str) -> str:
+    """A secured bus user's reply subjects (`_INBOX.<user>.>`): one user cannot read another's
+    replies (JetStream acks, fetched messages, query answers)."""
+    return f"_INBOX.{subject_token(user)}"
+
+
+# The users of a deployment's secured bus (events/natsauth.py) besides the services, agent and
+# API server, which are users by their contract's name.
+BUS_CONTROL_USER = "control"  # the deployment's own set-up (streams, buckets, the first admin)
+BUS_PUBLIC_USER = "public"  # outsiders: the CloudEvents mirror, read only
+
+
 # ---------------------------------------------------------------- metrics
 
 METRICS_PREFIX = PROJECT  # every Prometheus metric is `skypurza_<name>` (docs/observability.md)
@@ -254,6 +289,16 @@ def control_lock_file(stage: str) -> Path:
 def nats_port_file(stage: str) -> Path:
     """The stage's NATS port, chosen once (local agents reconnect to it after a restart)."""
     return state_dir(stage) / "nats.port"
+
+
+def bus_credentials_dir(stage: str) -> Path:
+    """A deployment's bus credentials, one 0600 file per user (events/natscreds.py)."""
+    return state_dir(stage) / "bus-users"
+
+
+def bus_auth_file(stage: str) -> Path:
+    """A deployment's nats-server `authorization {}` block (0600: it holds the passwords)."""
+    return state_dir(stage) / "nats-auth.conf"
 
 
 def control_logs_dir(stage: str) -> Path:
@@ -336,7 +381,9 @@ def slurm_job_name(stage: str, cluster: str) -> str:
 def slurm_dir(stage: str, cluster: str) -> str:
     """The cluster's directory on a Slurm site, relative to the login user's home: the
     allocation's output file and nothing else (no daemon, no install)."""
-    return f".{PROJECT}/{check_stage(stage)}/slurm/{_cloud_part(cluster)}"
+    # Not under `.skypurza/<stage>`: where the cluster's login is this machine's own user (a
+    # laptop's test cluster) that is the control plane's state directory.
+    return f".{PROJECT}-slurm/{check_stage(stage)}/{_cloud_part(cluster)}"
 
 
 def _cloud_part(value: str) -> str:
@@ -462,14 +509,25 @@ def _dns_label(value: str, limit: int = 63) -> str:
     return f"{clean[:limit - 11].rstrip('-')}-{digest}"
 
 
+def _k8s_part(cluster: str) -> str:
+    """The cluster's name as a DNS label part; when that loses something ("a.b", "A_b" and
+    "a-b" would all be "a-b"), a hash of the name keeps two clusters' objects apart."""
+    import hashlib
+
+    clean = re.sub(r"[^a-z0-9]+", "_", cluster.lower()).strip("_") or "x"  # a name part; '_' becomes '-'
+    if clean.replace("_", "-") == cluster:
+        return clean
+    return f"{clean}_{hashlib.sha256(cluster.encode()).hexdigest()[:6]}"
+
+
 def k8s_service(stage: str, cluster: str) -> str:
     """The cluster's headless Service (its pods' DNS subdomain)."""
-    return _dns_label(name(stage, "svc", _cloud_part(cluster)))
+    return _dns_label(name(stage, "svc", _k8s_part(cluster)))
 
 
 def k8s_pod(stage: str, cluster: str, rank: int) -> str:
     """Node `rank` of a cluster: the pod's name and hostname."""
-    base = _dns_label(name(stage, "node", _cloud_part(cluster)), 63 - len(str(rank)) - 1)
+    base = _dns_label(name(stage, "node", _k8s_part(cluster)), 63 - len(str(rank)) - 1)
     return f"{base}-{rank}"
 
 

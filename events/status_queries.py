@@ -49,6 +49,13 @@ async def jobs_queue(bus: Bus, all: bool = True, skip_finished: bool = False, jo
         min_seq=min_seq), timeout=timeout)
 
 
+async def metrics_summary(bus: Bus, wait_buckets: list[float] | tuple[float, ...] = (),
+                          timeout: float = 10.0) -> dict[str, Any]:
+    """The fleet aggregated for `/metrics`: counts by state, nodes, $/h of UP clusters, the queue-wait
+    histogram over `wait_buckets`, the oldest pending and idle times (docs/status.md)."""
+    return await bus.request(SERVICE, "metrics_summary", {"wait_buckets": list(wait_buckets)}, timeout=timeout)
+
+
 async def audit(bus: Bus, keep: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
     """Have the status service replay the log into a fresh file and compare it with its live tables."""
     return await bus.request(SERVICE, "audit", _params(keep=keep), timeout=timeout)

@@ -77,7 +77,8 @@ async def object_store(bus: Any) -> Any:
         return await bus.js.object_store(bucket)
     except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
         return await bus.js.create_object_store(bucket, config=api.ObjectStoreConfig(
-            bucket=bucket, ttl=OBJECT_TTL_S, description="uploaded workdirs and file-mount sources, by sha256"))
+            bucket=bucket, ttl=OBJECT_TTL_S, description="uploaded workdirs and file-mount sources, by sha256",
+            replicas=bus.settings.replicas if hasattr(bus, "settings") else 1))
 
 
 async def object_info(obs: Any, digest: str) -> Any | None:

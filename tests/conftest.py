@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
-pytest_plugins = ["nats_fixtures", "aws_fixtures"]
+pytest_plugins = ["nats_fixtures", "aws_fixtures", "slurm_fixtures"]
 
 
 import pytest  # noqa: E402

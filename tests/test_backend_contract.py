@@ -108,9 +108,52 @@ def kubernetes_rig(request: pytest.FixtureRequest) -> Rig:
     return rig
 
 
-# A Slurm rig joins here: "slurm": slurm_rig.
+def slurm_rig(request: pytest.FixtureRequest) -> Rig:
+    """A real Slurm 22.05 over SSH (tests/support/slurm_rig.py, one per session); a gang that
+    cannot come up asks for more GPUs per node than its nodes have (sbatch refuses it)."""
+    from slurm_rig import CLUSTER, GPU_PARTITION
+
+    from skypurza.services.provisioner.slurm import SlurmAdapter
+
+    real = request.getfixturevalue("slurm_rig")
+    nats = request.getfixturevalue("nats_server")
+    tmp: Path = request.getfixturevalue("tmp_path")
+    mp: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    mp.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
+    config = tmp / "slurm-config"
+    config.write_text(real.slurm_config())
+    broken = {"on": False}
+
+    def spec(cluster: str, nodes: int, token: str) -> LaunchSpec:
+        shape = "1cpu-500mb-H100x3" if broken["on"] else "1cpu-500mb"
+        return LaunchSpec(stage=STAGE, cluster=cluster, launch_token=token, instance_type=shape, region=CLUSTER,
+                          zone=GPU_PARTITION, num_nodes=nodes, infra="slurm", labels={"start_seq": "1"})
+
+    def release() -> None:  # what a test left up would hold the session's nodes for the next one
+        import json
+        import subprocess
+
+        import time
+
+        jobs = [str(json.loads(r.read_text()).get("slurm_job_id")) for r in (tmp / "slurm").glob("slurm/*/cluster.json")]
+        if not jobs:
+            return
+        subprocess.run(["scancel", *jobs], env=real.env, capture_output=True, timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and subprocess.run(
+                ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i"], env=real.env, capture_output=True, text=True,
+                timeout=10).stdout.strip():
+            time.sleep(0.1)
+
+    rig = Rig("slurm", lambda: SlurmAdapter(nats.url, STAGE, tmp / "slurm", config_path=config,
+                                            pending_timeout_s=20),
+              spec, lambda: broken.update(on=True), CapacityError, CLUSTER)
+    rig.finalizers.append(release)
+    return rig
+
+
 RIGS: dict[str, Callable[[pytest.FixtureRequest], Rig]] = {
-    "local": local_rig, "aws": aws_rig, "kubernetes": kubernetes_rig,
+    "local": local_rig, "aws": aws_rig, "kubernetes": kubernetes_rig, "slurm": slurm_rig,
 }
 
 

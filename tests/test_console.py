@@ -162,10 +162,10 @@ def test_log_in_and_see_a_cluster_appear_after_spz_launch(plane: Any, open_as: A
     assert page.url.endswith("/console/"), page.url  # / redirects to the console
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     assert page.locator("header[role=banner]").count() == 1 and page.locator("main").count() == 1
+    expect(page.get_by_role("button", name="Sign out")).to_be_hidden()  # nobody is signed in yet
     shot(page, tmp_path, "login")
     assert page.evaluate("() => document.activeElement.id") == "token", "the form takes the keyboard at once"
-    page.evaluate("() => document.activeElement.blur()")
-    page.keyboard.press("Tab")  # the page's first stop skips to the content
+    page.keyboard.press("Shift+Tab")  # before it, the page's one other stop: skipping to the content
     assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
     page.get_by_label("API token").fill("spz_0000_not-a-token")
     page.get_by_role("button", name="Sign in").click()

@@ -63,3 +63,85 @@ def test_policy_apply_holds_a_launch_with_its_reason(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.5)
         assert spz(env, "down", "-y", "zz", timeout=120).returncode == 0
+
+
+PRIORITY_POLICY = """\
+flavors:
+  - name: local
+    infra: local
+queues:
+  - name: team-z
+    team: team-z
+    quotas:
+      - flavor: local
+        resources:
+          cpu: {nominal: NOMINAL}
+USERS
+priority:
+  weights: {age: 1000, jobsize: 500}
+  max_age_s: 315360000
+"""
+
+
+def _lines_until(stream, text: str, seen: list[str], timeout: float = 120) -> None:
+    """Read `stream` (a thread collects it into `seen`) until a line contains `text`."""
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in seen):
+        assert time.monotonic() < deadline, f"no line with {text!r} in:\n" + "".join(seen)
+        time.sleep(0.2)
+
+
+def test_a_foreground_launch_shows_held_then_goes_on_and_share_prio_are_live(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import threading
+
+    from local_cli import REPO
+
+    policy = tmp_path / "policy.yaml"
+    task = tmp_path / "task.yaml"
+    task.write_text("resources:\n  infra: local\n  labels: {team: team-z}\nrun: echo held-then-ran\n")
+    with local_cli(tmp_path, "dheld") as env:
+        policy.write_text(PRIORITY_POLICY.replace("NOMINAL", "0").replace("USERS", ""))
+        r = spz(env, "dispatch", "policy", "apply", str(policy), timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        launch = subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", "launch", "-y", "-c", "zh", str(task)],
+                                  env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  stdin=subprocess.DEVNULL)
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(launch.stdout.readline, "")), daemon=True)
+        reader.start()
+        try:
+            _lines_until(launch.stdout, "held: team-z: 0/0 cpu in use (flavor local); needs 0.5", seen)
+            # live prio and share, over the fold of the log
+            prio = json.loads(spz(env, "dispatch", "prio", "-o", "json").stdout)
+            assert prio["priority"] is True
+            [job] = [j for j in prio["jobs"] if j["cluster"] == "zh"]
+            # age over a ten-year PriorityMaxAge adds under 1: the priority is the job size's alone
+            assert job["team"] == "team-z" and job["priority"] == 500
+            assert job["jobsize"] == 500.0 and job["factors"]["jobsize"] == 1.0  # the only pending job: the largest
+            queue = json.loads(spz(env, "dispatch", "queue", "-o", "json").stdout)
+            assert [p["priority"] for p in queue["pending"] if p["cluster"] == "zh"] == [job["priority"]]
+            table = spz(env, "dispatch", "prio")
+            assert table.returncode == 0 and "PRIORITY" in table.stdout and job["task_id"] in table.stdout
+            share = json.loads(spz(env, "dispatch", "share", "-o", "json").stdout)
+            assert {r["path"] for r in share} >= {"/team-z", f"/team-z/{job['user']}"}
+            # a new reason replaces the line: a user cap of 0 CPUs
+            user = job["user"]
+            policy.write_text(PRIORITY_POLICY.replace("NOMINAL", "1").replace(
+                "USERS", f"    users:\n      - user: {user}\n        resources: {{cpu: 0}}"))
+            assert spz(env, "dispatch", "policy", "apply", str(policy)).returncode == 0
+            _lines_until(launch.stdout, f"held: team-z/{user}: 0/0 cpu in use (user limit); needs 0.5", seen)
+            # quota for it: admitted, placed, run, and the launch ends as any other
+            policy.write_text(PRIORITY_POLICY.replace("NOMINAL", "1").replace("USERS", ""))
+            assert spz(env, "dispatch", "policy", "apply", str(policy)).returncode == 0
+            assert launch.wait(timeout=240) == 0, "".join(seen)
+            reader.join(timeout=10)
+            out = "".join(seen)
+            assert "held-then-ran" in out and "Traceback" not in out
+            assert out.index("held: team-z: 0/0") < out.index("held: team-z/") < out.index("held-then-ran")
+        finally:
+            if launch.poll() is None:
+                launch.kill()
+                launch.wait(timeout=30)
+        assert spz(env, "down", "-y", "zh", timeout=120).returncode == 0

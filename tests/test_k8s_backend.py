@@ -279,3 +279,30 @@ def test_the_emulator_refuses_an_invalid_manifest_and_filters_by_label(kube) -> 
     kube["gpu-a"].emulator.rejected.clear()  # type: ignore[union-attr]
     assert selector_matches("a=b,c in (x,y),!d", {"a": "b", "c": "y"})
     assert not selector_matches("a=b,c notin (x,y)", {"a": "b", "c": "y"})
+
+
+def test_the_tasks_own_pod_config_and_timeout_reach_the_pods(kube, tmp_path) -> None:
+    from skypurza.events.models import TaskSubmitted
+    from skypurza.services.provisioner import plan
+    from skypurza.services.provisioner.adapter import OptionsLaunchSpec
+
+    task = {"run": "x", "resources": {"infra": "k8s/gpu-a", "accelerators": "H100:2"},
+            "config": {"kubernetes": {"provision_timeout": 30, "pod_config": {"spec": {
+                "containers": [{"volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}}}}
+    sub = TaskSubmitted(task_id="t", cluster="train", task=task, num_nodes=1, user="u")
+    with_opts = plan.with_backend_options(spec(nodes=1), sub)
+    assert isinstance(with_opts, OptionsLaunchSpec) and with_opts.options["provision_timeout"] == 30
+    assert plan.with_backend_options(spec(nodes=1), TaskSubmitted(task_id="t", cluster="c", task={"run": "x"},
+                                                                  num_nodes=1, user="u")) == spec(nodes=1)
+    sched = kube["gpu-a"].schedule(lambda pod: None)
+    try:
+        asyncio.run(_launch(adapter(tmp_path, SKYPURZA_K8S_IMAGE="registry.example/spz:1"), with_opts))
+    finally:
+        sched.stop()
+    (pod,) = kube["gpu-a"].pods()
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == "registry.example/spz:1"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert pod["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "2"  # ours, after the merge

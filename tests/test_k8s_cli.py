@@ -48,3 +48,28 @@ def test_check_shows_each_context_and_gpus_list_shows_free_gpus(tmp_path: Path) 
         assert json.loads(none.stdout)["rows"] == []
     finally:
         a.stop()
+
+
+def test_dryrun_places_on_a_context_with_room(tmp_path: Path) -> None:
+    a = KubeCluster("a").start()
+    try:
+        a.add_node("gpu", cpus=16, gpus=1, labels={"nvidia.com/gpu.product": "NVIDIA-L4"})
+        write_kubeconfig(tmp_path / "kubeconfig", {"a": a})
+        env = {**os.environ, "SKYPURZA_KUBECONFIG": str(tmp_path / "kubeconfig"), "SKYPURZA_HOME": str(tmp_path / "h")}
+        ok = spz(env, "launch", "--dryrun", "--infra", "k8s", "--gpus", "L4:1", "-o", "json", "echo x")
+        assert ok.returncode == 0, ok.stderr
+        first = json.loads(ok.stdout)["candidates"][0]
+        assert (first["infra"], first["region"], first["instance_type"]) == ("kubernetes", "a", "2CPU--4GB--L4:1")
+        full = spz(env, "launch", "--dryrun", "--infra", "k8s", "--gpus", "L4:2", "echo x")
+        assert full.returncode == 1 and "a: no room for 1 x 2CPU--4GB--L4:2" in full.stdout + full.stderr
+    finally:
+        a.stop()
+
+
+def test_a_broken_kubeconfig_is_one_line_in_check_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text("contexts: [\n")
+    env = {**os.environ, "SKYPURZA_KUBECONFIG": str(tmp_path / "kubeconfig"), "SKYPURZA_HOME": str(tmp_path / "h")}
+    check = spz(env, "check", "k8s", "-o", "json")
+    assert check.returncode == 0, check.stderr
+    (row,) = json.loads(check.stdout)["infras"]
+    assert not row["enabled"] and "not valid YAML" in row["reason"] and "Traceback" not in check.stderr

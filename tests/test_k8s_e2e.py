@@ -183,3 +183,44 @@ def test_an_evicted_pod_of_a_managed_job_is_recovered_on_new_pods(contexts, nats
     assert got[2].reason.startswith("node_lost: train-1-1: node 0") and "heartbeat" in got[2].reason
     assert pod["metadata"]["labels"]["skypurza/cluster"] == "train-1-1"
     assert any("second run" in line for line in logs)
+
+
+def test_spz_reconcile_finds_and_deletes_a_pod_no_cluster_accounts_for(contexts, nats_server, tmp_path,
+                                                                      monkeypatch) -> None:
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from skypurza.cli import cmd_provision
+    from skypurza.events.k8s_config import KubernetesSettings
+    from skypurza.services.provisioner.adapter import LaunchSpec
+    from skypurza.services.provisioner.k8s import KubernetesAdapter
+
+    full, roomy, _ = contexts
+    monkeypatch.setenv("SKYPURZA_K8S_CONTEXTS", "roomy")
+
+    async def behind_our_back() -> None:
+        for stage in ("test", "other"):
+            a = KubernetesAdapter(KubernetesSettings.load(), nats_url="nats://x:4222", stage=stage, poll_s=0.02)
+            try:
+                await a.launch(LaunchSpec(stage=stage, cluster="ghost", launch_token=f"t-{stage}",
+                                          instance_type="2CPU--4GB", region="roomy", infra="kubernetes"))
+            finally:
+                await a.close()
+    asyncio.run(behind_our_back())
+    for key, value in {"SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test",
+                       "SKYPURZA_RECONCILE_GRACE_S": "0"}.items():
+        monkeypatch.setenv(key, value)
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    cmd_provision.register(app)
+    result = CliRunner().invoke(app, ["reconcile", "--infra", "kubernetes", "--terminate-orphans", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["errors"] == {} and "kubernetes" in report["checked"]
+    ghost = [o for o in report["orphans"] if o["cluster"] == "ghost"]
+    assert len(ghost) == 1 and ghost[0]["terminated"] is True
+    left = [(p["metadata"]["labels"]["skypurza/stage"], p["metadata"]["name"]) for p in roomy.pods()]
+    assert [stage for stage, _ in left] == ["other"]  # another stage's pod is never touched
+    assert [s["metadata"]["labels"]["skypurza/stage"] for s in roomy.services()] == ["other"]

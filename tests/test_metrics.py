@@ -279,3 +279,35 @@ def test_prometheus_scrapes_a_real_control_plane_running_local_jobs(tmp_path, pr
         durables = {r["metric"]["consumer"] for r in _prom_query(base, "skypurza_consumer_pending_messages")}
         assert {naming.consumer("metrics", s) for s in ("optimizer", "provisioner")} <= durables, durables
         assert spz(env, "down", "-y", "mc", timeout=120).returncode == 0
+
+
+def test_the_summary_path_gives_what_the_rows_path_gives(plane, nats_server) -> None:
+    """The endpoint asks the projections for aggregates (status `metrics_summary`, ledger
+    `spend_summary`); the first path (every cluster, job and cost report) is the reference."""
+    from skypurza.services.observability.service import ObservabilityService
+
+    async def both():
+        bus = await connect_bus(nats_server)
+        try:
+            svc = ObservabilityService(MetricsSettings(port=0, max_series=3))
+            svc.bus = bus
+            fast, rows = await svc.snapshot(), await svc.snapshot_rows()
+            # the rows path reads one cost report per dimension; the job dimension is the summary's
+            return fast, rows, await lq.cost_report(bus, by="team")
+        finally:
+            await bus.close()
+
+    fast, rows, report = asyncio.run(both())
+    assert fast.sources == rows.sources == {"status": True, "ledger": True, "jetstream": True}
+    vf, vr = _values(families(fast, 3)), _values(families(rows, 3))
+    job_keys = {k for k in vf if k[0].startswith(("skypurza_job_", "skypurza_team_paid"))}
+    assert {k: v for k, v in vf.items() if k not in job_keys} == pytest.approx(vr)
+    # ...over a history with something in each family the summaries compute
+    assert vf[("skypurza_clusters", (("state", "TERMINATED"),))] == 2 and vf[("skypurza_clusters", (("state", "INIT"),))] == 1
+    assert len({k for k in vf if k[0] == "skypurza_jobs"}) >= 4
+    assert vf[("skypurza_managed_jobs", (("state", "CANCELLED"),))] == 1
+    assert vf[("skypurza_queue_wait_seconds_count", ())] > 0
+    # Every dollar lands on some job key ("(none)": a cluster no managed job launched).
+    total = int(report["total"]["cost_micros"]) / 1e6
+    assert total > 0
+    assert sum(v for k, v in vf.items() if k[0] == "skypurza_job_spent_dollars_total") == pytest.approx(total)

@@ -54,7 +54,8 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     assert res.returncode == 0, res.stderr
     listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
                             capture_output=True, text=True, cwd=ROOT).stdout.split()
-    assert set(listed) == {"nats", "optimizer", "provisioner", "recovery", "status", "ledger"}
+    assert set(listed) == {"nats-1", "nats-2", "nats-3", "api", "optimizer", "provisioner", "recovery", "status",
+                           "ledger"}
     # And the check is real: a broken file fails.
     broken = tmp_path / "compose.yaml"
     broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)

@@ -8,15 +8,13 @@ Jobs run through real node agents on a real nats-server, as srun steps of the al
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from agent_harness import job_end, job_lines, wait_events, wait_lines
 from nats_fixtures import connect_bus
-from slurm_rig import CLUSTER, GPU_PARTITION, SlurmRig, available
+from slurm_rig import CLUSTER, GPU_PARTITION, SlurmRig
 
 from skypurza.events import naming
 from skypurza.events.jobqueue import queue_job
@@ -215,20 +213,6 @@ def test_the_executor_script_is_valid_bash() -> None:
 
 # ------------------------------------------------------------------------------ against a real Slurm
 
-@pytest.fixture(scope="session")
-def slurm_rig():
-    why = available()
-    if why:
-        raise RuntimeError(f"the Slurm rig cannot start: {why}")
-    # Not under pytest's tmp_path: slurmctld runs as the slurm user, who cannot enter a 0700 directory.
-    root = Path(tempfile.mkdtemp(prefix="spz-slurm-"))
-    root.chmod(0o755)
-    rig = SlurmRig(root).start()
-    yield rig
-    rig.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture
 def adapter(slurm_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
@@ -328,14 +312,22 @@ def test_a_gpu_job_runs_as_an_srun_step_with_logs_exit_codes_and_cancel(adapter,
     assert gone.strip() == "", gone  # terminate is scancel
 
 
-def test_two_nodes_get_ranks_0_and_1(adapter, slurm_rig, nats_server) -> None:
+def test_two_nodes_get_ranks_0_and_1_and_the_workdir(adapter, slurm_rig, nats_server, tmp_path: Path) -> None:
+    workdir = tmp_path / "proj"
+    workdir.mkdir()
+    (workdir / "data.txt").write_text("from-the-workdir\n")
+    cfg = tmp_path / "cfg.txt"
+    cfg.write_text("lr=0.1\n")
+
     async def main():
         bus = await connect_bus(nats_server)
         try:
             await _provision(bus, adapter, "duo", "1cpu-500mb", num_nodes=2)
             job, _ = await queue_job(bus, cluster="duo", task_id="t-duo", user="alice", task={
-                "num_nodes": 2, "run": "echo rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES on=$SLURMD_NODENAME "
-                                       "ips=$(echo $SKYPILOT_NODE_IPS)"})
+                "num_nodes": 2, "workdir": str(workdir), "file_mounts": {"~/spz-duo/cfg.txt": str(cfg)},
+                "run": "echo rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES on=$SLURMD_NODENAME "
+                       "ips=$(echo $SKYPILOT_NODE_IPS)\necho wd=$(cat data.txt) cfg=$(cat ~/spz-duo/cfg.txt) "
+                       "cwd=$PWD"})
             end = await job_end(bus, "duo", job.job_id, timeout=30)
             lines = await job_lines(bus, "duo", job.job_id)
             await adapter.terminate(ClusterRef(stage="test", cluster="duo", infra="slurm"))
@@ -347,7 +339,12 @@ def test_two_nodes_get_ranks_0_and_1(adapter, slurm_rig, nats_server) -> None:
     end, lines = asyncio.run(main())
     assert end.EVENT_NAME == "job_succeeded"
     got = sorted((x["rank"], x["line"]) for x in lines if x["stream"] == "run")
-    assert got == [(0, "rank=0 of=2 on=n1 ips=127.0.0.1 127.0.0.1"), (1, "rank=1 of=2 on=n2 ips=127.0.0.1 127.0.0.1")]
+    cwd = slurm_rig.login_home / naming.slurm_dir("test", "duo") / "sky_workdir"
+    where = f"wd=from-the-workdir cfg=lr=0.1 cwd={cwd}"
+    assert got == [(0, "rank=0 of=2 on=n1 ips=127.0.0.1 127.0.0.1"), (0, where),
+                   (1, "rank=1 of=2 on=n2 ips=127.0.0.1 127.0.0.1"), (1, where)], got
+    # copied once (the second node found the content's mark under the lock), on the cluster's side only
+    assert len(list((slurm_rig.login_home / naming.slurm_dir("test", "duo")).glob(".synced-*"))) == 1
 
 
 def test_more_gpus_than_a_node_has_is_a_capacity_error_of_the_partition(adapter, slurm_rig) -> None:
@@ -382,3 +379,100 @@ def test_a_protected_sbatch_option_is_refused_before_anything_is_submitted(slurm
     err = asyncio.run(main())
     assert f"slurm.cluster_configs.{CLUSTER}.sbatch_options.job_name: --job-name is generated" in str(err)
     assert _squeue(slurm_rig, "-n", "mine", "-o", "%i").strip() == ""
+
+
+# ------------------------------------------------------------------------------ placement
+
+def _world_clusters(pricing=None):
+    from skypurza.events.slurm_discovery import SlurmCluster, ZoneOffer
+
+    cfg = slurm_config.parse_user_config(pricing or {}).cluster("c")
+    offers = (ZoneOffer("c", "debug", 2, 2, 4000, {"h100": 2}, "UNLIMITED", True, ""),
+              ZoneOffer("c", "gpu", 2, 2, 4000, {"h100": 2}, "04:00:00", False, ""))
+    return (SlurmCluster("c", offers, config=cfg), SlurmCluster("down", error="ssh down: Connection refused"))
+
+
+def test_placement_offers_each_partition_and_fails_over_to_aws() -> None:
+    from skypurza.events.taskspec.request import ResourceRequest as R
+    from skypurza.services.optimizer.catalog import load_catalog
+    from skypurza.services.optimizer.placement import Block, place
+
+    cat = load_catalog()
+    clusters = _world_clusters()
+    both = frozenset({"slurm", "aws"})
+    plan = place([R(accelerator="H100", accelerator_count=1)], 1, cat, (), both, slurm=clusters)
+    first = plan.candidates[0]
+    assert (first.infra, first.region, first.zone, first.instance_type) == ("slurm", "c", "debug", "1cpu-1024mb-H100x1")
+    assert first.hourly_price_micros == 0  # no pricing: $0.00, as sky
+    assert [c.infra for c in plan.candidates[:2]] == ["slurm", "slurm"] and plan.candidates[2].infra == "aws"
+    # a partition that refused (CapacityError, scope zone) is blocked; the next is tried, then AWS
+    blocked = place([R(accelerator="H100", accelerator_count=1)], 1, cat,
+                    [Block("zone", "slurm", "c", "debug"), Block("zone", "slurm", "c", "gpu")], both, slurm=clusters)
+    assert blocked.candidates[0].infra == "aws"
+    # more GPUs per node, or more nodes, than any partition has: straight to AWS when it is allowed
+    big = place([R(accelerator="H100", accelerator_count=8)], 1, cat, (), both, slurm=clusters)
+    assert big.feasible and all(c.infra == "aws" for c in big.candidates)
+    three = place([R(accelerator="H100", accelerator_count=1)], 3, cat, (), frozenset({"slurm"}), slurm=clusters)
+    assert not three.feasible and "debug: 2 usable nodes, the task needs 3" in three.reason
+    assert "down: not reachable" in three.reason
+    # --infra slurm/c/gpu; a partition that does not exist says which do
+    only = place([R(cloud="slurm", region="c", zone="gpu", accelerator="H100", accelerator_count=2)], 2, cat,
+                 (), both, slurm=clusters)
+    assert [(c.zone, c.num_nodes) for c in only.candidates] == [("gpu", 2)]
+    none = place([R(cloud="slurm", region="c", zone="nope")], 1, cat, (), both, slurm=clusters)
+    assert "no partition 'nope' (partitions: debug, gpu)" in none.reason
+    # priced by slurm.pricing: the partition's over the cluster's
+    priced = _world_clusters({"pricing": {"accelerators": {"H100": 2.0}, "cpu": 0.5},
+                              "cluster_configs": {"c": {"partitions": {"gpu": {"pricing": {"accelerators":
+                                                                                           {"H100": 1.0}}}}}}})
+    got = place([R(cloud="slurm", accelerator="H100", accelerator_count=2)], 1, cat, (), both, slurm=priced)
+    assert [(c.zone, c.hourly_price_micros) for c in got.candidates] == [("gpu", 2_000_000), ("debug", 4_500_000)]
+
+
+# ------------------------------------------------------------------------------ spz, end to end
+
+def test_spz_launch_logs_exec_cancel_down_check_and_gpus_on_slurm(slurm_rig, tmp_path: Path) -> None:
+    from local_cli import local_cli, spz
+
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    with local_cli(tmp_path, "slurme2e") as env:
+        env.update(SKYPURZA_SLURM_CONFIG=str(config), SKYPURZA_ENABLED_INFRAS="slurm", SKYPURZA_NO_PLUGINS="1")
+        r = spz(env, "launch", "-c", "sl", "--infra", f"slurm/{CLUSTER}", "--gpus", "H100:1", "-y",
+                "echo cvd=$CUDA_VISIBLE_DEVICES rank=$SKYPILOT_NODE_RANK")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"slurm/{CLUSTER}/debug 1cpu-1024mb-H100x1" in r.stderr and "cvd=0 rank=0" in r.stdout, r.stderr
+        logs = spz(env, "logs", "sl", "1")
+        assert "cvd=0 rank=0" in logs.stdout, logs.stdout + logs.stderr
+        alloc = _squeue(slurm_rig, "-n", naming.slurm_job_name("slurme2e", "sl"), "-o", "%i").strip()
+        assert alloc.isdigit(), alloc
+        ex = spz(env, "exec", "sl", "-d", "echo started; sleep 300")
+        assert ex.returncode == 0, ex.stdout + ex.stderr
+        steps = ""
+        for _ in range(100):
+            steps = _squeue(slurm_rig, "-s", "-j", alloc, "-o", "%i %j")
+            if "2-run" in steps:
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert f"{alloc}." in steps and "2-run" in steps, steps  # exec added a job step
+        cancel = spz(env, "cancel", "sl", "2", "-y")
+        assert "CANCELLED" in cancel.stdout, cancel.stdout + cancel.stderr
+        for _ in range(100):
+            steps = _squeue(slurm_rig, "-s", "-j", alloc, "-o", "%i %j")
+            if "2-run" not in steps:
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert "2-run" not in steps, steps
+        check = spz(env, "check", "slurm", "-o", "json")
+        assert f'"slurm/{CLUSTER}"' in check.stdout and '"enabled": true' in check.stdout.replace("\n", " ") \
+            .replace("  ", " "), check.stdout
+        gpus = spz(env, "gpus", "list", "--infra", "slurm", "-o", "json")
+        assert '"accelerator": "H100"' in gpus.stdout and '"per_node": 2' in gpus.stdout, gpus.stdout
+        down = spz(env, "down", "sl", "-y")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert _squeue(slurm_rig, "-j", alloc, "-o", "%i").strip() == ""  # down is scancel
+        # a task this cluster cannot take goes to AWS when AWS is allowed
+        env["SKYPURZA_ENABLED_INFRAS"] = "slurm,aws"
+        dry = spz(env, "launch", "--dryrun", "-o", "json", "--gpus", "H100:8", "x")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert '"infra": "aws"' in dry.stdout and '"infra": "slurm"' not in dry.stdout

@@ -96,7 +96,8 @@ class RawTransport:
                  password: str | None = None, token: str | None = None):
         self.host, self.port, self.sink = host, port, sink
         self.user, self.password, self.token = user, password, token
-        self.inbox = f"_INBOX.{uuid.uuid4().hex}"
+        # A secured bus lets a user subscribe to its own inbox prefix only (events/natsauth.py).
+        self.inbox = f"{naming.inbox_prefix(user) if user else '_INBOX'}.{uuid.uuid4().hex}"
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task | None = None

@@ -36,7 +36,7 @@ from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterT
 from skypurza.events.envelope import Event, new_id
 from skypurza.events.health_events import GpuUnhealthy
 from skypurza.events.job_events import JobCancelled, JobFailed, JobNodeFinished, JobStarted, JobSucceeded
-from skypurza.events.contract import Contract
+from skypurza.events.contract import BusAccess, Contract
 from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
@@ -96,6 +96,8 @@ CONTRACT = Contract(
     emit_notes={JobStarted: "head agent", JobNodeFinished: "every agent", JobSucceeded: "head agent",
                 JobFailed: "head agent", JobCancelled: "head agent", ClusterIdle: "head agent, autostop",
                 DownRequested: "`--down` after the job, autostop"},
+    # Job output, a job's secrets and uploads, heartbeats and node samples (the secured bus's grants).
+    bus=BusAccess(logs="write", secrets="read", objects="read", beats="write", samples="write"),
 )
 
 
@@ -415,13 +417,11 @@ class Agent:
                        for dst, src in (task.file_mounts or {}).items()}
         synced = self.state / "jobs" / str(job.job_id) / "synced"
         file_mounts = await self.checkpoints.attach(job.job_id, file_mounts, self.home, download=not synced.exists())
-        confined = self.spec.infra == "local" and not mounts.host_paths_allowed(os.environ)
+        # A Slurm node's agent runs on the control plane: its files go to its own home first
+        # (never elsewhere on this machine), then to the cluster (slurmexec.sync_home).
+        confined = (self.spec.infra == "local" and not mounts.host_paths_allowed(os.environ)) or \
+            self.spec.infra == "slurm"
         steps = [] if synced.exists() else mounts.plan(workdir, file_mounts, self.home, confined=confined)
-        if steps and self.spec.infra == "slurm":
-            # This agent runs on the control plane: putting them in place here would write the
-            # control plane's disk, not the cluster's (docs/slurm.md, *Not yet*).
-            raise RuntimeError("workdir and file_mounts are not copied to Slurm clusters yet; put the files on "
-                               "the cluster's shared filesystem and refer to them from the run script")
         # A cloud node gets the user's local paths from the object store (fetch.py); `local` copies them.
         uploads = (job.queued.task.uploads or {}) if self.spec.infra != "local" else {}
         for step in steps:
@@ -434,6 +434,10 @@ class Agent:
                 hint = "" if self.spec.infra == "local" or step.source in uploads else (
                     " (on cloud nodes, name a bucket (s3://...) or a path that exists on the node image)")
                 raise RuntimeError(f"cannot put {step.source} in place at {step.dest}: {exc}{hint}") from None
+        if steps and self.spec.infra == "slurm":
+            x = self.spec.extra
+            await asyncio.to_thread(slurmexec.sync_home, str(self.home), config=x["slurm_config"],
+                                    host=x["slurm_host"], remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster))
         if self.spec.infra == "local":  # this machine's Python is shared: the task gets its own
             try:
                 await asyncio.to_thread(userenv.ensure_user_env, self.home)

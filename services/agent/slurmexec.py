@@ -90,3 +90,60 @@ class _Here:
 
     def __str__(self) -> str:
         return "."
+
+
+# ---------------------------------------------------------------------------------- workdir sync
+# The job's workdir and file mounts are first put in place in the agent's own home (mounts.py,
+# confined to it), then that home (but the agent's state) is copied to the cluster in one tar
+# stream over SSH: the workdir into the cluster's directory, each `~/...` mount under the
+# login user's home, as SkyPilot places them. The login and compute nodes share the home
+# (as SkyPilot's Slurm backend assumes). Every node's agent syncs; one `flock` and a mark of the
+# content's digest make the first do the copy and the others find it done, so no step ever
+# reads a file another node is rewriting.
+
+SYNC_TIMEOUT_S = 600.0
+STATE_DIR = ".spz-agent"
+
+
+def sync_command(remote_dir: str, digest: str) -> str:
+    """What the login node runs: under the lock, unpack stdin unless this content is there."""
+    d = f'"$HOME"/{shlex.quote(remote_dir)}'
+    mark = f"{d}/.synced-{digest}"
+    return "\n".join([
+        f"mkdir -p {d} || exit 1",
+        f"exec 9>{d}/.sync.lock && flock -w 600 9 || exit 1",
+        f"if [ -e {mark} ]; then cat >/dev/null; exit 0; fi",
+        'tar -xf - -C "$HOME" --no-same-owner || exit 1',
+        f"touch {mark}",
+    ])
+
+
+def pack_command(home: str, remote_dir: str) -> list[str]:
+    """The local tar of the agent's home: its state left out, the workdir renamed into the
+    cluster's directory."""
+    return ["tar", "-C", home, "--exclude", f"./{STATE_DIR}", "--sort=name", "--mtime=@0", "--owner=0",
+            "--group=0", "--numeric-owner", "--transform", f"s,^\\./{WORKDIR}\\(/\\|$\\),./{remote_dir}/{WORKDIR}\\1,",
+            "-cf", "-", "."]
+
+
+def sync_home(home: str, *, config: str, host: str, remote_dir: str, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+    """Copy the agent's home to the cluster (blocking, bounded); RuntimeError with ssh's words."""
+    import hashlib
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as archive:
+        packed = subprocess.run(pack_command(home, remote_dir), stdout=archive, stderr=subprocess.PIPE,
+                                timeout=timeout_s)
+        if packed.returncode != 0:
+            raise RuntimeError(f"cannot pack the workdir: {packed.stderr.decode(errors='replace')[-300:]}")
+        archive.seek(0)
+        digest = hashlib.sha256()
+        for block in iter(lambda: archive.read(1 << 20), b""):
+            digest.update(block)
+        archive.seek(0)
+        sent = subprocess.run([*ssh_argv(config, host), sync_command(remote_dir, digest.hexdigest()[:32])],
+                              stdin=archive, capture_output=True, timeout=timeout_s)
+    if sent.returncode != 0:
+        raise RuntimeError(f"cannot copy the workdir to {host}: "
+                           f"{sent.stderr.decode(errors='replace').strip()[-300:] or f'exit {sent.returncode}'}")

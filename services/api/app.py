@@ -10,7 +10,8 @@
   (routes_clusters.py); a job's logs and the CloudEvents as server-sent events
   (routes_streams.py, sse.py); managed jobs, their logs and the cost report (routes_jobs.py);
   users and teams, for admins (routes_identity.py); what the web console reads besides (a
-  cluster's timeline, a managed job's history, tokens: routes_console.py), and the console's
+  cluster's timeline, a managed job's history, tokens: routes_console.py), dispatch's queue,
+  policy and budgets and the open alerts (routes_dispatch.py), and the console's
   files at /console/ (console_static.py, docs/console.md). docs/team.md lists every endpoint and who
   may call it.
 
@@ -40,7 +41,7 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import routes_clusters, routes_console, routes_identity, routes_jobs, routes_streams
+from . import routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs, routes_streams
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
@@ -267,6 +268,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(routes_jobs.router(deps, slots))
     app.include_router(routes_identity.router(deps))
     app.include_router(routes_console.router(deps))
+    app.include_router(routes_dispatch.router(deps))
 
     # The web console (services/api/console_static.py): static files calling the API above.
     @app.get("/", include_in_schema=False)

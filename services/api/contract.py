@@ -6,7 +6,7 @@ process of its own (`python -m skypurza.services.api`), and its bus is checked a
 
 from __future__ import annotations
 
-from skypurza.events.contract import Contract
+from skypurza.events.contract import BusAccess, Contract
 from skypurza.events.identity_events import (
     TeamAdded,
     TeamRemoved,
@@ -19,12 +19,13 @@ from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequ
 from skypurza.events.job_events import CancelRequested
 from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
 from skypurza.events.task_events import TaskSubmitted
+from skypurza.events.dispatch_events import DispatchPolicyApplied
 
 CONTRACT = Contract(
     name="api",
     emits=(TaskSubmitted, StopRequested, StartRequested, DownRequested, AutostopSet, CancelRequested,
            ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, UserAdded, UserRemoved,
-           TokenIssued, TokenRevoked),
+           TokenIssued, TokenRevoked, DispatchPolicyApplied),
     consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
                 StopRequested: "`POST /api/v1/clusters/{name}/stop`, stamped",
@@ -38,7 +39,11 @@ CONTRACT = Contract(
                 TokenIssued: "`POST /api/v1/users` and `/users/{name}/token`, admins only",
                 TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one) and "
                               "`DELETE /api/v1/users/{name}/tokens/{id}`, admins only",
-                TeamAdded: "`POST /api/v1/teams`, admins only", TeamRemoved: "`DELETE /api/v1/teams/{name}`, admins only"},
+                TeamAdded: "`POST /api/v1/teams`, admins only", TeamRemoved: "`DELETE /api/v1/teams/{name}`, admins only",
+                DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams"},
+    # The status and ledger queries it answers requests with, jobs' output (SSE), a task's
+    # secrets and uploads (the secured bus's grants).
+    bus=BusAccess(asks=("status", "ledger"), logs="read", secrets="write", objects="write"),
 )

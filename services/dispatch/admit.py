@@ -11,7 +11,6 @@ that does not fit does not hold back the ones behind it; `StrictFIFO`: it does.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,12 +81,16 @@ def _compatible(flavor: Flavor | None, p: Pending) -> bool:
 
 def decide(policy: DispatchPolicy, pending: list[Pending], usage: quota.Usage, users: UserUsage,
            spend: Mapping[budgets.SpendKey, int], now: datetime,
-           tree: quota.Tree | None = None) -> list[Decision]:
-    """A decision for every task of `pending`, in its order."""
+           tree: quota.Tree | None = None, base: quota.Walk | None = None) -> list[Decision]:
+    """A decision for every task of `pending`, in its order. `base`: a walk over `usage` as it
+    is (the state's, kept across passes; only read and filled here)."""
     tree = tree or quota.build_tree(policy)
     flavors = {f.name: f for f in policy.flavors}
-    use = {q: dict(v) for q, v in usage.items()}
-    user_use = copy.deepcopy(users)
+    # Copies on write: a pass over 10,000 tasks admits a few; copying every row up front would
+    # cost more than the decisions (bench/dispatch.py).
+    use: dict[str, dict[quota.Key, float]] = dict(usage)  # type: ignore[arg-type]
+    user_use: UserUsage = dict(users)
+    walk = quota.Walk(tree, use, base=base if base is not None and base.tree is tree else None)
     out: dict[str, Decision] = {}
     strict_heads: dict[str, str] = {}  # StrictFIFO queue -> the held task every later one waits behind
     for borrowing_pass in (False, True):
@@ -96,19 +99,25 @@ def decide(policy: DispatchPolicy, pending: list[Pending], usage: quota.Usage, u
             if p.task_id in out:
                 continue
             d = _one(policy, tree, flavors, p, use, user_use, spend, now, strict_heads, deferred_heads,
-                     borrowing_pass)
+                     borrowing_pass, walk)
             if d is None:
                 continue
             out[p.task_id] = d
             if isinstance(d, Admit):
+                if d.queue is not None:
+                    use[d.queue] = dict(use.get(d.queue, {}))
+                if p.team:
+                    user_use[(p.team, p.user)] = dict(user_use.get((p.team, p.user), {}))
                 charge(use, user_use, Book(d.queue, d.flavor, p.team, p.user, p.request))
+                if d.queue is not None and d.flavor is not None:
+                    walk.charged(d.queue, [(d.flavor, r) for r in p.request])
     return [out[p.task_id] for p in pending if p.task_id in out]
 
 
 def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p: Pending,
          use: dict[str, dict[quota.Key, float]], user_use: UserUsage, spend: Mapping[budgets.SpendKey, int],
          now: datetime, strict_heads: dict[str, str], deferred_heads: dict[str, str],
-         borrowing_pass: bool) -> Decision | None:
+         borrowing_pass: bool, walk: quota.Walk | None = None) -> Decision | None:
     """One task's decision; None: decided in the borrowing pass."""
     held = budgets.first_hold(policy.budgets, p.team, p.user, spend, now)
     queue = queue_of(policy, p.team)
@@ -143,7 +152,7 @@ def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p
                     f"{'spot' if p.spot else 'on-demand'})")
     if not allowed:  # the queue limits nothing at all
         return Admit(p.task_id, queue.name, None, None, False, f"{queue.name}: no quota applies")
-    f = quota.fit(tree, queue.name, allowed, p.request, use)
+    f = quota.fit(tree, queue.name, allowed, p.request, use, walk)
     if f.flavor is None:
         if strict:
             strict_heads[queue.name] = p.task_id

@@ -37,28 +37,79 @@ async def _state() -> Any:
 
 
 def queue_command(output: str = typer.Option("table", "-o", "--output", help="json or table.")) -> None:
-    """Pending tasks with why each waits (like `squeue --start`), in the order they are decided."""
+    """Pending tasks with why each waits and their priority (like `squeue --start`), in the order
+    they are decided: highest priority first, then submission."""
+    from datetime import datetime, timezone
+
     _output(output)
     state = run_async(_state())
-    # Priority is the submission order until priority.py's factors are wired in (docs/dispatch.md).
-    rows = [{"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user,
-             "position": i, "submitted_seq": p.seq, "request": p.request,
-             "kind": state.held.get(p.task_id, ("", ""))[0],
-             "reason": state.held.get(p.task_id, ("", "not decided yet"))[1]}
-            for i, p in enumerate(state.pending.values(), 1)]
+    ranked = state.ranked(datetime.now(timezone.utc))
+    rows = []
+    for i, r in enumerate(ranked, 1):
+        p = state.pending[r.task_id]
+        rows.append({"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user,
+                     "position": i, "priority": r.priority, "submitted_seq": p.seq, "request": p.request,
+                     "kind": state.held.get(p.task_id, ("", ""))[0],
+                     "reason": state.held.get(p.task_id, ("", "not decided yet"))[1]})
     if output == "json":
         print_json({"policy": state.policy is not None, "pending": rows,
-                    "note": "ordered by submission (stream sequence)"})
+                    "note": "ordered by priority (Slurm's multifactor), then submission (stream sequence)"})
         return
     if state.policy is None:
         typer.echo("no dispatch policy: every submission is admitted at once")
     if not rows:
         typer.echo("no task waits for admission")
         return
-    typer.echo(f"{'TASK':<38} {'CLUSTER':<20} {'TEAM':<12} {'USER':<12} REASON")
+    typer.echo(f"{'TASK':<38} {'CLUSTER':<20} {'TEAM':<12} {'USER':<12} {'PRIORITY':>10} REASON")
     for r in rows:
         typer.echo(f"{r['task_id']:<38} {r['cluster']:<20} {str(r['team'] or '-'):<12} {r['user'] or '-':<12} "
-                   f"{r['reason']}")
+                   f"{r['priority']:>10} {r['reason']}")
+
+
+class _Live:
+    """`spz dispatch share` and `prio` without --tree / --explain: over the fold of the log
+    (the decayed usage of every UsageRecorded, the pending tasks), as the service sees it."""
+
+    def share(self, algorithm: str | None, output: str) -> None:
+        from datetime import datetime, timezone
+
+        from skypurza.events.dispatch_policy import PriorityConfig
+
+        from . import order
+        from .cliwhatif import print_share
+        from .whatif import share_rows
+
+        state = run_async(_state())
+        cfg = (state.policy.priority if state.policy is not None else None) or PriorityConfig()
+        usage = state.fs_usage.at(datetime.now(timezone.utc).timestamp())
+        print_share(share_rows(order.share_tree(cfg, state.members, usage), algorithm or cfg.algorithm), output)
+
+    def prio(self, output: str) -> None:
+        from datetime import datetime, timezone
+
+        from .cliwhatif import print_table
+
+        state = run_async(_state())
+        rows = []
+        for r in state.ranked(datetime.now(timezone.utc)):
+            p = state.pending[r.task_id]
+            rows.append({"task_id": r.task_id, "cluster": p.cluster, "team": p.team, "user": p.user,
+                         "priority": r.priority, **{k: r.weighted.get(k, 0.0) for k in ("age", "fairshare", "jobsize",
+                                                                                         "qos")},
+                         "nice": r.nice, "tres": r.weighted_tres, "factors": r.factors})
+        if output == "json":
+            print_json({"policy": state.policy is not None,
+                        "priority": state.policy is not None and state.policy.priority is not None, "jobs": rows})
+            return
+        if state.policy is None or state.policy.priority is None:
+            typer.echo("no priority section in the dispatch policy: tasks are admitted in submission order")
+        if not rows:
+            typer.echo("no task waits for admission")
+            return
+        print_table(["TASK", "USER", "TEAM", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "QOS", "NICE", "TRES"],
+                    [[r["task_id"], r["user"] or "-", str(r["team"] or "-"), str(r["priority"])]
+                     + [f"{r[k]:.0f}" for k in ("age", "fairshare", "jobsize", "qos")]
+                     + [str(r["nice"]), ",".join(f"{k}={v:.0f}" for k, v in r["tres"].items() if v)] for r in rows])
 
 
 def _load(file: str):
@@ -198,6 +249,6 @@ def register(app: typer.Typer) -> None:
     dispatch_app.add_typer(policy_app, name="policy")
     from .cliwhatif import register_whatif
 
-    register_whatif(dispatch_app)
+    register_whatif(dispatch_app, _Live())
     app.add_typer(dispatch_app, name="dispatch")
     app.command("budgets")(budgets_command)

@@ -9,7 +9,7 @@ what is accepted (exit 2), never a traceback.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import json
 import sys
@@ -43,8 +43,19 @@ def print_table(columns: list[str], rows: list[list[str]]) -> None:
     for line in [columns, *rows]:
         typer.echo("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
 
-LIVE_NOT_YET = ("the live form (over the ledger's decayed usage) needs the dispatch service, which does not "
-                "answer it yet; give {flag} FILE for the what-if form")
+LIVE_NOT_YET = ("the live form (over the log's decayed usage) is not available here; give {flag} FILE for the "
+                "what-if form")
+
+
+class Live(Protocol):
+    """The live forms (cli.py: over the fold of the log), without --tree / --explain."""
+
+    def share(self, algorithm: str | None, output: str) -> None: ...
+
+    def prio(self, output: str) -> None: ...
+
+
+_live: list[Live] = []  # set by register_whatif
 
 
 def _num(v: Any, digits: int = 6) -> str:
@@ -58,24 +69,31 @@ def _num(v: Any, digits: int = 6) -> str:
 def share_command(
     tree: Optional[str] = typer.Option(None, "--tree", metavar="FILE",
                                        help="A JSON tree of accounts and users with shares and usage (what-if)."),
-    algorithm: str = typer.Option("fair_tree", "--algorithm", help="fair_tree (Slurm's default) or classic "
-                                  "(PriorityFlags=NO_FAIR_TREE)."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="fair_tree (Slurm's default) or classic "
+                                            "(PriorityFlags=NO_FAIR_TREE); live: the policy's."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
     """Fairshare per association, like `sshare -l`: RawShares, NormShares, RawUsage, NormUsage,
     EffectvUsage, FairShare, LevelFS (docs/dispatch.md, *Fairshare*)."""
     check_output(output)
-    if algorithm not in fairshare.ALGORITHMS:
+    if algorithm is not None and algorithm not in fairshare.ALGORITHMS:
         raise typer.BadParameter(f"{algorithm!r}; accepted: {', '.join(fairshare.ALGORITHMS)}",
                                  param_hint="--algorithm")
     if tree is None:
-        raise fail(LIVE_NOT_YET.format(flag="--tree"))
+        if not _live:
+            raise fail(LIVE_NOT_YET.format(flag="--tree"))
+        return _live[0].share(algorithm, output)
+    algorithm = algorithm or "fair_tree"
     from .whatif import WhatIfError, parse_tree, read_json, share_rows
 
     try:
         rows = share_rows(parse_tree(read_json(tree), tree), algorithm)
     except WhatIfError as exc:
         raise fail(str(exc), 2)
+    print_share(rows, output)
+
+
+def print_share(rows: list[dict[str, Any]], output: str) -> None:
     if output == "json":
         print_json(rows)
         return
@@ -95,7 +113,9 @@ def prio_command(
     (docs/dispatch.md, *Priority*)."""
     check_output(output)
     if explain is None:
-        raise fail(LIVE_NOT_YET.format(flag="--explain"))
+        if not _live:
+            raise fail(LIVE_NOT_YET.format(flag="--explain"))
+        return _live[0].prio(output)
     from .whatif import WhatIfError, parse_explain, read_json
     from .whatif import explain as explain_of
 
@@ -113,8 +133,10 @@ def prio_command(
                  + [str(result["nice"]), tres]])
 
 
-def register_whatif(dispatch_app: typer.Typer) -> None:
-    """Add `share` and `prio` to the `spz dispatch` sub-app."""
+def register_whatif(dispatch_app: typer.Typer, live: Live | None = None) -> None:
+    """Add `share` and `prio` to the `spz dispatch` sub-app (with `live`: their live forms)."""
+    if live is not None:
+        _live[:] = [live]
     dispatch_app.command("share")(share_command)
     dispatch_app.command("prio")(prio_command)
 

@@ -25,6 +25,13 @@ class Pending:
     spot: bool = False
     managed_job_id: int | None = None
     priority: float = 0.0
+    # What Slurm's multifactor priority reads (order.py): when it was stored (epoch seconds:
+    # the age factor), its nodes, its priority class (the QOS factor) and SkyPilot's integer
+    # `priority` (-1000..1000), added to the sum as Slurm's `nice` is subtracted.
+    submitted_at: float = 0.0
+    nodes: int = 1
+    priority_class: str | None = None
+    boost: int = 0
 
 
 def request_of(ev: TaskSubmitted) -> dict[str, float]:
@@ -47,8 +54,10 @@ def infra_of(ev: TaskSubmitted) -> str | None:
     return pin.split("/", 1)[0].strip().lower() or None if pin else None
 
 
-def pending_of(ev: TaskSubmitted, seq: int, user: str, team: str | None) -> Pending:
+def pending_of(ev: TaskSubmitted, seq: int, user: str, team: str | None, submitted_at: float = 0.0) -> Pending:
     res = ev.task.resources
     return Pending(task_id=ev.task_id, cluster=ev.cluster, seq=seq, team=team, user=user, request=request_of(ev),
                    infra=infra_of(ev), spot=bool(res is not None and res.use_spot),
-                   managed_job_id=ev.managed_job_id)
+                   managed_job_id=ev.managed_job_id, submitted_at=submitted_at, nodes=max(1, ev.num_nodes),
+                   priority_class=res.priority_class if res is not None else None,
+                   boost=(res.priority or 0) if res is not None else 0)

@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from skypurza.events.dispatch_policy import (
-    Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, Queue, ResourceQuota, UserLimit,
+    Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, PriorityClass, PriorityConfig, PriorityWeights, Queue,
+    ResourceQuota, TeamShares, UserLimit,
 )
 from skypurza.events.taskspec.yamlsrc import locate, parse_documents
 
@@ -24,7 +25,9 @@ MAX_POLICY_BYTES = 1 << 20  # a policy for a thousand teams is well under this
 # Which key of which model holds which nested model: the unknown-key walk follows it.
 _NESTED: dict[type[BaseModel], dict[str, tuple[str, type[BaseModel]]]] = {
     DispatchPolicy: {"flavors": ("list", Flavor), "cohorts": ("list", Cohort), "queues": ("list", Queue),
-                     "budgets": ("list", Budget)},
+                     "budgets": ("list", Budget), "priority": ("one", PriorityConfig)},
+    PriorityConfig: {"weights": ("one", PriorityWeights), "shares": ("list", TeamShares),
+                     "classes": ("list", PriorityClass)},
     Cohort: {"quotas": ("list", FlavorQuota)},
     Queue: {"quotas": ("list", FlavorQuota), "users": ("list", UserLimit)},
     FlavorQuota: {"resources": ("dict", ResourceQuota)},
@@ -116,7 +119,9 @@ def _unknown_keys(model: type[BaseModel], data: Any, path: tuple[Any, ...]) -> l
         if nested is None:
             continue
         shape, inner = nested
-        if shape == "list" and isinstance(value, list):
+        if shape == "one":
+            out += _unknown_keys(inner, value, path + (key,))
+        elif shape == "list" and isinstance(value, list):
             for i, item in enumerate(value):
                 out += _unknown_keys(inner, item, path + (key, i))
         elif shape == "dict" and isinstance(value, dict):
@@ -164,4 +169,18 @@ def semantic_problems(policy: DispatchPolicy) -> list[tuple[tuple[Any, ...], str
             out.append((("queues", i, "team"), f"team {q.team!r} already has queue {teams[q.team]!r}"))
         teams.setdefault(q.team, q.name)
         check_quotas(("queues", i, "quotas"), q.quotas)
+    if policy.priority is not None:
+        out += _priority_problems(policy.priority)
+    return out
+
+
+def _priority_problems(pr: PriorityConfig) -> list[tuple[tuple[Any, ...], str]]:
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for section, attr in (("shares", "team"), ("classes", "name")):
+        seen: set[str] = set()
+        for i, item in enumerate(getattr(pr, section)):
+            name = getattr(item, attr)
+            if name in seen:
+                out.append((("priority", section, i, attr), f"{name!r} is given twice in priority.{section}"))
+            seen.add(name)
     return out

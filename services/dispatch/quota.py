@@ -47,6 +47,9 @@ class Tree:
     nodes: Mapping[str, Node]
     children: Mapping[str, tuple[str, ...]]
     keys: frozenset[Key]
+    # Subtree quotas depend on the tree alone: memoised once for every walk over it (a cohort
+    # of a hundred queues is summed once, not on every fit).
+    static: dict[tuple[str, Key], float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 def queue_id(name: str) -> str:
@@ -88,19 +91,33 @@ class Walk:
 
     tree: Tree
     usage: Usage
-    _subtree: dict[tuple[str, Key], float] = field(default_factory=dict)
     _used: dict[tuple[str, Key], float] = field(default_factory=dict)
+    # A walk over a copy of `base`'s usage (one admission pass) reads `base`'s memo, and fills
+    # it, until its own usage first differs; so the dispatch state's long-lived walk sums a
+    # cohort's hundred children once per change of usage, not once per decision.
+    base: "Walk | None" = None
+    _forked: bool = False
+
+    def charged(self, queue: str, keys: list[Key]) -> None:
+        """The usage of `queue` changed for `keys`: forget what was memoised on its path up."""
+        if self.base is not None and not self._forked:
+            self._used, self._forked = dict(self.base._used), True
+        node: str | None = queue_id(queue)
+        while node is not None:
+            for key in keys:
+                self._used.pop((node, key), None)
+            node = self.tree.nodes[node].parent
 
     def nominal(self, node: str, key: Key) -> float:
         lim = self.tree.nodes[node].quota.get(key)
         return lim.nominal if lim else 0.0
 
     def subtree_quota(self, node: str, key: Key) -> float:
-        memo = self._subtree.get((node, key))
+        memo = self.tree.static.get((node, key))
         if memo is None:
             memo = self.nominal(node, key) + sum(
                 self.subtree_quota(c, key) - self.guaranteed(c, key) for c in self.tree.children.get(node, ()))
-            self._subtree[(node, key)] = memo
+            self.tree.static[(node, key)] = memo
         return memo
 
     def guaranteed(self, node: str, key: Key) -> float:
@@ -112,6 +129,8 @@ class Walk:
 
     def used(self, node: str, key: Key) -> float:
         memo = self._used.get((node, key))
+        if memo is None and self.base is not None and not self._forked:
+            return self.base.used(node, key)
         if memo is None:
             if node.startswith("q:"):
                 memo = float(self.usage.get(node[2:], {}).get(key, 0.0))
@@ -152,11 +171,13 @@ def covered(tree: Tree, queue: str) -> frozenset[str]:
     return frozenset(res for (_, res) in tree.nodes[queue_id(queue)].quota)
 
 
-def fit(tree: Tree, queue: str, flavors: list[str], request: Mapping[str, float], usage: Usage) -> Fit:
+def fit(tree: Tree, queue: str, flavors: list[str], request: Mapping[str, float], usage: Usage,
+        walk: Walk | None = None) -> Fit:
     """The first of `flavors` (the queue's, in its order, already filtered to those the task
     may run on) where every covered resource of `request` fits (Kueue's default
-    `whenCanBorrow: Borrow`: the first flavor that fits, borrowing or not)."""
-    walk = Walk(tree, usage)
+    `whenCanBorrow: Borrow`: the first flavor that fits, borrowing or not). `walk`: one over
+    `usage` kept across fits (the caller tells it what it charges)."""
+    walk = walk if walk is not None else Walk(tree, usage)
     qid = queue_id(queue)
     node = tree.nodes[qid]
     wanted = {res: amt for res, amt in request.items() if amt > EPS and res in covered(tree, queue)}

@@ -22,10 +22,10 @@ import logging
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
-from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
+from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld, budget_id
 from skypurza.events.service import Emit, EmitContext, InOrder, Reactions, ServiceContract, handles
 
-from . import admit
+from . import admit, budgets
 from .state import FOLDED, OWN, DispatchState
 
 log = logging.getLogger("skypurza.dispatch")
@@ -33,12 +33,13 @@ log = logging.getLogger("skypurza.dispatch")
 CONTRACT = ServiceContract(
     name="dispatch",
     consumes=FOLDED,
-    emits=(TaskAdmitted, TaskHeld),
+    emits=(TaskAdmitted, TaskHeld, BudgetThresholdCrossed),
     reads=OWN,
     # One decision at a time over the whole pending set: admission is an ordering.
     delivery=InOrder(),
     consume_notes={FOLDED[0]: "admission, while a policy is active"},
-    emit_notes={TaskHeld: "the reason, re-emitted when it changes"},
+    emit_notes={TaskHeld: "the reason, re-emitted when it changes",
+                BudgetThresholdCrossed: "a budget's state changed (alert, exceeded, ok) in its current period"},
 )
 
 
@@ -80,7 +81,9 @@ class DispatchService:
         """Emit what changed: an admission for each newly admitted task, a hold whose reason changed."""
         out: Reactions = []
         state = self.state
-        for d in state.decisions(self.clock.now()):
+        now = self.clock.now()
+        out += self._crossings(now)
+        for d in state.decisions(now, coalesce=True):
             p = state.pending.get(d.task_id)
             if p is None:
                 continue
@@ -95,4 +98,19 @@ class DispatchService:
                 out.append(Emit(TaskHeld(task_id=p.task_id, cluster=p.cluster, submitted_seq=p.seq,
                                          managed_job_id=p.managed_job_id, queue=d.queue, kind=d.kind,
                                          reason=d.reason), key=f"held-{p.task_id}"))
+        return out
+
+    def _crossings(self, now) -> Reactions:
+        """Announce the budget states that changed, in their current period only (a crossing
+        folded from months ago is history, not news)."""
+        out: Reactions = []
+        pending, self.state.crossings = self.state.crossings, []
+        for st, alert_at in pending:
+            if budgets.period_key(st.period, now) != st.period_key:
+                continue
+            ev = BudgetThresholdCrossed(budget_id=budget_id(st.team, st.user, st.period), team=st.team, user=st.user,
+                                        period=st.period, period_key=st.period_key, state=st.state,
+                                        spent_usd=st.spent_usd, limit_usd=st.limit_usd, fraction=st.fraction,
+                                        hard=st.hard, alert_at=alert_at)
+            out.append(Emit(ev, key=f"budget-{ev.budget_id}-{st.period_key}-{st.state}"))
         return out

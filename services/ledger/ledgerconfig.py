@@ -39,6 +39,7 @@ class LedgerConfig:
     default_team: str | None = None
     tick_s: float = DEFAULT_TICK_S
     _cache: dict[tuple[str | None, str], int] = field(default_factory=dict, repr=False)
+    _units: dict[tuple[str | None, str], float] = field(default_factory=dict, repr=False)
 
     def team_of(self, user: str) -> str | None:
         return self.user_teams.get(user) or self.default_team
@@ -54,6 +55,19 @@ class LedgerConfig:
             except ValueError:
                 value = 0  # a TRES name Slurm would not track: bill it in money only
             self._cache[key] = value
+        return value
+
+    def billing_units(self, team: str | None, tres: dict[str, int], tres_key: str) -> float:
+        """The untruncated billing (Slurm's billable_tres double), which fairshare accrues."""
+        key = (team, tres_key)
+        value = self._units.get(key)
+        if value is None:
+            weights = weights_for_team(team, self.team_weights, self.default_weights)
+            try:
+                value = billing(weights, tres, self.flags).billing_double
+            except ValueError:
+                value = 0.0
+            self._units[key] = value
         return value
 
 

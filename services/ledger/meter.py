@@ -73,14 +73,15 @@ def due_usage(state: State, now: datetime, tick: timedelta, cfg: LedgerConfig,
         team = m["team"] or cfg.team_of(m["user"] or "")
         tres = node.tres
         b = cfg.billing_int(team, dict(tres), m["tres"] or "{}")
+        units = cfg.billing_units(team, dict(tres), m["tres"] or "{}")
         for iv in intervals:
-            units = interval_billing_seconds(b, node.start, iv.start, iv.end)
+            seconds = interval_billing_seconds(b, node.start, iv.start, iv.end)
             ev = UsageRecorded(
                 cluster=iv.cluster, rank=iv.rank, instance_id=iv.instance_id, start=iv.start, end=iv.end,
                 instance_type=iv.instance_type, infra=m["infra"] or "aws", region=iv.region, zone=iv.zone,
                 market="spot" if iv.market == "spot" else "on-demand",
                 hourly_price_micros=iv.hourly_price_micros, cost_micros=iv.cost_micros, tres=dict(tres),
-                billing_seconds=-units if iv.correction else units, user=m["user"] or "", team=team,
+                billing_seconds=-seconds if iv.correction else seconds, billing=units, user=m["user"] or "", team=team,
                 project=m["project"], final=iv.final, correction=iv.correction, lifetime_id=key[2])
             out.append((usage_id(key[2], iv.rank, iv), ev))
         last = intervals[-1]

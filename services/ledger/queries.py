@@ -138,3 +138,47 @@ def settlements(cur: Any) -> list[dict[str, Any]]:
         r["teams"] = {t["team"]: {"cost_micros": t["total_micros"], "billing_seconds": t["billing_seconds"]}
                       for t in totals if t["period"] == r["period"]}
     return rows
+
+
+# ---------------------------------------------------------------- the metrics endpoint's summary
+
+SPEND_DIMENSIONS = ("team", "user", "project", "cluster", "job")
+DEFAULT_MAX_JOBS = 100
+
+
+def spend_summary(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Dollars spent since the log began (usage and compensations: `cost_report`'s total per key)
+    by team, user, project, cluster and managed job, and the GPU-seconds paid for (with the
+    dollars of those GPU nodes: what idle GPU time costs), in one read.
+
+    `job` is the managed job whose cluster ran the node (`(none)` for a cluster no managed job
+    launched); only the `max_jobs` newest job ids keep their own key, the older ones are summed
+    under `other`, so the answer stays small however many jobs ran."""
+    max_jobs = int(params.get("max_jobs") or DEFAULT_MAX_JOBS)
+    if not 1 <= max_jobs <= 10_000:
+        raise ValueError("max_jobs: 1 to 10000")
+    gpus = """coalesce(TRY_CAST(json_extract_string(u.tres, '$."gres/gpu"') AS BIGINT), 0)"""
+    # The job id of each usage row's cluster, or NULL; the newest `max_jobs` ids keep their key.
+    rows = cur.execute(f"""
+        WITH u AS (
+            SELECT u.*, c.managed_job_id AS job,
+                   ((epoch_us(u.end_at) - epoch_us(u.start_at)) * {gpus}) / 1e6 AS gpu_s
+            FROM usage u LEFT JOIN clusters c ON c.name = u.cluster),
+        kept AS (SELECT DISTINCT job FROM u WHERE job IS NOT NULL ORDER BY job DESC LIMIT {max_jobs})
+        SELECT coalesce(nullif(team, ''), '{UNASSIGNED}'), coalesce(nullif("user", ''), '{UNASSIGNED}'),
+               coalesce(nullif(project, ''), '{UNASSIGNED}'), cluster,
+               CASE WHEN job IS NULL THEN '{UNASSIGNED}' WHEN job IN (SELECT job FROM kept) THEN job::VARCHAR
+                    ELSE 'other' END,
+               sum(cost_micros)::BIGINT, coalesce(sum(gpu_s), 0),
+               coalesce(sum(cost_micros) FILTER (WHERE gpu_s <> 0), 0)::BIGINT
+        FROM u GROUP BY ALL ORDER BY ALL""").fetchall()
+    out: dict[str, dict[str, dict[str, Any]]] = {d: {} for d in SPEND_DIMENSIONS}
+    for *keys, micros, gpu_s, gpu_micros in rows:
+        for dim, key in zip(SPEND_DIMENSIONS, keys):
+            line = out[dim].setdefault(str(key), {"cost_micros": 0, "gpu_seconds": 0.0, "gpu_cost_micros": 0})
+            line["cost_micros"] += int(micros)
+            line["gpu_seconds"] += float(gpu_s)
+            line["gpu_cost_micros"] += int(gpu_micros)
+    cp = cur.execute("SELECT last_seq FROM checkpoint").fetchall()[0]
+    return {"by": {d: [{"key": k, **v} for k, v in sorted(out[d].items())] for d in SPEND_DIMENSIONS},
+            "through_seq": int(cp[0]) if cp else 0}

@@ -41,6 +41,7 @@ from skypurza.events.models import (
     all_event_types,
 )
 from skypurza.events.projection.service import ProjectionService, service_main
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract
 
 from . import queries, settlement
@@ -63,6 +64,7 @@ CONTRACT = LoopContract(
                    PeriodSettled: "closes the period", CompensationRecorded: "next period's report"},
     emit_notes={UsageRecorded: "meter", CompensationRecorded: "late usage for a settled period",
                 PeriodSettled: "`spz ledger settle`"},
+    bus=BusAccess(answers=QUERY_SERVICE),
 )
 
 
@@ -136,6 +138,7 @@ class LedgerService(ProjectionService):
             return await self.settle(str(params.get("period") or ""))
 
         return {"cost_report": self.reading(queries.cost_report),
+                "spend_summary": self.reading(queries.spend_summary),
                 "settlements": self.reading(lambda cur, p: queries.settlements(cur)),
                 "settle": settle}
 

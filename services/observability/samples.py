@@ -23,6 +23,7 @@ from skypurza.events.fold import JOB_TERMINAL
 from skypurza.events.managed_events import TERMINAL_STATUSES as MANAGED_TERMINAL
 from skypurza.events.naming import metric
 
+from .goodput import Goodput
 from .logfold import Histogram, LogCounters, histogram_of
 
 OTHER = "other"
@@ -45,6 +46,11 @@ class Snapshot:
     dead_letters: dict[str, int] | None = None  # service -> parked count
     log: LogCounters | None = None
     sources: dict[str, bool] = field(default_factory=dict)
+    # The fast path (what the service asks now): the status service's `metrics_summary` in place
+    # of clusters/jobs/managed, the ledger's `spend_summary` in place of costs.
+    summary: dict[str, Any] | None = None
+    spend: dict[str, Any] | None = None
+    goodput: dict[str, dict[str, Goodput]] | None = None  # goodput.report: dim -> key -> Goodput
 
 
 def _label(value: Any) -> str:
@@ -154,8 +160,106 @@ def _dollars(micros: int | float) -> float:
     return float(Decimal(int(micros)).scaleb(-6))
 
 
+def _keyed(rows: list[list[Any]]) -> dict[tuple[str, ...], float]:
+    """[[label, ..., value]] rows of a summary as a family's values (labels through `_label`)."""
+    out: dict[tuple[str, ...], float] = {}
+    for *labels, v in rows:
+        k = tuple(_label(x) for x in labels)
+        out[k] = out.get(k, 0.0) + float(v or 0)
+    return out
+
+
+def _states(rows: list[list[Any]]) -> dict[tuple[str, ...], float]:
+    return {(str(st or "UNKNOWN"),): float(n) for st, n in rows}
+
+
+def summary_families(m: dict[str, Any], max_series: int) -> list[Metric]:
+    """The fleet's families from the status service's `metrics_summary`: the same names, labels
+    and values as the ones `families` makes from `status` + `queue` + `jobs_queue` rows."""
+    out: list[Metric] = [
+        _gauge("clusters", "Clusters by state (terminated ones included).", ["state"], _states(m["clusters_by_state"])),
+        _gauge("nodes", "Nodes of clusters that are up or launching.", ["infra", "region", "instance_type", "market"],
+               _bounded(_keyed(m["nodes"]), (1, 2), max_series)),
+        _gauge("cost_rate_dollars_per_hour", "Dollars per hour being spent now (clusters that are up).",
+               ["team", "user", "project", "cluster"],
+               _bounded({k: _dollars(v) for k, v in _keyed(m["rate"]).items()}, (3, 1, 2, 0), max_series)),
+        _gauge("jobs", "Cluster jobs by state.", ["state"], _states(m["jobs_by_state"])),
+    ]
+    qw = m["queue_wait"]
+    if tuple(float(b) for b in qw["buckets"]) == QUEUE_WAIT_BUCKETS:
+        h = Histogram(QUEUE_WAIT_BUCKETS)
+        prev = 0
+        for i, cum in enumerate([*qw["cumulative"], qw["count"]]):
+            h.counts[i], prev = int(cum) - prev, int(cum)
+        h.total = float(qw["sum"])
+        out.append(_histogram("queue_wait_seconds", "Seconds from a job's submission to its start (jobs that started).", h))
+    idle, pend = m.get("oldest_idle_without_autostop"), m.get("oldest_pending")
+    out.append(_gauge("oldest_idle_cluster_without_autostop_timestamp_seconds",
+                      "Unix time since which the longest-idle UP cluster with no autostop has run nothing "
+                      "(absent when none).", [], {} if idle is None else {(): float(idle)}))
+    out.append(_gauge("oldest_pending_job_timestamp_seconds", "Unix time of the oldest submission of a job "
+                      "(cluster or managed) still PENDING (absent when none).", [], {} if pend is None else {(): float(pend)}))
+    total, most = m["managed_recoveries"]
+    out.append(_gauge("managed_jobs", "Managed jobs by state.", ["state"], _states(m["managed_by_state"])))
+    out.append(_gauge("managed_job_recoveries_max", "The most recoveries of one managed job not finished yet.",
+                      [], {(): float(most)}))
+    out.append(_counter("managed_job_recoveries", "Recoveries of managed jobs (preemptions and lost nodes).",
+                        [], {(): float(total)}))
+    return out
+
+
+SPEND_DIMENSIONS = ("team", "user", "project", "cluster", "job")
+
+
+def spend_families(spend: dict[str, Any], max_series: int) -> list[Metric]:
+    """Dollars spent by each dimension from the ledger's `spend_summary` (its `job` key is bounded
+    by the ledger: the newest jobs keep theirs, the rest is `other`) and the GPU-hours paid."""
+    out: list[Metric] = []
+    by = spend.get("by") or {}
+    for dim in SPEND_DIMENSIONS:
+        if dim not in by:
+            continue
+        micros = {(_label(line["key"]),): float(line["cost_micros"]) for line in by[dim]}
+        dollars = {k: _dollars(v) for k, v in bound(micros, 0, max_series).items()}
+        how = f"`spz cost-report --by {dim}`" if dim != "job" else "the ledger (managed job of the node's cluster)"
+        out.append(_counter(f"{dim}_spent_dollars", f"Dollars spent (metered usage and compensations) by {dim}, "
+                            f"as {how} says.", [dim], dollars))
+    for dim in ("team", "job"):
+        if dim in by:
+            hours = {(_label(line["key"]),): float(line["gpu_seconds"]) / 3600.0 for line in by[dim]}
+            out.append(_counter(f"{dim}_paid_gpu_hours", f"GPU-hours paid for (metered node time x GPUs) by {dim} "
+                                "(ledger).", [dim], bound(hours, 0, max_series)))
+    return out
+
+
+def goodput_families(report: dict[str, dict[str, Goodput]], max_series: int) -> list[Metric]:
+    """Useful GPU-hours (counters), and over the window since the endpoint started, goodput and
+    the idle GPU dollars (gauges), by team and by job. A ratio does not sum, so only the
+    `max_series` keys with the most paid GPU time show one; the counters fold into `other`."""
+    out: list[Metric] = []
+    for dim, keys in report.items():
+        useful = {(_label(k),): g.useful_s / 3600.0 for k, g in keys.items() if g.useful_s}
+        out.append(_counter(f"{dim}_useful_gpu_hours", f"GPU-hours with utilisation at or above the busy threshold "
+                            f"(node samples, since the endpoint started), by {dim}.", [dim], bound(useful, 0, max_series)))
+        shown = sorted((k for k, g in keys.items() if g.ratio is not None), key=lambda k: (-keys[k].paid_s, k))[:max_series]
+        out.append(_gauge(f"{dim}_goodput_ratio", f"Useful over paid GPU-seconds since the endpoint started, by {dim} "
+                          "(paid: the ledger's metered node time x GPUs).", [dim],
+                          {(_label(k),): float(keys[k].ratio or 0.0) for k in shown}))
+        idle = {(_label(k),): g.idle_dollars for k, g in keys.items() if g.ratio is not None}
+        out.append(_gauge(f"{dim}_idle_gpu_dollars", f"Dollars of GPU nodes paid since the endpoint started for GPU "
+                          f"time that did no useful work (cost x (1 - goodput)), by {dim}.", [dim],
+                          bound(idle, 0, max_series)))
+    return out
+
+
 def families(s: Snapshot, max_series: int) -> list[Metric]:
     out: list[Metric] = []
+    if s.summary is not None:
+        out += summary_families(s.summary, max_series)
+    if s.spend is not None:
+        out += spend_families(s.spend, max_series)
+    if s.goodput is not None:
+        out += goodput_families(s.goodput, max_series)
     if s.clusters is not None:
         out.append(_gauge("clusters", "Clusters by state (terminated ones included).", ["state"],
                           _count_by(s.clusters, "status")))

@@ -1,5 +1,7 @@
 """The metrics service: `/metrics` for Prometheus, computed at each scrape from the projections'
-queries over the bus (status, ledger), JetStream's own counters, and a fold of the live log.
+summary queries over the bus (status `metrics_summary`, ledger `spend_summary`: aggregated in
+DuckDB, so a scrape's cost does not grow with the jobs known), JetStream's own counters, and a
+fold of the live log.
 
 A `LoopContract` that emits nothing. `run` follows the log from its first event into
 `logfold.LogCounters` and serves HTTP on the configured address (settings.py); each scrape asks
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import errno
 import json
 import logging
@@ -27,15 +30,21 @@ from prometheus_client.exposition import choose_encoder
 from skypurza.events import ledger_queries, naming, status_queries
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, stored_from_msg
+from skypurza.events.contract import BusAccess
+from skypurza.events.models import ClusterProvisioned
+from skypurza.events.nodesample import decode_sample
 from skypurza.events.service import LoopContract
 
-from . import logfold
-from .samples import COST_DIMENSIONS, Snapshot, families
+from . import goodput, logfold
+from .samples import COST_DIMENSIONS, QUEUE_WAIT_BUCKETS, Snapshot, families
 from .settings import DEFAULT_PORT, MetricsSettings
 
 log = logging.getLogger("skypurza.observability")
 
-CONTRACT = LoopContract(name="observability", consumes=(), emits=())
+# It reads the log (a fold of its own), asks the status and ledger services, and hears node
+# samples (goodput's useful GPU time); it publishes nothing.
+CONTRACT = LoopContract(name="observability", consumes=(), emits=(),
+                        bus=BusAccess(asks=("status", "ledger"), samples="read"))
 
 MAX_REQUEST_BYTES = 8192  # a scrape's request line and headers; anything longer is refused
 READ_TIMEOUT_S = 5.0
@@ -49,12 +58,21 @@ class _Families:
         return self.items
 
 
+def paid_of(spend: dict[str, Any]) -> goodput.Paid:
+    """The ledger's paid GPU-seconds and GPU dollars by team and job (`spend_summary`)."""
+    by = spend.get("by") or {}
+    return {d: {str(line["key"]): (float(line.get("gpu_seconds") or 0), int(line.get("gpu_cost_micros") or 0) / 1e6)
+                for line in by.get(d, [])} for d in ("team", "job")}
+
+
 class ObservabilityService:
     contract = CONTRACT
 
     def __init__(self, settings: MetricsSettings | None = None) -> None:
         self.settings = settings or MetricsSettings.load()
         self.counters = logfold.LogCounters()
+        self.goodput = goodput.GoodputFold(busy_pct=self.settings.busy_pct)
+        self.samples_dropped = 0
         self.bus: Bus | None = None
         self.url: str | None = None
         self._listening = asyncio.Event()
@@ -69,6 +87,7 @@ class ObservabilityService:
         self.bus = bus
         follower = asyncio.create_task(self._follow(bus))
         try:
+            samples = await bus.nc.subscribe(naming.samples_filter(bus.stage), cb=self._on_sample)
             self._server = await self._listen()
         except BaseException:
             await stop_tasks(follower)
@@ -83,6 +102,19 @@ class ObservabilityService:
         finally:
             await self.close()
             await stop_tasks(follower)
+            try:
+                await samples.unsubscribe()
+            except Exception:  # the connection may be gone already
+                pass
+
+    async def _on_sample(self, msg: Any) -> None:
+        """A node sample: its busy GPUs credited to the cluster's owner (pure, a few microseconds;
+        a sample that does not decode is counted and dropped)."""
+        sample = decode_sample(msg.data)
+        if sample is None:
+            self.samples_dropped += 1
+            return
+        goodput.observe(self.goodput, sample)
 
     async def _listen(self) -> asyncio.AbstractServer:
         """The endpoint on the configured port; the default port taken (another stage's control
@@ -126,22 +158,43 @@ class ObservabilityService:
             try:
                 st = stored_from_msg(msg)
                 logfold.apply(self.counters, st.seq, st.timestamp, st.event)
+                if isinstance(st.event, ClusterProvisioned):
+                    goodput.own(self.goodput, st.event.cluster, st.event.team, st.event.managed_job_id)
             except Exception as exc:  # one bad event never stops the metrics
                 log.warning("metrics: event skipped: %r", exc)
 
     # ------------------------------------------------------------ one scrape
 
+    async def _ask(self, coro: Any) -> Any:
+        try:
+            return await asyncio.wait_for(coro, self.settings.query_timeout_s)
+        except Exception as exc:
+            log.debug("metrics source failed: %r", exc)
+            return None
+
     async def snapshot(self) -> Snapshot:
+        """One scrape's sources: the projections' summaries (aggregated where the data is, so a
+        scrape moves a few hundred rows whatever the number of jobs), JetStream, the log fold."""
         assert self.bus is not None
-        bus, t = self.bus, self.settings.query_timeout_s
+        bus, t, ask = self.bus, self.settings.query_timeout_s, self._ask
+        summary, spend, spos, lpos, last, consumers, dlq = await asyncio.gather(
+            ask(status_queries.metrics_summary(bus, QUEUE_WAIT_BUCKETS, timeout=t)),
+            ask(ledger_queries.spend_summary(bus, max_jobs=self.settings.max_series, timeout=t)),
+            ask(status_queries.position(bus, timeout=t)), ask(ledger_queries.position(bus, timeout=t)),
+            ask(bus.last_seq()), ask(self._consumers()), ask(self._dead_letters()))
+        snap = Snapshot(summary=summary, spend=spend, consumers=consumers, dead_letters=dlq, last_seq=last,
+                        log=self.counters)
+        snap.projections = {k: v for k, v in (("status", spos), ("ledger", lpos)) if v is not None}
+        snap.sources = {"status": summary is not None, "ledger": spend is not None, "jetstream": consumers is not None}
+        if spend is not None:
+            snap.goodput = goodput.report(self.goodput, paid_of(spend))
+        return snap
 
-        async def ask(coro: Any) -> Any:
-            try:
-                return await asyncio.wait_for(coro, t)
-            except Exception as exc:
-                log.debug("metrics source failed: %r", exc)
-                return None
-
+    async def snapshot_rows(self) -> Snapshot:
+        """The first path, kept as the reference the summaries are tested (and benched) against:
+        every cluster, job and managed job, and one cost report per dimension, at each scrape."""
+        assert self.bus is not None
+        bus, t, ask = self.bus, self.settings.query_timeout_s, self._ask
         status, jobs, managed, spos, lpos, last, consumers, dlq, *costs = await asyncio.gather(
             ask(status_queries.status(bus, all=True, timeout=t)), ask(status_queries.queue(bus, timeout=t)),
             ask(status_queries.jobs_queue(bus, timeout=t)), ask(status_queries.position(bus, timeout=t)),
@@ -174,9 +227,10 @@ class ObservabilityService:
         subjects = info.state.subjects or {}
         return {subj[len(prefix):]: int(n) for subj, n in subjects.items()}
 
-    async def render(self, accept: str | None) -> tuple[bytes, str]:
+    async def render(self, accept: str | None, rows: bool = False) -> tuple[bytes, str]:
+        snap = await (self.snapshot_rows() if rows else self.snapshot())
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(families(await self.snapshot(), self.settings.max_series)))
+        registry.register(_Families(families(snap, self.settings.max_series)))
         encoder, content_type = choose_encoder(accept or "")
         return encoder(registry), content_type
 
@@ -226,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= args.port <= 65535:
             print(f"error: --port {args.port}: expected 0 to 65535", file=sys.stderr)
             return 2
-        settings = MetricsSettings(settings.host, args.port, settings.max_series, settings.query_timeout_s)
+        settings = dataclasses.replace(settings, port=args.port)
 
     async def go() -> None:
         import signal

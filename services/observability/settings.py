@@ -8,6 +8,8 @@ from typing import Any
 
 from skypurza.events.settings import Sources, SettingsError
 
+from .goodput import DEFAULT_BUSY_PCT
+
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses: free on most hosts
 DEFAULT_HOST = "127.0.0.1"  # loopback: a wider bind is the operator's explicit choice
 DEFAULT_MAX_SERIES = 100  # distinct values kept per label (clusters, users...), the rest is "other"
@@ -19,6 +21,7 @@ class MetricsSettings:
     port: int = DEFAULT_PORT
     max_series: int = DEFAULT_MAX_SERIES
     query_timeout_s: float = 5.0  # one scrape never waits longer on a projection's answer
+    busy_pct: float = DEFAULT_BUSY_PCT  # goodput: a GPU at or above this utilisation is doing work
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> "MetricsSettings":
@@ -34,4 +37,6 @@ class MetricsSettings:
                                    key="observability.max_series"),
             query_timeout_s=src.seconds("SKYPURZA_METRICS_QUERY_TIMEOUT_S", 5.0, low=0.1, high=60.0,
                                         key="observability.query_timeout_s"),
+            busy_pct=src.number("SKYPURZA_GOODPUT_BUSY_PCT", DEFAULT_BUSY_PCT, low=0.1, high=100.0,
+                                key="observability.goodput_busy_pct"),
         )

@@ -62,6 +62,7 @@ class KubernetesAdapter:
         self.agent_env = dict(agent_env or {})
         self._factory = client_factory or (lambda ctx: client_for(self.settings, ctx))
         self._clients: dict[str, Any] = {}
+        self._namespaces: dict[str, str] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -76,7 +77,9 @@ class KubernetesAdapter:
         return enabled_contexts(self.settings)
 
     def namespace(self, context: str) -> str:
-        return namespace_for(self.settings, context)
+        if context not in self._namespaces:  # read once: the launch loop polls every poll_s
+            self._namespaces[context] = namespace_for(self.settings, context)
+        return self._namespaces[context]
 
     async def _call(self, context: str, fn: Callable[..., Any], *args: Any, ok: Collection[int] = (),
                     **kwargs: Any) -> Any:
@@ -242,12 +245,14 @@ class KubernetesAdapter:
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
         out: list[NodeInfo] = []
-        for context in (list(regions) if regions else self.contexts()):
+        contexts = self.contexts()
+        for context in contexts + sorted(set(regions or ()) - set(contexts)):
             out.extend(self._nodes(context, await self._pods(context, {naming.K8S_LABEL_STAGE: stage})))
         return out
 
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
         done = []
+        clusters: set[tuple[str, str]] = set()
         for node in nodes:
             if node.stage != stage or not node.region:
                 continue
@@ -255,6 +260,12 @@ class KubernetesAdapter:
             await self._call(node.region, core.delete_namespaced_pod, node.instance_id, self.namespace(node.region),
                              grace_period_seconds=0, ok=(404,))
             done.append(node.instance_id)
+            if node.cluster:
+                clusters.add((node.region, node.cluster))
+        for context, cluster in sorted(clusters):  # an orphan cluster's Service goes with its last pod
+            if not await self._pods(context, naming.k8s_labels(stage, cluster)):
+                await self._call(context, self._core(context).delete_namespaced_service,
+                                 naming.k8s_service(stage, cluster), self.namespace(context), ok=(404,))
         return done
 
     async def close(self) -> None:

@@ -129,6 +129,11 @@ async def reconcile(
                 regions = sorted(set(await backends.aws_regions())
                                  | {ev.candidate.region for ev in live.values()
                                     if ev.candidate.infra == "aws" and ev.candidate.region})
+            elif infra == "kubernetes":
+                # Live clusters' contexts too: one dropped from allowed_contexts still holds pods,
+                # which must not read as a vanished cluster (the backend adds its enabled contexts).
+                regions = sorted({ev.candidate.region for ev in live.values()
+                                  if ev.candidate.infra == infra and ev.candidate.region})
             owned = await backend.list_owned(bus.stage, regions)
         except UnsupportedInfra as exc:
             report.errors[infra] = str(exc)

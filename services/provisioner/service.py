@@ -492,6 +492,10 @@ class ProvisionerService:
 
 
 def _url_of(bus: Bus) -> str:
+    # A cluster: the agents get every node, so one node down does not keep them off the bus.
+    servers = getattr(bus, "servers", None)
+    if isinstance(servers, list) and len(servers) > 1:
+        return ",".join(servers)
     url: Any = getattr(bus.nc, "connected_url", None)
     if url is None:
         return ""

@@ -72,6 +72,7 @@ from skypurza.events.models import (
     SpotPreempted,
     TaskSubmitted,
 )
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import EmitContext, Reactions, ServiceContract, handles
 
 from . import buckets, machine
@@ -105,6 +106,7 @@ CONTRACT = ServiceContract(
     emit_notes={ManagedJobStatusChanged: "with optimistic concurrency on the job",
                 TaskSubmitted: "each task of a managed job", DownRequested: "the clusters a job no longer uses",
                 SpotPreempted: "EC2 polling", NodeLost: "EC2 polling, heartbeats"},
+    bus=BusAccess(beats="read"),  # the heartbeat detector (heartbeats.py)
 )
 
 

@@ -119,3 +119,67 @@ def jobs_queue(cur: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
         SELECT job_id, name, "user", team, project, status, num_tasks, task_index, cluster, recoveries,
                restarts_on_errors, submitted_at, started_at, ended_at, cancel_requested, reason
         FROM managed_jobs {cond} ORDER BY job_id DESC {limit}""", args)
+
+
+# ---------------------------------------------------------------- the metrics endpoint's summary
+
+_LIVE = ("INIT", "UP")  # clusters whose nodes exist (and are paid for) now
+MAX_BUCKETS = 64
+
+
+def metrics_summary(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """What `/metrics` shows of the fleet, aggregated here: a few hundred rows whatever the number
+    of jobs, where `status` + `queue` send every cluster and job across the bus at each scrape.
+
+    `wait_buckets`: the queue-wait histogram's upper bounds in seconds (ascending); the answer's
+    `queue_wait.cumulative` has one count per bound (jobs whose wait is at most it). Times are
+    Unix seconds. Docs: docs/status.md, docs/observability.md."""
+    raw = params.get("wait_buckets") or []
+    if not isinstance(raw, list) or len(raw) > MAX_BUCKETS:
+        raise ValueError(f"wait_buckets: a list of at most {MAX_BUCKETS} numbers")
+    buckets = sorted(float(b) for b in raw)
+
+    def rows(sql: str, args: list[Any] | None = None) -> list[list[Any]]:
+        return [list(r) for r in cur.execute(sql, args or []).fetchall()]
+
+    def epoch(sql: str) -> float | None:
+        v = rows(sql)[0][0]
+        return None if v is None else int(v) / 1e6
+
+    # Small statements, each a scan of one table: DuckDB runs these in about a millisecond each,
+    # where one statement of correlated sub-selects builds lists ten times slower.
+    live = f"status IN {_LIVE}"
+    waits = "greatest(epoch_us(started_at) - epoch_us(submitted_at), 0) / 1e6"
+    hist = rows(f"""SELECT count(*), coalesce(sum({waits}), 0)
+                    {''.join(f', count(*) FILTER (WHERE {waits} <= ?)' for _ in buckets)}
+                    FROM jobs WHERE started_at IS NOT NULL AND submitted_at IS NOT NULL""", buckets)[0]
+    return {
+        "clusters_by_state": rows("SELECT status, count(*) FROM clusters GROUP BY status ORDER BY status"),
+        "nodes": rows(f"""SELECT infra, region, instance_type, market, sum(num_nodes)::BIGINT FROM clusters
+                          WHERE {live} GROUP BY ALL ORDER BY ALL"""),
+        # Dollars per hour now: each UP cluster's price per node x its nodes.
+        "rate": rows("""SELECT team, "user", project, name, (hourly_price_micros::HUGEINT * num_nodes)::BIGINT
+                        FROM clusters WHERE status = 'UP' ORDER BY name"""),
+        "jobs_by_state": rows("SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status"),
+        "queue_wait": {"count": int(hist[0]), "sum": float(hist[1]), "buckets": buckets,
+                       "cumulative": [int(n) for n in hist[2:]]},
+        "oldest_pending": epoch("""SELECT min(t) FROM (
+                                     SELECT epoch_us(submitted_at) AS t FROM jobs WHERE status = 'PENDING'
+                                     UNION ALL
+                                     SELECT epoch_us(submitted_at) FROM managed_jobs WHERE status = 'PENDING')"""),
+        # The longest-idle UP cluster without autostop: no job pending or running on it, idle since
+        # its launch, start or last job's end, whichever is latest.
+        "oldest_idle_without_autostop": epoch(f"""
+            SELECT min(greatest(epoch_us(c.launched_at), epoch_us(c.started_at), epoch_us(e.last_end)))
+            FROM clusters c
+            LEFT JOIN (SELECT cluster, max(ended_at) AS last_end,
+                              count(*) FILTER (WHERE status NOT IN {_JOB_TERMINAL}) AS busy
+                       FROM jobs GROUP BY cluster) e ON e.cluster = c.name
+            WHERE c.status = 'UP' AND c.autostop_minutes IS NULL AND coalesce(e.busy, 0) = 0
+              AND coalesce(c.launched_at, c.started_at, e.last_end) IS NOT NULL"""),
+        "managed_by_state": rows("SELECT status, count(*) FROM managed_jobs GROUP BY status ORDER BY status"),
+        "managed_recoveries": [int(x) for x in rows(f"""
+            SELECT coalesce(sum(recoveries), 0)::BIGINT,
+                   coalesce(max(recoveries) FILTER (WHERE status NOT IN {_MANAGED_TERMINAL}), 0)::BIGINT
+            FROM managed_jobs""")[0]],
+    }

@@ -4,7 +4,7 @@ Open code (docs/status.md). It has its own loop (`run(bus, stop)`), like the led
 position in the log is the checkpoint in DuckDB, written in the same transaction as the rows
 (events/projection/): it reads the log from checkpoint + 1 with an ephemeral consumer, applies
 batches in memory (services/status/projector.py, the one fold's states), commits each batch with
-its checkpoint off the event loop, and answers `status`, `queue`, `jobs_queue`, `position` and
+its checkpoint off the event loop, and answers `status`, `queue`, `jobs_queue`, `metrics_summary`, `position` and
 `audit` over NATS request-reply on `naming.query_subject(stage, "status", <query>)` from read
 cursors. An event it cannot apply is bisected out of its batch, recorded as skipped and parked
 (service `status`); the rest goes on.
@@ -36,6 +36,7 @@ from skypurza.events.models import (
 )
 from skypurza.events.projection.pipeline import Projector
 from skypurza.events.projection.service import ProjectionService, service_main
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract
 
 from . import queries
@@ -54,6 +55,7 @@ CONTRACT = LoopContract(
     consume_notes={TaskSubmitted: "placements", PlacementChosen: "attempts", CapacityError: "attempts",
                    ClusterProvisioned: "clusters", NodeReady: "nodes", JobQueued: "jobs",
                    ManagedJobStatusChanged: "managed jobs", UsageRecorded: "a cluster's cost so far"},
+    bus=BusAccess(answers=QUERY_SERVICE),
 )
 
 
@@ -72,7 +74,8 @@ class StatusService(ProjectionService):
 
     def query_handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
         return {"status": self.reading(queries.status), "queue": self.reading(queries.queue),
-                "jobs_queue": self.reading(queries.jobs_queue)}
+                "jobs_queue": self.reading(queries.jobs_queue),
+                "metrics_summary": self.reading(queries.metrics_summary)}
 
 
 # ---------------------------------------------------------------- process entry point

@@ -66,6 +66,11 @@ class SlurmRig:
         return self.root / "munge" / "munge.socket"
 
     @property
+    def login_home(self) -> Path:
+        """The login user's $HOME on the "cluster" (not root's own: what jobs write stays in the rig)."""
+        return self.root / "home"
+
+    @property
     def key(self) -> Path:
         return self.root / "ssh" / "id_ed25519"
 
@@ -206,7 +211,7 @@ class SlurmRig:
             f"Port {self.ssh_port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
             f"PidFile {s}/sshd.pid", f"AuthorizedKeysFile {s}/authorized_keys", "StrictModes no",
             "UsePAM no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-            f"SetEnv SLURM_CONF={self.conf}", "MaxStartups 100:30:200", "MaxSessions 100", "",
+            f"SetEnv SLURM_CONF={self.conf} HOME={self.login_home}", "MaxStartups 100:30:200", "MaxSessions 100", "",
         ]))
         self._spawn("sshd", ["/usr/sbin/sshd", "-D", "-f", str(s / "sshd_config"), "-E", str(s / "sshd.log")])
         _wait(lambda: _port_open(self.ssh_port), "sshd", s / "sshd.log")

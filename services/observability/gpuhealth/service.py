@@ -28,6 +28,7 @@ from skypurza.events.cluster_events import NodeLost
 from skypurza.events.envelope import derive_id
 from skypurza.events.health_events import GpuUnhealthy
 from skypurza.events.nodesample import NodeSample, decode_sample
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract, declared_bus
 
 from . import rules
@@ -44,6 +45,7 @@ CONTRACT = LoopContract(
     emits=(GpuUnhealthy, NodeLost),
     emit_notes={GpuUnhealthy: "a rule found a sick GPU (node samples on core NATS)",
                 NodeLost: "a fatal finding: recovery moves the managed job elsewhere"},
+    bus=BusAccess(answers=QUERY_SERVICE, samples="read"),
 )
 
 

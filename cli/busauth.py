@@ -1,0 +1,48 @@
+"""A deployment's secured bus: the users of every declared contract (cli/contracts.py), their
+credentials and the server's authorization block written under the stage's state directory
+(events/natsauth.py decides, events/natscreds.py writes). The CLI's own contract is left out: a
+laptop never holds bus credentials; it talks to the API server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from skypurza.events import naming
+from skypurza.events.contract import Contract
+from skypurza.events.natsauth import authorization_block, deployment_users
+from skypurza.events.natscreds import CREDS_ENV, credentials_file, write_deployment
+
+from .contracts import CLI, all_contracts
+
+
+def deployment_contracts() -> list[Contract]:
+    return [c for c in all_contracts() if c is not CLI]
+
+
+def prepare(stage: str) -> Path:
+    """Write (or keep) every user's credentials; return the authorization block's path."""
+    users = deployment_users(stage, deployment_contracts())
+    return write_deployment([u.name for u in users], lambda passwords: authorization_block(users, passwords),
+                            directory=naming.bus_credentials_dir(stage), auth_file=naming.bus_auth_file(stage))
+
+
+def env_for(stage: str, user: str) -> dict[str, str]:
+    """The environment that makes a child process's buses connect as `user`."""
+    return {CREDS_ENV: str(credentials_file(naming.bus_credentials_dir(stage), user))}
+
+
+async def set_up(url: str, stage: str) -> None:
+    """As the `control` user: the streams, the secrets bucket and the uploads store, which no
+    service's user may create (they only check them on connect)."""
+    from skypurza.events import uploads
+    from skypurza.events.bus import Bus
+    from skypurza.events.natscreds import read_credentials
+
+    creds = read_credentials(credentials_file(naming.bus_credentials_dir(stage), naming.BUS_CONTROL_USER))
+    bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/setup", credentials=creds)
+    try:
+        await bus._secrets_kv()
+        await uploads.object_store(bus)
+    finally:
+        await bus.close()

@@ -1,0 +1,215 @@
+"""Dispatch and alerts over HTTP (`spz dispatch queue|policy show|apply`, `spz budgets`, `spz alerts
+list`); docs/team.md lists who may call each.
+
+- `GET /api/v1/dispatch/queue`: the pending tasks with why each waits, in the order they are
+  decided, and each queue's quota, used against nominal per flavor and resource; rows the caller
+  may read (identity.visible with all users).
+- `GET /api/v1/dispatch/policy`: the active policy, as YAML (what the console's editor shows) and
+  as JSON, with who applied it, from where, and its log sequence.
+- `PUT /api/v1/dispatch/policy` (admins): a policy YAML, validated by dispatch's own loader; every
+  problem with its line, column and key (problem+json 422, nothing published), else published as
+  DispatchPolicyApplied stamped with the caller. `DELETE` removes the policy (every held task is
+  admitted), the same event with no policy.
+- `GET /api/v1/budgets`: every budget of the policy, spent this period against its limit (a
+  member's or viewer's: their team's).
+- `GET /api/v1/alerts`: the alerts raised and not resolved (AlertRaised, AlertResolved folded from
+  the log: events/alert_events.py); viewers, who read only their own team's, see none.
+
+Dispatch is platform code: what it computes is read through services/api/dispatch_reads.py, the
+same fold and loader the CLI uses; without it the dispatch routes are a 404 that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from skypurza.events import naming
+from skypurza.events.alert_events import AlertRaised, AlertResolved
+from skypurza.events.dispatch_events import POLICY_ID, DispatchPolicyApplied
+from skypurza.events.principal import stamp
+
+from . import dispatch_reads
+from .deps import ApiDeps
+from .identity import Principal, authorize, visible
+from .problems import Problem, forbidden, not_found, unavailable
+
+log = logging.getLogger("skypurza.api")
+
+MAX_POLICY_CHARS = 1 << 20  # the loader's own bound (1 MiB), checked here before any parse
+MAX_PROBLEMS = 100
+MAX_ALERTS = 1000
+SOURCE_CHARS = 200
+
+
+class PolicyBody(BaseModel):
+    """A dispatch policy file's text (docs/dispatch.md, *Policy*)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    yaml: str = Field(max_length=MAX_POLICY_CHARS, description="The policy YAML.")
+    source: str = Field("console", min_length=1, max_length=SOURCE_CHARS,
+                        description="Where it came from, for `spz dispatch policy show`.")
+
+
+def policy_yaml(policy: Any) -> str:
+    """The policy as the editor shows it (pure): what `spz dispatch policy show` prints."""
+    return yaml.safe_dump(policy.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+
+
+def queue_quotas(policy: Any, usage: dict[str, dict[tuple[str, str], float]]) -> list[dict[str, Any]]:
+    """Each queue's quota, per flavor and resource in the policy's order, with what admitted work
+    uses of it now (pure)."""
+    out = []
+    for q in policy.queues:
+        used = usage.get(q.name, {})
+        rows = [{"flavor": fq.flavor, "resource": res, "nominal": rq.nominal, "used": round(used.get((fq.flavor, res), 0.0), 6),
+                 "borrowing_limit": rq.borrowing_limit, "lending_limit": rq.lending_limit}
+                for fq in q.quotas for res, rq in fq.resources.items()]
+        out.append({"name": q.name, "team": q.team, "cohort": q.cohort, "strategy": q.strategy, "quotas": rows})
+    return out
+
+
+class OpenAlerts:
+    """The alerts raised and not yet resolved (pure fold): a resolve ends the occurrence it names;
+    a later raise of the same key is a new one. Kept one entry per key, so bounded by the
+    conditions, not by the log's length."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, dict[str, Any]] = {}
+
+    def apply(self, ev: Any) -> None:
+        if isinstance(ev, AlertRaised):
+            self.open[ev.key] = {"key": ev.key, "kind": ev.kind, "subject": ev.subject, "severity": ev.severity,
+                                 "summary": ev.summary, "occurrence": ev.occurrence,
+                                 "raised_at": ev.raised_at.isoformat()}
+        elif isinstance(ev, AlertResolved) and ev.key in self.open and self.open[ev.key]["occurrence"] <= ev.occurrence:
+            del self.open[ev.key]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Newest first, at most MAX_ALERTS."""
+        return sorted(self.open.values(), key=lambda a: a["raised_at"], reverse=True)[:MAX_ALERTS]
+
+
+def router(deps: ApiDeps) -> APIRouter:
+    r = APIRouter(prefix="/api/v1", tags=["dispatch"])
+    caller = Depends(deps.principal)
+    reads = dispatch_reads.load()
+
+    def need_dispatch() -> dispatch_reads.DispatchReads:
+        if reads is None:
+            raise not_found("dispatch is not installed on this server (the platform's dispatch package); "
+                            "every submission is admitted at once")
+        return reads
+
+    async def state() -> Any:
+        d = need_dispatch()
+        try:
+            return await d.load_state(deps.bus())
+        except Exception as exc:
+            log.warning("reading dispatch's fold failed: %s: %s", type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+
+    @r.get("/dispatch/queue", summary="Pending tasks with why each waits, and each queue's quota in use")
+    async def queue(who: Principal = caller) -> dict[str, Any]:
+        st = await state()
+        rows = [{"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user, "position": i,
+                 "submitted_seq": p.seq, "request": p.request,
+                 "kind": st.held.get(p.task_id, ("", ""))[0],
+                 "reason": st.held.get(p.task_id, ("", "not decided yet"))[1]}
+                for i, p in enumerate(st.pending.values(), 1)]
+        return {"policy": st.policy is not None, "pending": visible(who, rows, True),
+                "queues": queue_quotas(st.policy, st.usage) if st.policy is not None else [],
+                "note": "ordered as dispatch decides them"}
+
+    async def last_policy() -> Any:
+        b = deps.bus()
+        try:
+            return await b.last_event(naming.event_subject(b.stage, DispatchPolicyApplied.AGGREGATE, POLICY_ID,
+                                                           DispatchPolicyApplied.EVENT_NAME))
+        except Exception as exc:
+            log.warning("reading the dispatch policy failed: %s: %s", type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+
+    @r.get("/dispatch/policy", summary="The active dispatch policy (YAML and JSON), who applied it, from where")
+    async def get_policy(who: Principal = caller) -> dict[str, Any]:
+        need_dispatch()
+        last = await last_policy()
+        ev = last.event if last is not None and isinstance(last.event, DispatchPolicyApplied) else None
+        policy = ev.policy if ev is not None else None
+        return {"policy": policy.model_dump(mode="json", exclude_defaults=True) if policy else None,
+                "yaml": policy_yaml(policy) if policy else None, "source": ev.source if ev else None,
+                "applied_by": ev.applied_by if ev else None, "seq": last.seq if last is not None else None,
+                "time": last.timestamp.isoformat() if last is not None else None}
+
+    def admin(who: Principal) -> None:
+        decision = authorize(who, "manage")
+        if not decision.allowed:
+            raise forbidden("changing the dispatch policy (quotas, budgets) is for admins")
+
+    async def publish(event: DispatchPolicyApplied, who: Principal) -> int:
+        b = deps.bus()
+        ack = await b.publish(stamp(b.envelope(event), who.user, who.team))
+        log.info("dispatch policy %s by %s (log sequence %s)", "applied" if event.policy else "removed", who.user,
+                 ack.seq)
+        return int(ack.seq)
+
+    @r.put("/dispatch/policy", summary="Apply a dispatch policy (admins): validated, then published")
+    async def put_policy(body: PolicyBody, who: Principal = caller) -> dict[str, Any]:
+        admin(who)
+        d = need_dispatch()
+        try:
+            policy = d.load_policy(body.yaml, body.source)
+        except d.policy_error as exc:
+            found = list(getattr(exc, "problems", []))[:MAX_PROBLEMS]
+            first = str(found[0]) if found else str(exc)
+            raise Problem(422, "invalid-policy", "Invalid policy", f"nothing was applied: {first}"[:1000],
+                          problems=[{"line": p.line, "column": p.column, "key": p.key, "message": p.message}
+                                    for p in found])
+        seq = await publish(DispatchPolicyApplied(policy=policy, source=body.source, applied_by=who.user), who)
+        return {"applied": True, "seq": seq, "source": body.source, "applied_by": who.user}
+
+    @r.delete("/dispatch/policy", summary="Remove the dispatch policy (admins): every held task is admitted")
+    async def clear_policy(who: Principal = caller) -> dict[str, Any]:
+        admin(who)
+        need_dispatch()
+        seq = await publish(DispatchPolicyApplied(policy=None, source="console", applied_by=who.user), who)
+        return {"applied": True, "seq": seq, "policy": None}
+
+    @r.get("/budgets", summary="Every budget: spent this period, the limit, its state and forecast")
+    async def budget_list(who: Principal = caller) -> dict[str, Any]:
+        d = need_dispatch()
+        st = await state()
+        now = datetime.now(timezone.utc)
+        rows = []
+        for b in (st.policy.budgets if st.policy else []):
+            if who.role != "admin" and b.team != who.team:
+                continue
+            s = d.budget_status(b, st.spend, now)
+            rows.append({"team": s.team, "user": s.user, "period": s.period, "period_key": s.period_key,
+                         "spent_usd": s.spent_usd, "limit_usd": s.limit_usd, "fraction": s.fraction,
+                         "state": s.state, "hard": s.hard, "resets_at": s.resets_at.isoformat(),
+                         "runs_out_at": s.runs_out_at.isoformat() if s.runs_out_at else None})
+        return {"budgets": rows}
+
+    @r.get("/alerts", summary="The alerts raised and not yet resolved, newest first")
+    async def alerts(who: Principal = caller) -> dict[str, Any]:
+        if who.role == "viewer":
+            return {"alerts": [], "note": "viewers read their own team's clusters only; fleet alerts are for members"}
+        b = deps.bus()
+        board = OpenAlerts()
+        try:
+            async for s in b.replay(filter_subjects=[naming.event_filter(b.stage, c.AGGREGATE, c.EVENT_NAME)
+                                                     for c in (AlertRaised, AlertResolved)]):
+                board.apply(s.event)
+        except Exception as exc:
+            log.warning("reading alerts failed: %s: %s", type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+        return {"alerts": board.rows()}
+
+    return r

@@ -1,0 +1,1 @@
+"""The public CloudEvents mirror: job events republished for outsiders (docs/events.md)."""
