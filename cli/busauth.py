@@ -32,15 +32,22 @@ def env_for(stage: str, user: str) -> dict[str, str]:
     return {CREDS_ENV: str(credentials_file(naming.bus_credentials_dir(stage), user))}
 
 
+async def connect_as(url: str, stage: str, user: str, source: str):
+    """A Bus connected as `user` of `stage`'s deployment (its 0600 file under the state dir; a
+    missing or broken one is a CredentialsError, one line)."""
+    from skypurza.events.bus import Bus
+    from skypurza.events.natscreds import read_credentials
+
+    creds = read_credentials(credentials_file(naming.bus_credentials_dir(stage), user))
+    return await Bus.connect(url, stage, source=source, credentials=creds, max_reconnect_attempts=0)
+
+
 async def set_up(url: str, stage: str) -> None:
     """As the `control` user: the streams, the secrets bucket and the uploads store, which no
     service's user may create (they only check them on connect)."""
     from skypurza.events import uploads
-    from skypurza.events.bus import Bus
-    from skypurza.events.natscreds import read_credentials
 
-    creds = read_credentials(credentials_file(naming.bus_credentials_dir(stage), naming.BUS_CONTROL_USER))
-    bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/setup", credentials=creds)
+    bus = await connect_as(url, stage, naming.BUS_CONTROL_USER, f"/skypurza/{stage}/setup")
     try:
         await bus._secrets_kv()
         await uploads.object_store(bus)

@@ -56,7 +56,8 @@ def api_start(
     foreground: bool = typer.Option(False, "--foreground", help="Run the supervisor in this process, its log on "
                                     "stdout (for systemd or Kubernetes); Ctrl-C or SIGTERM stops it."),
     deploy: bool = typer.Option(False, "--deploy", help="A team deployment: the API server takes tokens only and "
-                                "listens on 0.0.0.0 (or --host); the first start makes the admin and prints its "
+                                "listens on 0.0.0.0 (or --host); the bus takes the deployment's own users only "
+                                "(credentials 0600 under the state dir); the first start makes the admin and prints its "
                                 "token once (also in <state dir>/admin-token, mode 0600)."),
     enable_basic_auth: bool = typer.Option(False, "--enable-basic-auth", help="Not supported: a deployment "
                                                                               "takes tokens (--deploy)."),
@@ -102,8 +103,8 @@ def api_start(
         return
     verb = "already running" if st.get("already_running") else "started"
     typer.echo(f"Control plane {verb} for stage {st['stage']}: API server {st.get('api_url') or '-'}"
-               f"{' (deploy: tokens only)' if st.get('api_deploy') else ''}, NATS {st['nats_url']} "
-               f"(state in {st['state_dir']}).")
+               f"{' (deploy: tokens only)' if st.get('api_deploy') else ''}, NATS {st['nats_url']}"
+               f"{' (secured: users only)' if st.get('bus_secured') else ''} (state in {st['state_dir']}).")
     if st.get("console_url"):
         typer.echo(f"Web console: {st['console_url']}")
     if admin and admin.get("token"):
@@ -142,7 +143,14 @@ def _first_admin(plane) -> dict:
 
         from .control import connect_bus
 
-        bus = await connect_bus(plane.stage, "api")
+        st = plane.status()
+        if st.get("bus_secured"):  # the deployment's set-up on its own host: the control user
+            from .busauth import connect_as
+
+            bus = await connect_as(st["nats_url"], plane.stage, naming.BUS_CONTROL_USER,
+                                   f"/skypurza/{plane.stage}/setup")
+        else:
+            bus = await connect_bus(plane.stage, "api")
         try:
             directory = await load_directory(bus)
             if "admin" in directory.users:
@@ -241,7 +249,8 @@ def api_status(
     c.print(f"stage [bold]{st['stage']}[/bold] ({st['mode']}): "
             f"{'[green]running[/green]' if st['running'] else '[yellow]not running[/yellow]'}")
     c.print(f"API server: {st.get('api_url') or '-'}{' (deploy: tokens only)' if st.get('api_deploy') else ''}    "
-            f"NATS: {st['nats_url'] or '-'}    state: {st['state_dir']}")
+            f"NATS: {st['nats_url'] or '-'}{' (secured: users only)' if st.get('bus_secured') else ''}    "
+            f"state: {st['state_dir']}")
     if st.get("console_url"):
         c.print(f"web console: {st['console_url']}")
     if st.get("metrics_url"):

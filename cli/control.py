@@ -137,6 +137,8 @@ class ControlPlane:
             # The API server's URL as seen from this machine (its token is never here).
             "api_url": state.get("api_url") if sup is not None or external else None,
             "api_deploy": bool((((state.get("processes") or {}).get("api-server")) or {}).get("deploy")),
+            # A deployment's bus takes its users only (cli/busauth.py); never a password here.
+            "bus_secured": bool(state.get("bus_secured")) and sup is not None,
             # Each service of the services process as its supervisor sees it (cli/health.py).
             "services": health.services_status(naming.services_health_file(self.stage)),
         }
@@ -407,6 +409,18 @@ def _reap(pid: int | None) -> None:
         pass
 
 
+def secured_bus_refusal(stage: str) -> str | None:
+    """Why the CLI cannot use the stage's bus itself, or None: a deployment's bus takes its
+    services' users only, and the CLI holds none (it talks to the API server)."""
+    from skypurza.events.natscreds import CREDS_ENV
+
+    if os.environ.get(CREDS_ENV) or load_config().nats_url or not ControlPlane(stage).status().get("bus_secured"):
+        return None
+    return (f"stage {stage} is a team deployment (spz api start --deploy): its bus refuses clients without "
+            f"credentials; use its API server: spz api login -e URL --token TOKEN (the first admin's token: "
+            f"{naming.admin_token_file(stage)})")
+
+
 async def connect_bus(stage: str, source: str = "cli"):
     """A connected Bus for the CLI (the control plane is started on first use)."""
     from skypurza.events.bus import Bus
@@ -414,6 +428,9 @@ async def connect_bus(stage: str, source: str = "cli"):
     from .lostplane import PING_INTERVAL_S, bounded_connect, watch
 
     url = await asyncio.to_thread(ControlPlane(stage).ensure_url)
+    refused = secured_bus_refusal(stage)
+    if refused:
+        raise ControlPlaneError(refused)
     # Bounded, then watched: a command never waits for ever on a control plane that is not
     # there or is gone (cli/lostplane.py).
     bus = watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",

@@ -235,6 +235,11 @@ def top_level_error(exc: BaseException) -> tuple[int, str]:
         return 1, f"the control plane refused the request: {type(exc).__name__}: {exc}"
     if type(exc).__name__ == "ControlPlaneError":
         return 1, str(exc)
+    from skypurza.events.bus import CANNOT_CONNECT
+
+    # SKYPURZA_NATS_CREDS names a missing or broken file (which, and why), or a user the bus refuses.
+    if isinstance(exc, CANNOT_CONNECT):
+        return 1, str(exc)
     from skypurza.events.config import ConfigError
 
     if isinstance(exc, ConfigError):  # a broken config.yaml or a bad setting: its own line says where

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.bus import Bus, StreamPlacementError
+from skypurza.events.bus import CANNOT_CONNECT, Bus, StreamPlacementError
 from skypurza.events.natscreds import BusCredentials, credentials_file, read_credentials
 from skypurza.events.config import ConfigError
 from skypurza.events.service import LoopContract, LoopService, Service, ServiceContract, ServiceRunner
@@ -56,6 +56,8 @@ log = logging.getLogger("skypurza.serve")
 
 READY_WAIT_S = 20.0  # how long "ready" waits for every service to serve (the CLI's own wait is longer)
 HEALTHY_RUN_S = 60.0  # a service that ran this long before it died restarts after the first back-off step
+# What makes the services process exit with one line (said by serve(), exit 2): retrying mends none.
+CANNOT_USE_BUS = (ConfigError, StreamPlacementError, *CANNOT_CONNECT)
 
 
 def parse_services(text: str) -> list[str]:
@@ -99,7 +101,7 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     try:
         bus = await Bus.connect(url, stage, source=f"/skypurza/{stage}/serve",
                                 credentials=_credentials(credentials_dir, next(iter(names), "")))
-    except (ConfigError, StreamPlacementError) as exc:  # a bad URL, a cluster that cannot hold the log
+    except CANNOT_USE_BUS as exc:  # a bad URL, a cluster that cannot hold the log, a user refused
         log.error("cannot use the bus: %s", exc)
         raise
     started: list[str] = []
@@ -121,8 +123,14 @@ async def serve(url: str, stage: str, names: list[str], stop: asyncio.Event | No
     buses = {name: bus for name in started}
     if credentials_dir is not None:
         for name in started[1:]:  # the first one's user is `bus`'s
-            buses[name] = await Bus.connect(url, stage, source=f"/skypurza/{stage}/{name}",
-                                            credentials=_credentials(credentials_dir, name))
+            try:
+                buses[name] = await Bus.connect(url, stage, source=f"/skypurza/{stage}/{name}",
+                                                credentials=_credentials(credentials_dir, name))
+            except CANNOT_USE_BUS as exc:
+                log.error("service %s cannot use the bus: %s", name, exc)
+                for b in {id(b): b for b in [bus, *buses.values()]}.values():
+                    await b.close()
+                raise
     tasks = [asyncio.create_task(_supervise(buses[name], name, stop, health, first[name]), name=name)
              for name in started]
     # "Ready" means answering: a command run right after the control plane started (`spz
@@ -249,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
-    except (ConfigError, StreamPlacementError):
+    except CANNOT_USE_BUS:
         return 2  # already said, once, by serve()
     return 0
 

@@ -12,6 +12,12 @@ the next `spz` call (under the lock) starts a fresh control plane instead of fin
 `api.json` (naming.control_state_file) is rewritten atomically on every change: the URL, each
 process's pid, restarts and last exit, and whether the services have reported ready since their
 last start (the API server: whether it has answered `GET /api/v1/health` since its last start).
+
+A deployment (`--deploy`) secures the bus (cli/busauth.py): nats-server's config includes the
+generated `authorization {}` block (no anonymous client), the `control` user makes the streams
+and buckets before any service starts, and each child connects as its own user: the services
+by `--nats-creds-dir` (one user per service), the API server and, through the provisioner's
+environment, local node agents by SKYPURZA_NATS_CREDS. Passwords stay in their 0600 files.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ STOP_GRACE_S = 15.0
 # After this long without dying, a child's back-off starts again from its first step.
 STABLE_S = 60.0
 HEALTH_PROBE_S = 0.5
+SETUP_TIMEOUT_S = 20.0
 
 
 def api_ready(url: str, timeout: float = HEALTH_PROBE_S) -> bool:
@@ -90,13 +97,15 @@ class Child:
     ready: bool = False
     ever_ready: bool = False
     extra: dict = field(default_factory=dict)
+    own_env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's (its bus user)
 
     def spawn(self, env: dict[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+                                         stdin=subprocess.DEVNULL, env={**env, **self.own_env},
+                                         preexec_fn=_die_with_parent)
         self.started_mono = time.monotonic()
         self.started_at = _now()
         self.ready = False
@@ -123,14 +132,26 @@ class Supervisor:
         store = naming.nats_store_dir(stage)
         store.mkdir(parents=True, exist_ok=True)
         conf = store / "nats.conf"
-        conf.write_text(NatsServer(store_dir=store, port=port).config_text())
+        # A deployment's bus: the authorization block is included by a path relative to the
+        # config (nats-server takes no absolute include), so no password is in nats.conf.
+        self.secured = deploy
+        auth_blocks: tuple[str, ...] = ()
+        if deploy:
+            from . import busauth
+
+            auth = busauth.prepare(stage)
+            auth_blocks = (f"include {json.dumps(os.path.relpath(auth, conf.parent))}\n",)
+        conf.write_text(NatsServer(store_dir=store, port=port, extra_blocks=auth_blocks).config_text())
         self.nats = Child("nats-server", [nats_server_binary(), "-c", str(conf)], logs / "nats-server.log",
                           first_delay=0.2, max_delay=5.0)
         self.services = Child(
             "services",
             [sys.executable, "-m", "skypurza.cli.serve", "--nats", self.url, "--stage", stage,
-             "--services", services, CONTROL_PLANE_FLAG, str(self.state_dir)],
-            logs / "services.log", first_delay=1.0, max_delay=30.0, extra={"services": services})
+             "--services", services, *self._creds_dir_args(), CONTROL_PLANE_FLAG, str(self.state_dir)],
+            logs / "services.log", first_delay=1.0, max_delay=30.0, extra={"services": services},
+            # The only bus the services process opens without a user of its own is a local node
+            # agent's (it inherits this environment through the provisioner): the agent user.
+            own_env=self._creds_env("agent"))
         # The API server (none with api_port 0): tokens only in a deployment; on the embedded
         # default a loopback caller without a token is the OS user (services/api/__main__.py).
         self.api: Child | None = None
@@ -142,16 +163,41 @@ class Supervisor:
                  "--host", api_host, "--port", str(api_port), "--log-level", "warning",
                  *([] if deploy else ["--embedded"]), CONTROL_PLANE_FLAG, str(self.state_dir)],
                 logs / "api-server.log", first_delay=1.0, max_delay=30.0,
-                extra={"url": self.api_url, "host": api_host, "port": api_port, "deploy": deploy})
+                extra={"url": self.api_url, "host": api_host, "port": api_port, "deploy": deploy},
+                own_env=self._creds_env("api"))
         self._next_probe = 0.0
         self.stopping = False
         self.started_at = _now()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
+    def _creds_dir_args(self) -> list[str]:
+        return ["--nats-creds-dir", str(naming.bus_credentials_dir(self.stage))] if self.secured else []
+
+    def _creds_env(self, user: str) -> dict[str, str]:
+        if not self.secured:
+            return {}
+        from . import busauth
+
+        return busauth.env_for(self.stage, user)
+
+    def _set_up_bus(self) -> bool:
+        """As the control user: the streams and buckets no service's user may create."""
+        import asyncio
+
+        from . import busauth
+
+        try:
+            asyncio.run(asyncio.wait_for(busauth.set_up(self.url, self.stage), SETUP_TIMEOUT_S))
+        except Exception as exc:  # one line in the supervisor's log; the start fails with it
+            print(f"cannot set up the deployment's bus at {self.url}: {type(exc).__name__}: {exc}", flush=True)
+            return False
+        return True
+
     # ------------------------------------------------------------------ state file
     def write_state(self) -> None:
         state = {
             "nats_url": self.url, "port": self.port, "started_at": self.started_at,
+            "bus_secured": self.secured,
             "supervisor": {"pid": os.getpid(), "log": str(naming.control_logs_dir(self.stage) / "supervisor.log")},
             "processes": {"nats-server": self.nats.record(), "services": self.services.record(),
                           **({"api-server": self.api.record()} if self.api else {})},
@@ -171,6 +217,9 @@ class Supervisor:
         self.nats.spawn(self.env)
         if not self._wait_listening(10.0):
             print(f"nats-server did not listen on {self.port}; see {self.nats.log}", flush=True)
+            self._stop_child(self.nats)
+            return 3
+        if self.secured and not self._set_up_bus():
             self._stop_child(self.nats)
             return 3
         self.services.spawn(self.env)
@@ -268,7 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(CONTROL_PLANE_FLAG, dest="control_plane", required=True,
                    help="the stage's state directory (how `spz api stop` recognises this process)")
     args = p.parse_args(argv)
-    return Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy).run()
+    from skypurza.events.natscreds import CredentialsError
+
+    try:
+        supervisor = Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy)
+    except (OSError, CredentialsError, ValueError) as exc:  # the deployment's credentials cannot be written
+        print(f"cannot prepare the control plane of stage {args.stage}: {exc}", flush=True)
+        return 3
+    return supervisor.run()
 
 
 if __name__ == "__main__":

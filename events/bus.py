@@ -40,7 +40,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, Servi
 from . import naming
 from .bussettings import BusSettings, parse_servers
 from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, make_envelope
-from .natscreds import BusCredentials, credentials_from_env
+from .natscreds import BusCredentials, CredentialsError, credentials_from_env
 
 log = logging.getLogger("skypurza.bus")
 T = TypeVar("T")
@@ -87,6 +87,20 @@ def log_chunk_id(cluster: str, job_id: int | str, rank: int, stream: str, seq: i
 
 class ConcurrencyConflict(Exception):
     """Another writer appended to the aggregate first: reload and decide again."""
+
+
+class BusRefused(RuntimeError):
+    """A secured bus refused the connection's user (unknown, or a wrong password): no retry mends
+    that, so the first connect says so at once instead of retrying for ever."""
+
+
+# What a process that connects says in one line and exits on: its credentials file is missing or
+# broken (which file, what is wrong), or the server refuses its user.
+CANNOT_CONNECT = (CredentialsError, BusRefused)
+
+
+def _refused_user(exc: BaseException) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
 
 
 class StreamPlacementError(RuntimeError):
@@ -257,20 +271,29 @@ class Bus:
 
         async def on_error(exc: Exception) -> None:
             log.debug("nats error: %s", exc)
+            if "bus" not in holder and _refused_user(exc):  # raised out of the first connect's retry loop
+                who = f"user {creds.user}" if creds is not None else "a client without credentials"
+                raise BusRefused(f"the bus at {url} refused {who} (Authorization Violation): "
+                                 f"{'a wrong password' if creds is not None else 'it is a secured deployment'}")
 
-        nc = await nats.connect(
-            servers,
-            name=source,
-            connect_timeout=connect_timeout,
-            reconnect_time_wait=0.5,
-            max_reconnect_attempts=max_reconnect_attempts,
-            reconnected_cb=on_reconnect,
-            disconnected_cb=on_disconnect,
-            error_cb=on_error,
-            ping_interval=ping_interval,
-            pending_size=64 * 1024 * 1024,
-            **auth,
-        )
+        nc = nats.NATS()
+        try:
+            await nc.connect(
+                servers,
+                name=source,
+                connect_timeout=connect_timeout,
+                reconnect_time_wait=0.5,
+                max_reconnect_attempts=max_reconnect_attempts,
+                reconnected_cb=on_reconnect,
+                disconnected_cb=on_disconnect,
+                error_cb=on_error,
+                ping_interval=ping_interval,
+                pending_size=64 * 1024 * 1024,
+                **auth,
+            )
+        except BusRefused:
+            await nc.close()
+            raise
         bus = cls(nc, stage, source, servers=servers, settings=settings)
         holder["bus"] = bus
         if ensure:

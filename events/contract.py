@@ -80,7 +80,9 @@ class BusAccess:
     deployment grants each user exactly this (events/natsauth.py). `answers`: the query service
     it serves (`naming.query_subject(stage, answers, *)`); `asks`: those it queries; `logs`: the
     job output stream; `secrets`: the secrets KV; `objects`: the uploads object store; `beats`,
-    `samples`: core NATS heartbeats and node samples; `public`: the CloudEvents mirror."""
+    `samples`: core NATS heartbeats and node samples; `public`: the CloudEvents mirror;
+    `dead_letters`: reading the dead-letter stream (what services parked); `consumers`: listing
+    the event log's consumers (every service's lag: read only, no consumer's messages)."""
 
     answers: str = ""
     asks: tuple[str, ...] = ()
@@ -90,9 +92,11 @@ class BusAccess:
     beats: Access = ""
     samples: Access = ""
     public: Access = ""
+    dead_letters: Access = ""
+    consumers: Access = ""
 
     def __post_init__(self) -> None:
-        for what in ("logs", "secrets", "objects", "beats", "samples", "public"):
+        for what in ("logs", "secrets", "objects", "beats", "samples", "public", "dead_letters", "consumers"):
             if getattr(self, what) not in ("", "read", "write"):
                 raise ValueError(f"BusAccess.{what} is '', 'read' or 'write', not {getattr(self, what)!r}")
 

@@ -61,6 +61,13 @@ class UserLimit(_PolicyModel):
     resources: dict[str, float] = Field(max_length=64)
 
 
+class Preemption(_PolicyModel):
+    """Kueue's ClusterQueue `.spec.preemption` (services/dispatch/preempt.py)."""
+
+    within_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Never"
+
+
 class Queue(_PolicyModel):
     """A ClusterQueue: one team's quota, in a cohort or alone."""
 
@@ -70,6 +77,7 @@ class Queue(_PolicyModel):
     strategy: Strategy = "BestEffortFIFO"
     quotas: list[FlavorQuota] = Field(default=[], max_length=64)
     users: list[UserLimit] = Field(default=[], max_length=MAX_POLICY_ITEMS)
+    preemption: Preemption = Preemption()
 
 
 class Budget(_PolicyModel):

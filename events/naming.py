@@ -239,6 +239,14 @@ def metric(name_: str) -> str:
     return f"{METRICS_PREFIX}_{name_}"
 
 
+def dashboard_uid(name_: str) -> str:
+    """A Grafana dashboard's uid (and file name stem): `skypurza-<name>` (at most 40 characters,
+    Grafana's limit)."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name_):
+        raise ValueError(f"dashboard name {name_!r}: lower-case letters, digits and '-'")
+    return f"{PROJECT}-{name_}"
+
+
 # ---------------------------------------------------------------- local files
 
 def state_dir(stage: str, home: Path | None = None) -> Path:

@@ -5,7 +5,7 @@ nats-server user whose permissions are what its contract declares and nothing mo
 
 - publish: the subjects of the event types it `emits`, its dead-letter subject, and what its
   `bus` (events/contract.BusAccess) names: queries it asks, logs, secrets, objects, beats,
-  samples, the public mirror;
+  samples, the public mirror, the dead letters and the consumer list it reads;
 - its own durable consumer (a `ServiceContract`): create, info, fetch and `$JS.ACK` on it;
 - reading the event log (replays, follows and direct gets, which every service does to decide:
   the contract's `reads`), but never another service's durable (denied by name, derived from
@@ -122,6 +122,10 @@ def contract_permissions(contract: Contract, stage: str, durables: Mapping[str, 
         pub += _kv(naming.secrets_bucket(stage), access.secrets)
     if access.objects:
         pub += _objects(naming.objects_bucket(stage), access.objects)
+    if access.dead_letters:  # only read: each service parks on its own subject (above)
+        pub += read_stream(dlq)
+    if access.consumers:  # every durable's state in one answer; never another's messages or acks
+        pub += [f"{JS_API}.CONSUMER.LIST.{events}", f"{JS_API}.CONSUMER.NAMES.{events}"]
     for what, filt in (("beats", naming.heartbeats_filter(stage)), ("samples", naming.samples_filter(stage)),
                        ("public", naming.public_filter(stage))):
         level = getattr(access, what)

@@ -138,6 +138,29 @@ def test_dead_letters_orphans_gpu_findings_and_budget_holds() -> None:
     assert _kinds(s, clock) == {}
 
 
+def test_a_soft_budget_alert_fires_at_its_level_and_ends_with_its_period() -> None:
+    from skypurza.events.dispatch_events import BudgetThresholdCrossed
+
+    clock, s = ManualClock(), rules.AlertState()
+    key = clock.now().strftime("%Y-%m")
+
+    def crossed(state: str, spent: float) -> BudgetThresholdCrossed:
+        return BudgetThresholdCrossed(budget_id="ml/month", team="ml", period="month", period_key=key, state=state,
+                                      spent_usd=spent, limit_usd=100, fraction=spent / 100, hard=False, alert_at=0.8)
+
+    rules.apply(s, clock.now(), crossed("alert", 81))
+    got = rules.firing(s, clock.now(), CFG)["budget_level:ml/month"]
+    assert (got.kind, got.severity) == ("budget", "warning")
+    assert got.summary == "ml: $81.00 of $100.00 monthly budget past its 80% alert level (81%)"
+    rules.apply(s, clock.now(), crossed("exceeded", 100.5))
+    assert rules.firing(s, clock.now(), CFG)["budget_level:ml/month"].severity == "critical"
+    rules.apply(s, clock.now(), crossed("ok", 40))  # a higher limit: resolved
+    assert _kinds(s, clock) == {}
+    rules.apply(s, clock.now(), crossed("alert", 85))
+    clock.advance(40 * 86400)  # the next month: the budget starts from 0 again
+    assert _kinds(s, clock) == {}
+
+
 def test_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rules, "MAX_TRACKED", 50)
     s, clock = rules.AlertState(), ManualClock()

@@ -135,7 +135,8 @@ def slurm_rig(request: pytest.FixtureRequest) -> Rig:
 
         import time
 
-        jobs = [str(json.loads(r.read_text()).get("slurm_job_id")) for r in (tmp / "slurm").glob("slurm/*/cluster.json")]
+        records = (tmp / "slurm").glob("slurm/*/cluster.json")
+        jobs = [str(json.loads(r.read_text()).get("slurm_job_id")) for r in records]
         if not jobs:
             return
         subprocess.run(["scancel", *jobs], env=real.env, capture_output=True, timeout=10)

@@ -341,6 +341,69 @@ def test_the_cost_pages_total_equals_spz_cost_report(plane: Any, open_as: Any, t
     shot(page, tmp_path, "cost")
 
 
+def _policy(nominal: int, key: str = "nominal") -> str:
+    return ("flavors:\n  - name: local\n    infra: local\nqueues:\n  - name: ml\n    team: ml\n    quotas:\n"
+            f"      - flavor: local\n        resources:\n          cpu: {{{key}: {nominal}}}\n"
+            "budgets:\n  - team: ml\n    period: month\n    limit_usd: 50\n")
+
+
+def test_an_admin_raises_a_teams_quota_and_a_held_launch_is_admitted(plane: Any, open_as: Any,
+                                                                     tmp_path: Path) -> None:
+    """The dispatch page: the policy editor shows the validator's problems at their line; a real
+    `spz launch --async` beyond the team's quota waits with dispatch's reason; the admin raises the
+    quota on the page and the launch is admitted, its quota shown in use, its cluster UP."""
+    page, watch = open_as("root")
+    page.get_by_role("link", name="Dispatch").click()
+    expect(page.get_by_role("heading", name="Dispatch")).to_be_visible()
+    expect(page.locator("#main")).to_contain_text("No dispatch policy")
+    editor = page.get_by_label("Policy YAML")
+    watch.allow(422, "/api/v1/dispatch/policy")
+    editor.fill(_policy(1, "nominall"))
+    page.get_by_role("button", name="Apply policy").click()
+    expect(page.get_by_role("alert")).to_contain_text("unknown key")
+    problems = page.locator("#policy-problems")
+    expect(problems).to_contain_text("Line 10, column 17: queues[0].quotas[0].resources.cpu.nominall: unknown key")
+    expect(problems.locator("pre")).to_have_text("10 |           cpu: {nominall: 1}")
+    page.get_by_role("button", name="Go to line 10").click()
+    assert page.evaluate("() => { const t = document.activeElement; return t.id === 'policy-yaml' && "
+                         "t.value.slice(t.selectionStart, t.selectionEnd); }") == "          cpu: {nominall: 1}"
+    editor.fill(_policy(1))
+    page.get_by_role("button", name="Apply policy").click()
+    expect(page.get_by_role("status").filter(has_text="Policy applied by root")).to_be_visible()
+
+    env = {**plane.env, "SKYPURZA_USER": "alice"}
+    r = spz(env, "launch", "-y", "--async", "-c", "held", "--infra", "local", "--cpus", "2", "sleep 120", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    waiting = page.locator("table", has=page.locator("caption", has_text="Tasks waiting for admission"))
+    row = waiting.locator("tbody tr", has_text="held")
+    expect(row).to_contain_text("quota")  # the page refreshes itself
+    expect(row).to_contain_text("alice")
+    expect(row).to_contain_text("cpu 2")
+    queues = page.locator("table", has=page.locator("caption", has_text="Queues"))
+    expect(queues.locator("tbody tr")).to_contain_text("0 / 1")
+    assert unlabelled_controls(page) == []
+
+    editor.fill(_policy(4))
+    page.get_by_role("button", name="Apply policy").click()
+    expect(waiting).to_contain_text("no task waits")
+    expect(queues.locator("tbody tr")).to_contain_text("2 / 4")
+    budgets = page.locator("table", has=page.locator("caption", has_text="Budgets"))
+    expect(budgets.locator("tbody tr")).to_contain_text("ml")
+    shot(page, tmp_path, "dispatch")
+
+    api, root = plane.api, plane.tokens["root"]
+
+    def held_up() -> bool:
+        r = api.http.get("/api/v1/clusters/held", headers=api.as_(root))
+        return r.status_code == 200 and r.json().get("status") == "UP"
+
+    wait_until("the admitted launch's cluster UP", held_up)
+    stored = api.http.get("/api/v1/dispatch/policy", headers=api.as_(root)).json()
+    assert stored["applied_by"] == "root" and "nominal: 4" in stored["yaml"], stored
+    assert api.http.post("/api/v1/clusters/held/down", headers=api.as_(root)).status_code == 202
+    assert api.http.delete("/api/v1/dispatch/policy", headers=api.as_(root)).status_code == 200
+
+
 def test_the_console_endpoints_check_who_asks_and_what(plane: Any) -> None:
     """The endpoints the console added (services/api/routes_console.py), at the edge, over HTTP."""
     from api_harness import problem
@@ -363,6 +426,81 @@ def test_the_console_endpoints_check_who_asks_and_what(plane: Any) -> None:
     problem(api.http.delete("/api/v1/users/bob/tokens/not-hex", headers=api.as_(root)), 422)
     bobs = api.http.get("/api/v1/users/bob/tokens", headers=api.as_(root)).json()["tokens"]
     assert len(bobs) == 1 and t["bob"] not in json.dumps(bobs) and t["bob"].split("_")[1] == bobs[0]["token_id"]
+
+
+def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) -> None:
+    """services/api/routes_dispatch.py at the edge, over HTTP: the policy is an admin's to change,
+    a bad one is a 422 at its line and key with nothing published, a good one is published stamped
+    with the admin; budgets are the team's; an alert on the log is listed until it is resolved."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    from api_harness import problem
+
+    from skypurza.services.api.routes_dispatch import MAX_POLICY_CHARS
+    from skypurza.events import naming
+    from skypurza.events.alert_events import AlertRaised, AlertResolved
+    from skypurza.events.bus import Bus
+    from skypurza.events.principal import stamped_principal
+
+    api, t = plane.api, plane.tokens
+    nats = f"nats://127.0.0.1:{plane.env['SKYPURZA_NATS_PORT']}"
+
+    async def on_bus(event: Any = None) -> list:
+        bus = await Bus.connect(nats, STAGE, source="/tests/console")
+        try:
+            if event is not None:
+                await bus.publish(event)
+            return [s async for s in bus.replay(filter_subject=naming.event_filter(STAGE, "dispatch", "*"))]
+        finally:
+            await bus.close()
+
+    problem(api.http.get("/api/v1/dispatch/queue"), 401)
+    body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["alice"]), json={"yaml": _policy(1)}), 403)
+    assert "admins" in body["detail"]
+    before = len(asyncio.run(on_bus()))
+    body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
+                                json={"yaml": _policy(1, "nominall")}), 422)
+    assert body["problems"][0]["line"] == 10 and body["problems"][0]["key"].endswith("cpu.nominall"), body
+    assert "nothing was applied" in body["detail"] and len(asyncio.run(on_bus())) == before
+    body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
+                                json={"yaml": "x" * (MAX_POLICY_CHARS + 1)}), 422)  # refused before any parse
+    assert body["errors"][0]["field"] == "yaml", body
+    assert api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
+                        json={"yaml": _policy(3)}).status_code == 200
+    stored = asyncio.run(on_bus())
+    assert stamped_principal(stored[-1].envelope) == ("root", "ml") and stored[-1].event.policy.queues[0].team == "ml"
+    q = api.http.get("/api/v1/dispatch/queue", headers=api.as_(t["vera"])).json()
+    assert q["policy"] and q["queues"][0]["quotas"][0]["nominal"] == 3, q
+    budgets = api.http.get("/api/v1/budgets", headers=api.as_(t["alice"])).json()["budgets"]
+    assert [(b["team"], b["limit_usd"], b["state"]) for b in budgets] == [("ml", 50.0, "ok")], budgets
+    problem(api.http.delete("/api/v1/dispatch/policy", headers=api.as_(t["bob"])), 403)
+    assert api.http.delete("/api/v1/dispatch/policy", headers=api.as_(t["root"])).json()["policy"] is None
+
+    now = datetime.now(timezone.utc)
+    asyncio.run(on_bus(AlertRaised(key="cluster_idle:web", kind="cluster_idle", subject="web",
+                                   summary="cluster web idle", raised_at=now)))
+    alerts = api.http.get("/api/v1/alerts", headers=api.as_(t["alice"])).json()["alerts"]
+    assert [(a["key"], a["summary"]) for a in alerts] == [("cluster_idle:web", "cluster web idle")], alerts
+    assert api.http.get("/api/v1/alerts", headers=api.as_(t["vera"])).json()["alerts"] == []
+    asyncio.run(on_bus(AlertResolved(key="cluster_idle:web", kind="cluster_idle", subject="web", resolved_at=now)))
+    assert api.http.get("/api/v1/alerts", headers=api.as_(t["alice"])).json()["alerts"] == []
+
+
+def test_open_alerts_fold_by_occurrence() -> None:
+    """A resolve ends the occurrence it names, not a later raise of the same key."""
+    from datetime import datetime, timezone
+
+    from skypurza.events.alert_events import AlertRaised, AlertResolved
+    from skypurza.services.api.routes_dispatch import OpenAlerts
+
+    at = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    board = OpenAlerts()
+    board.apply(AlertRaised(key="k", kind="orphan", subject="a", occurrence=2, raised_at=at))
+    board.apply(AlertResolved(key="k", kind="orphan", subject="a", occurrence=1, resolved_at=at))
+    assert [a["occurrence"] for a in board.rows()] == [2]
+    board.apply(AlertResolved(key="k", kind="orphan", subject="a", occurrence=2, resolved_at=at))
+    assert board.rows() == []
 
 
 def test_a_timeline_row_keeps_an_events_plain_fields_only() -> None:

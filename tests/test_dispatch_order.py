@@ -237,3 +237,16 @@ def test_a_budget_crossing_is_announced_once_and_forces_a_pass():
     st.apply(log(BudgetThresholdCrossed(budget_id="a/month", team="a", period="month", period_key=c.period_key,
                                         state="alert", spent_usd=6, limit_usd=10, fraction=0.6, hard=True)))
     assert [c.state for c, _ in st.crossings] == ["exceeded"]
+
+
+def test_the_fast_admission_order_is_sprios_order():
+    rng = random.Random(3)
+    pol = policy({"weights": {"age": 1000, "fairshare": 5000, "jobsize": 300, "qos": 700},
+                  "tres_weights": {"gpu": 900.5}, "max_age_s": 5000,
+                  "classes": [{"name": "hi", "value": 9}, {"name": "lo", "value": 2}]})
+    pending = [pend(f"t{i}", i, user=f"u{i % 13}", cpu=rng.choice([0.5, 1, 4, 16]), age_s=rng.uniform(0, 9000),
+                    nodes=rng.choice([1, 2, 8]), cls=rng.choice([None, "hi", "lo", "zz"]),
+                    boost=rng.choice([0, 0, -50, 300]), gpu=rng.choice([0, 1, 8])) for i in range(400)]
+    fs = {("a", f"u{i}"): rng.random() for i in range(13)}
+    slow = order.ordered(pending, order.rank(pol.priority, pending, fs, T0))
+    assert [p.task_id for p in order.admission_order(pol.priority, pending, fs, T0)] == [p.task_id for p in slow]

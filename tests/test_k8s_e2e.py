@@ -7,6 +7,8 @@ as a local process, so the job really runs and its output reaches the logs strea
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,10 @@ from skypurza.events.models import ClusterIdle, TaskSubmitted
 
 FULL = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 L4 = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+
+
+def spz(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["spz", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 def gpu_task(infra: str | None = None) -> dict:
@@ -72,6 +78,10 @@ def test_a_full_context_fails_over_to_the_next_and_the_job_really_runs(contexts,
             lines = await wait_lines(bus, "trainer", 1, lambda ls: len(rank_lines(ls, 0)) >= 1 and
                                      len(rank_lines(ls, 1)) >= 1, timeout=20)
             errors = [s.event for s in await events_on(bus, subject("task", "k8s-1", "capacity_error"))]
+            # The CLI, as a user runs it: logs of job 1, and a job exec'ed on the pods' agents.
+            cli_env = {**os.environ, "SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test", "COLUMNS": "200"}
+            logs = await asyncio.to_thread(spz, cli_env, "logs", "trainer", "1", "--no-follow")
+            execd = await asyncio.to_thread(spz, cli_env, "exec", "trainer", "echo via-exec-on-$SKYPILOT_NODE_RANK")
             # Autostop: pods cannot be stopped, so an idle cluster's pods are deleted (as SkyPilot).
             await bus.publish(ClusterIdle(cluster="trainer", idle_since=utcnow(), idle_minutes=1, down=False))
             ended = await wait_for(bus, subject("cluster", "trainer", "cluster_terminated"), timeout=40)
@@ -80,9 +90,11 @@ def test_a_full_context_fails_over_to_the_next_and_the_job_really_runs(contexts,
             stop.set()
             await asyncio.wait_for(services, 20)
             await bus.close()
-        return prov.event, end, lines, errors
+        return prov.event, end, lines, errors, logs, execd
 
-    prov, end, lines, errors = asyncio.run(main())
+    prov, end, lines, errors, logs, execd = asyncio.run(main())
+    assert logs.returncode == 0 and "hello from rank 0" in logs.stdout, logs.stdout + logs.stderr
+    assert execd.returncode == 0 and "via-exec-on-0" in execd.stdout, execd.stdout + execd.stderr
     assert [(e.candidate.infra, e.candidate.region, e.error_class) for e in errors] == [("kubernetes", "full", "capacity")]
     assert "Insufficient nvidia.com/gpu" in errors[0].message
     assert (prov.candidate.infra, prov.candidate.region) == ("kubernetes", "roomy") and len(prov.nodes) == 2

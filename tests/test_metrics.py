@@ -218,6 +218,9 @@ def test_prometheus_scrapes_costs_and_histograms_that_match_the_projections(plan
     assert any(v > 0 for v in per_team.values())
     # The ledger meters nothing here (--tick 0): within one scrape's accrual means equal.
     assert stored == pytest.approx(per_team, abs=1e-6)
+    # By job too: every dollar of the report lands on one job key (bounded; "(none)": no managed job).
+    by_job = _prom_query(base, "sum(skypurza_job_spent_dollars_total)")
+    assert float(by_job[0]["value"][1]) == pytest.approx(sum(per_team.values()), abs=1e-6)
 
     started = events.count("job_started")
     assert started > 0
@@ -278,6 +281,62 @@ def test_prometheus_scrapes_a_real_control_plane_running_local_jobs(tmp_path, pr
         assert stored == pytest.approx(want, abs=1e-6)  # the local infra is free: equal, within no accrual at all
         durables = {r["metric"]["consumer"] for r in _prom_query(base, "skypurza_consumer_pending_messages")}
         assert {naming.consumer("metrics", s) for s in ("optimizer", "provisioner")} <= durables, durables
+
+        # Every dashboard panel's query runs on this Prometheus: none fails, and each that a plane
+        # which ran jobs must have data for has some (services/observability/dashboards.py).
+        from skypurza.services.observability.dashboards import targets
+
+        time.sleep(3)  # rate() and increase() need two scrapes inside their window
+        empty = []
+        for uid, title, t in targets():
+            if t.expect_data and not _wait(f"{uid} / {title}: {t.expr}", lambda: _prom_query(base, t.expr), timeout=20):
+                empty.append(t.expr)
+            else:
+                _prom_query(base, t.expr)  # a query error fails here (status != success)
+        assert not empty
+
+        # The summary path equals the rows path on a plane with an UP, idle cluster.
+        async def both():
+            from skypurza.events.bus import Bus
+            from skypurza.services.observability.service import ObservabilityService
+
+            bus = await Bus.connect(f"nats://127.0.0.1:{env['SKYPURZA_NATS_PORT']}", "metrics", source="/tests")
+            try:
+                svc = ObservabilityService(MetricsSettings(port=0))
+                svc.bus = bus
+                return await svc.snapshot(), await svc.snapshot_rows()
+            finally:
+                await bus.close()
+
+        fast, rows = asyncio.run(both())
+        vf, vr = _values(families(fast, 100)), _values(families(rows, 100))
+        assert ("skypurza_oldest_idle_cluster_without_autostop_timestamp_seconds", ()) in vr
+        assert {k: v for k, v in vf.items() if k in vr} == pytest.approx(vr)
+        assert [dict(k[1])["cluster"] for k in vf if k[0] == "skypurza_cost_rate_dollars_per_hour"] == ["mc"]
+
+        # spz top, one frame for a script: the cluster, its $/h (free: 0.00), no job running.
+        r = spz(env, "top", "--once", "-o", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        top = json.loads(r.stdout)
+        assert [c["name"] for c in top["clusters"]] == ["mc"] and top["totals"]["up"] == 1
+        assert top["totals"]["rate_usd_per_hour"] == "0.00" and top["totals"]["jobs_running"] == 0
+        r = spz(env, "top", "--once")
+        assert r.returncode == 0 and "mc" in r.stdout and "Clusters" in r.stdout, r.stdout + r.stderr
+        # A job running now: top counts it, and cost-report --live has its line (the local infra is free).
+        assert spz(env, "exec", "mc", "-d", "sleep 30", timeout=120).returncode == 0
+
+        def running() -> dict | None:
+            f = json.loads(spz(env, "top", "--once", "-o", "json").stdout)
+            return f if f["totals"]["jobs_running"] == 1 else None
+
+        top = _wait("spz top sees the job running", running, timeout=60)
+        assert [(j["cluster"], j["job_id"]) for j in top["jobs"]] == [("mc", 3)]
+        r = spz(env, "cost-report", "--live", "-o", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        live = json.loads(r.stdout)
+        assert [(x["job"], x["kind"], x["estimate"], float(x["cost_usd"])) for x in live["lines"]] == \
+            [("mc/3", "cluster", True, 0.0)]
+        assert spz(env, "cost-report", "--live", "--days", "2").returncode != 0  # --live is now: no range
         assert spz(env, "down", "-y", "mc", timeout=120).returncode == 0
 
 

@@ -60,3 +60,17 @@ def test_kubernetes_names_are_dns_labels_and_long_ones_stay_unique():
         assert len(n) <= 63 and dns.match(n), n
     assert all(n.endswith("-12") for n in pods)
     assert naming.k8s_labels("dev", "train") == {naming.K8S_LABEL_STAGE: "dev", naming.K8S_LABEL_CLUSTER: "train"}
+
+
+def test_dashboard_uids() -> None:
+    assert naming.dashboard_uid("spend") == "skypurza-spend"
+    with pytest.raises(ValueError):
+        naming.dashboard_uid("Spend Now")
+
+
+def test_slurm_names() -> None:
+    assert naming.slurm_job_name("dev", "My.Cluster") == "skypurza-dev-slurm-my.cluster"
+    # relative to the login user's home, and never inside the control plane's `.skypurza/<stage>`
+    assert naming.slurm_dir("dev", "My.Cluster") == ".skypurza-slurm/dev/my.cluster"
+    with pytest.raises(ValueError):
+        naming.slurm_dir("Bad Stage", "c")

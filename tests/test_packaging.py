@@ -55,7 +55,7 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
                             capture_output=True, text=True, cwd=ROOT).stdout.split()
     assert set(listed) == {"nats-1", "nats-2", "nats-3", "api", "optimizer", "provisioner", "recovery", "status",
-                           "ledger"}
+                           "mirror", "ledger"}
     # And the check is real: a broken file fails.
     broken = tmp_path / "compose.yaml"
     broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)

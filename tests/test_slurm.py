@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from agent_harness import job_end, job_lines, wait_events, wait_lines
+from agent_harness import job_end, job_lines, wait_lines
 from nats_fixtures import connect_bus
 from slurm_rig import CLUSTER, GPU_PARTITION, SlurmRig
 
@@ -476,3 +476,31 @@ def test_spz_launch_logs_exec_cancel_down_check_and_gpus_on_slurm(slurm_rig, tmp
         dry = spz(env, "launch", "--dryrun", "-o", "json", "--gpus", "H100:8", "x")
         assert dry.returncode == 0, dry.stdout + dry.stderr
         assert '"infra": "aws"' in dry.stdout and '"infra": "slurm"' not in dry.stdout
+
+
+def test_an_allocation_no_record_knows_is_found_and_cancelled(adapter, slurm_rig) -> None:
+    from skypurza.services.provisioner.adapter import find_orphans
+
+    held = "#!/bin/bash\n#SBATCH --job-name={}\n#SBATCH --output=/dev/null\n#SBATCH --mem=100M\nexec sleep 600\n"
+    lost = slurm_rig.ssh("sbatch --parsable", stdin=held.format(naming.slurm_job_name("test", "lost"))).stdout.strip()
+    other = slurm_rig.ssh("sbatch --parsable", stdin=held.format("someone-elses-job")).stdout.strip()
+    assert lost.isdigit() and other.isdigit()
+
+    async def main():
+        try:
+            owned = await adapter.list_owned("test")
+            orphans, _ = find_orphans(owned, {})
+            return orphans, await adapter.terminate_nodes("test", orphans)
+        finally:
+            await adapter.close()
+
+    orphans, done = asyncio.run(main())
+    assert [(o.instance_id, o.cluster, o.region) for o in orphans] == [(f"{lost}.0", "lost", CLUSTER)]
+    assert done == [f"{lost}.0"]
+    for _ in range(100):
+        if not _squeue(slurm_rig, "-j", lost, "-o", "%i").strip():
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert _squeue(slurm_rig, "-j", lost, "-o", "%i").strip() == ""
+    assert _squeue(slurm_rig, "-j", other, "-o", "%i").strip() == other  # not ours: left alone
+    subprocess.run(["scancel", other], env=slurm_rig.env, timeout=10)

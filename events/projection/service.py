@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ..bus import Bus
+from ..bus import CANNOT_CONNECT, Bus
 from ..service import LoopContract, declared_bus
 from .logreader import LogReader
 from .parking import park_failed
@@ -265,5 +265,9 @@ def service_main(argv: list[str] | None, *, prog: str, doc: str | None, name: st
         finally:
             await bus.close()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except CANNOT_CONNECT as exc:  # which credentials file, what is wrong: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0

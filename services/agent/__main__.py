@@ -1,6 +1,7 @@
 """`python -m skypurza.services.agent <AgentSpec argv>`: run one node agent until it is told to stop.
 
-Its settings (settings.py) are read first: a bad value is one line on stderr and exit 2."""
+Its settings (settings.py) are read first: a bad value is one line on stderr and exit 2; so are bus
+credentials (SKYPURZA_NATS_CREDS) that are missing, broken or refused."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import sys
 
 from skypurza.events.agentspec import AgentSpec
+from skypurza.events.bus import CANNOT_CONNECT
 from skypurza.events.settings import SettingsError
 
 from .agent import Agent
@@ -50,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         return await agent.run()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except CANNOT_CONNECT as exc:  # which file, what is wrong; never a traceback
+        print(f"spz agent: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTING
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
 from skypurza.events import deadletters
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.bus import Bus, Stored, log_chunk_id
+from skypurza.events.bus import CANNOT_CONNECT, Bus, Stored, log_chunk_id
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import ClusterIdle, ClusterStopped, ClusterTerminated, DownRequested, NodeReady
 from skypurza.events.envelope import Event, new_id
@@ -210,6 +210,8 @@ class Agent:
         while True:
             try:
                 return declared_bus(await Bus.connect(self.spec.nats_url, self.spec.stage, source=source), CONTRACT)
+            except CANNOT_CONNECT:  # its credentials are wrong: no retry mends that
+                raise
             except Exception as exc:  # the bus may come up after the node (EC2 boot, restarts)
                 log.warning("cannot reach the bus at %s (%s); retrying", self.spec.nats_url, exc)
                 await asyncio.sleep(delay)

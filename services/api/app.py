@@ -41,7 +41,7 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs, routes_streams
+from . import routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs, routes_streams, timetravel
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
@@ -227,8 +227,20 @@ def create_app(settings: ApiSettings) -> FastAPI:
     async def clusters(who: Principal = Depends(principal),
                        all_users: bool = Query(False, description="Everyone's clusters, for reading (sky's -u)."),
                        include_terminated: bool = Query(False, description="Terminated clusters too."),
+                       at: str | None = Query(None, max_length=timetravel.MAX_AT_CHARS,
+                                              description=timetravel.AT_DESCRIPTION),
                        ) -> dict[str, Any]:
         b = bus()
+        when = timetravel.checked_at(at)
+        if when is not None:  # a past moment: folded from the log here, not the status service's "now"
+            try:
+                past, truncated = await timetravel.listing_at(b, when, include_terminated)
+            except Exception as exc:
+                log.warning("rebuilding clusters at %s failed: %s: %s", when, type(exc).__name__, exc)
+                raise Problem(503, "unavailable", "Service unavailable",
+                              "the server cannot read the log just now; try again shortly", {"Retry-After": "2"})
+            return {"clusters": visible(who, past, all_users), "all_users": all_users, "at": when.isoformat(),
+                    "truncated": truncated}
         try:
             seq = await b.last_seq()
             rows = await status_queries.status(b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, Optional
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from skypurza.events import limits, status_queries
@@ -26,6 +26,7 @@ from skypurza.events.principal import stamp
 from skypurza.events.registry import Event
 from skypurza.events.verbs import LIFECYCLE_FROM, LIFECYCLE_GOAL, cancel_targets, stop_refusal
 
+from . import timetravel
 from .clusterview import ClusterView, read_view
 from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName, JobId
 from .identity import Action, Principal, authorize
@@ -101,8 +102,30 @@ def router(deps: ApiDeps) -> APIRouter:
     r = APIRouter(prefix="/api/v1/clusters", tags=["clusters"])
     caller = Depends(deps.principal)
 
+    async def past_or_404(name: str, at: str | None) -> Any:
+        """(the cluster's subject up to `at`, its fold, its owner, the time), or None for now; the
+        caller checks who may read it."""
+        when = timetravel.checked_at(at)
+        if when is None:
+            return None
+        try:
+            past = await timetravel.cluster_at(deps.bus(), name, when)
+            fold, owner = past.fold(), await timetravel.owner_of(deps.bus(), past)
+        except Exception as exc:
+            log.warning("rebuilding cluster %s at %s failed: %s: %s", name, when, type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+        if fold.status is None:
+            raise not_found(f"no cluster {name} at {when.isoformat()} (GET /api/v1/clusters?at=... lists them)")
+        return past, fold, owner, when.isoformat()
+
+    At = Query(None, max_length=timetravel.MAX_AT_CHARS, description=timetravel.AT_DESCRIPTION)
+
     @r.get("/{name}", summary="One cluster (a row of spz status)")
-    async def get_cluster(name: ClusterName, who: Principal = caller) -> dict[str, Any]:
+    async def get_cluster(name: ClusterName, who: Principal = caller, at: Optional[str] = At) -> dict[str, Any]:
+        if (then := await past_or_404(name, at)) is not None:
+            past, fold, owner, when = then
+            _allow(who, "read", owner)
+            return {**timetravel.row(past, fold, owner), "owner": {"user": owner[0], "team": owner[1]}, "at": when}
         view = await cluster_or_404(deps, name)
         _allow(who, "read", view.owner)
         rows = await _status_rows(deps, "status", all=True, clusters=[name], min_seq=view.last_seq)
@@ -112,7 +135,15 @@ def router(deps: ApiDeps) -> APIRouter:
         return {**row, "status": view.status, "owner": {"user": view.owner[0], "team": view.owner[1]}}
 
     @r.get("/{name}/jobs", summary="The cluster's job queue (spz queue)")
-    async def get_queue(name: ClusterName, who: Principal = caller, skip_finished: bool = False) -> dict[str, Any]:
+    async def get_queue(name: ClusterName, who: Principal = caller, skip_finished: bool = False,
+                        at: Optional[str] = At) -> dict[str, Any]:
+        if (then := await past_or_404(name, at)) is not None:
+            past, fold, owner, when = then
+            _allow(who, "read", owner)
+            rows = [j for j in timetravel.job_rows(past, fold, owner)
+                    if authorize(who, "read", j["user"], j["team"]).allowed
+                    and not (skip_finished and j["status"] in timetravel.JOB_TERMINAL)]
+            return {"cluster": name, "jobs": rows, "at": when}
         view = await cluster_or_404(deps, name)
         _allow(who, "read", view.owner)
         rows = await _status_rows(deps, "queue", clusters=[name], skip_finished=skip_finished, min_seq=view.last_seq)

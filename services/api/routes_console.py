@@ -24,7 +24,7 @@ from skypurza.events.bus import Stored
 from skypurza.events.cluster_events import ClusterProvisioned
 from skypurza.events.managed_events import ManagedJobStatusChanged
 
-from . import directory_io
+from . import directory_io, timetravel
 from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName
 from .identity import Principal, authorize
 from .problems import forbidden, not_found, unavailable
@@ -79,22 +79,33 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.get("/clusters/{name}/events", summary="The cluster's events timeline (newest last)")
     async def cluster_events(name: ClusterName, who: Principal = caller,
                              limit: int = Query(200, ge=1, le=MAX_TIMELINE, description="The newest N events."),
+                             at: str | None = Query(None, max_length=timetravel.MAX_AT_CHARS,
+                                                    description=timetravel.AT_DESCRIPTION),
                              ) -> dict[str, Any]:
-        view = await cluster_or_404(deps, name)
-        decision = authorize(who, "read", view.owner[0], view.owner[1])
+        when = timetravel.checked_at(at)
+        if when is None:
+            view = await cluster_or_404(deps, name)
+            owner = view.owner
+        else:  # the owner as the log told it then (a later cluster of the name may be another's)
+            past = await timetravel.cluster_at(deps.bus(), name, when)
+            if past.fold().status is None:
+                raise not_found(f"no cluster {name} at {when.isoformat()}")
+            owner = await timetravel.owner_of(deps.bus(), past)
+        decision = authorize(who, "read", owner[0], owner[1])
         if not decision.allowed:
             raise forbidden(decision.reason)
         b = deps.bus()
         entries: list[dict[str, Any]] = []
         try:
-            async for s in b.replay(filter_subject=naming.aggregate_subjects(b.stage, "cluster", name)):
+            async for s in b.replay(filter_subject=naming.aggregate_subjects(b.stage, "cluster", name),
+                                    until_time=when):
                 entries.append(timeline_entry(s))
                 if len(entries) > limit:
                     entries.pop(0)
         except Exception as exc:
             log.warning("reading cluster %s's events failed: %s: %s", name, type(exc).__name__, exc)
             raise unavailable("the server cannot read the log just now; try again shortly", 2)
-        return {"cluster": name, "events": entries}
+        return {"cluster": name, "events": entries, **({"at": when.isoformat()} if when else {})}
 
     @r.get("/jobs/{job_id}/history", summary="A managed job's recovery history: status changes and placements")
     async def job_history(job_id: ManagedJobId, who: Principal = caller) -> dict[str, Any]:

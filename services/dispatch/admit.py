@@ -67,8 +67,21 @@ def charge(usage: dict[str, dict[quota.Key, float]], users: UserUsage, book: Boo
             row[res] = row.get(res, 0.0) + sign * amt
 
 
+_BY_TEAM: dict[int, tuple[DispatchPolicy, dict[str, Queue]]] = {}
+
+
 def queue_of(policy: DispatchPolicy, team: str | None) -> Queue | None:
-    return next((q for q in policy.queues if team and q.team == team), None)
+    """The team's queue (a dict per policy, kept while the policy is: a pass asks 10,000 times)."""
+    if not team:
+        return None
+    got = _BY_TEAM.get(id(policy))
+    if got is None or got[0] is not policy:
+        by_team: dict[str, Queue] = {}
+        for q in policy.queues:
+            by_team.setdefault(q.team, q)
+        _BY_TEAM.clear()  # one policy is active at a time; the last one asked is the one kept
+        got = _BY_TEAM[id(policy)] = (policy, by_team)
+    return got[1].get(team)
 
 
 def _compatible(flavor: Flavor | None, p: Pending) -> bool:

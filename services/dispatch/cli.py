@@ -15,7 +15,6 @@ import typer
 
 from skypurza.cli.context import check_output, fail, print_json, run_async, stage
 
-from .policy import PolicyError, load_policy_file
 
 OUTPUTS = ("table", "json")
 
@@ -113,6 +112,8 @@ class _Live:
 
 
 def _load(file: str):
+    from .policy import PolicyError, load_policy_file  # pydantic: not on `spz --help`'s path
+
     try:
         return load_policy_file(file)
     except PolicyError as exc:
@@ -122,6 +123,8 @@ def _load(file: str):
 def check_command(file: str = typer.Argument(..., help="The policy YAML file."),
                   output: str = typer.Option("table", "-o", "--output", help="json or table.")) -> None:
     """Validate a policy file: every problem with its file, line, column and key."""
+    from .policy import PolicyError, load_policy_file
+
     _output(output)
     try:
         policy = load_policy_file(file)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from skypurza.events.dispatch_policy import (
-    Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, PriorityClass, PriorityConfig, PriorityWeights, Queue,
+    Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, Preemption, PriorityClass, PriorityConfig, PriorityWeights, Queue,
     ResourceQuota, TeamShares, UserLimit,
 )
 from skypurza.events.taskspec.yamlsrc import locate, parse_documents
@@ -29,7 +29,7 @@ _NESTED: dict[type[BaseModel], dict[str, tuple[str, type[BaseModel]]]] = {
     PriorityConfig: {"weights": ("one", PriorityWeights), "shares": ("list", TeamShares),
                      "classes": ("list", PriorityClass)},
     Cohort: {"quotas": ("list", FlavorQuota)},
-    Queue: {"quotas": ("list", FlavorQuota), "users": ("list", UserLimit)},
+    Queue: {"quotas": ("list", FlavorQuota), "users": ("list", UserLimit), "preemption": ("one", Preemption)},
     FlavorQuota: {"resources": ("dict", ResourceQuota)},
 }
 

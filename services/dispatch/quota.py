@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from skypurza.events.dispatch_policy import DispatchPolicy, FlavorQuota
 
@@ -49,7 +50,7 @@ class Tree:
     keys: frozenset[Key]
     # Subtree quotas depend on the tree alone: memoised once for every walk over it (a cohort
     # of a hundred queues is summed once, not on every fit).
-    static: dict[tuple[str, Key], float] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    static: dict[tuple[str, Key], Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 def queue_id(name: str) -> str:
@@ -168,7 +169,11 @@ class Fit:
 
 def covered(tree: Tree, queue: str) -> frozenset[str]:
     """The resources a queue has quota for (in any flavor): only these are limited."""
-    return frozenset(res for (_, res) in tree.nodes[queue_id(queue)].quota)
+    memo = tree.static.get(("covered", queue))  # type: ignore[call-overload]
+    if memo is None:
+        memo = frozenset(res for (_, res) in tree.nodes[queue_id(queue)].quota)
+        tree.static[("covered", queue)] = memo  # type: ignore[index]
+    return memo
 
 
 def fit(tree: Tree, queue: str, flavors: list[str], request: Mapping[str, float], usage: Usage,

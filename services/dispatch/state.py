@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, timezone
 
 from skypurza.events.bus import Stored
 from skypurza.events.dispatch_events import BudgetThresholdCrossed, DispatchPolicyApplied, TaskAdmitted, TaskHeld
@@ -63,7 +63,7 @@ class DispatchState:
     # task given up); a submission alone is decided by itself. `fresh`: submissions since.
     full_pass: bool = True
     fresh: list[str] = field(default_factory=list)
-    last_pass_day: str = ""
+    last_pass_day: date | None = None
     # (team, user or None, period key) -> the budget state last announced (BudgetThresholdCrossed)
     budget_states: dict[tuple[str, str | None, str], str] = field(default_factory=dict)
     crossings: list[tuple[budgets.BudgetStatus, float]] = field(default_factory=list)  # (status, alert_at): to announce
@@ -207,7 +207,7 @@ class DispatchState:
         """What should happen to every pending task now (no policy: all admitted), highest
         priority first. `coalesce`: only the fresh submissions when nothing else changed that
         could let a held task go (the service's path; the CLI always asks for all)."""
-        day = now.strftime("%Y-%m-%d")  # a budget's period ends at a UTC midnight: lift its holds
+        day = now.astimezone(timezone.utc).date()  # a budget's period ends at a UTC midnight: lift its holds
         fresh = [self.pending[t] for t in self.fresh if t in self.pending]
         self.fresh = []
         if coalesce and not self.full_pass and day == self.last_pass_day and self.policy is not None \
@@ -217,8 +217,7 @@ class DispatchState:
             self.full_pass, self.last_pass_day = False, day
             pending = list(self.pending.values())
         if self.policy is not None and self.policy.priority is not None and len(pending) > 1:
-            pending = order.ordered(pending, order.rank(self.policy.priority, pending, self.fairshare(),
-                                                        now.timestamp()))
+            pending = order.admission_order(self.policy.priority, pending, self.fairshare(), now.timestamp())
         if self.policy is None:
             return [admit.Admit(p.task_id, None, None, None, False, "no dispatch policy") for p in pending]
         if self.policy_problem:

@@ -159,6 +159,8 @@ def cost_report_command(
     output: str = typer.Option("table", "-o", "--output", help="table, json or csv."),
     all_: bool = typer.Option(False, "-a", "--all", help="Every cluster on a line of its own, over all time "
                                                          "(as sky cost-report -a: --by cluster, no --days limit)."),
+    live: bool = typer.Option(False, "--live", help="The cost so far of the jobs running now (managed jobs: their "
+                                                    "cluster's metered cost; jobs on a shared cluster: an estimate)."),
 ) -> None:
     """Showback: cost in dollars and Slurm billing units, for live and finished clusters.
 
@@ -167,6 +169,11 @@ def cost_report_command(
     Late usage of a settled period is a `compensation` line in the period it is booked in.
     """
     check_output(output, ("table", "json", "csv"))
+    if live:
+        if all_ or since is not None or until is not None or days is not None:
+            raise typer.BadParameter("--live is the jobs running now: leave out --since/--until/--days/-a",
+                                     param_hint="--live")
+        return _live_report(output)
     if all_:
         if since is not None or days is not None:
             raise typer.BadParameter("-a/--all covers all time: leave out --since/--days", param_hint="-a/--all")
@@ -213,6 +220,48 @@ def cost_report_command(
     table.add_row("TOTAL", "", "", format_dollars(total["cost_micros"]), f"{total['billing_minutes']:,}", "",
                   style="bold")
     make_console().print(table)
+
+
+def _live_report(output: str) -> None:
+    from datetime import UTC
+
+    from skypurza.cli.transport import api
+    from skypurza.events import status_queries as sq
+
+    from .live import live_lines
+
+    if api() is not None:
+        raise fail("--live reads the control plane's bus; the configured API server does not serve it yet "
+                   "(unset SKYPURZA_API_SERVER, or run it where the control plane is)")
+
+    async def gather(bus: Any) -> Any:
+        import asyncio
+
+        return await asyncio.gather(sq.status(bus), sq.queue(bus, skip_finished=True),
+                                    sq.jobs_queue(bus, skip_finished=True))
+
+    clusters, jobs, managed = _ask("cost-report-live", gather)
+    rep = live_lines(clusters, jobs, managed, datetime.now(UTC))
+    if output == "json":
+        print_json(rep)
+        return
+    cols = ["job", "kind", "cluster", "user", "team", "status", "started_at", "rate_usd_per_hour", "cost_usd", "estimate"]
+    if output == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        for line in rep["lines"]:
+            w.writerow([line.get(c) if line.get(c) is not None else "" for c in cols])
+        return
+    if not rep["lines"]:
+        typer.echo("No jobs running.")
+        return
+    from skypurza.cli.tables import print_table
+
+    print_table(["JOB", "KIND", "CLUSTER", "USER", "TEAM", "STATUS", "STARTED", "$/H", "COST SO FAR"],
+                [[x["job"], x["kind"], str(x["cluster"]), str(x["user"] or "-"), str(x["team"] or "-"), str(x["status"]),
+                  str(x["started_at"] or "-"), x["rate_usd_per_hour"],
+                  x["cost_usd"] + (" (estimate)" if x["estimate"] else "")] for x in rep["lines"]])
+    typer.echo(f"TOTAL {rep['total']['cost_usd']}")
 
 
 # ---------------------------------------------------------------- settle

@@ -29,7 +29,7 @@ from prometheus_client.exposition import choose_encoder
 
 from skypurza.events import ledger_queries, naming, status_queries
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.bus import Bus, stored_from_msg
+from skypurza.events.bus import CANNOT_CONNECT, Bus, stored_from_msg
 from skypurza.events.contract import BusAccess
 from skypurza.events.models import ClusterProvisioned
 from skypurza.events.nodesample import decode_sample
@@ -44,7 +44,8 @@ log = logging.getLogger("skypurza.observability")
 # It reads the log (a fold of its own), asks the status and ledger services, and hears node
 # samples (goodput's useful GPU time); it publishes nothing.
 CONTRACT = LoopContract(name="observability", consumes=(), emits=(),
-                        bus=BusAccess(asks=("status", "ledger"), samples="read"))
+                        bus=BusAccess(asks=("status", "ledger"), samples="read", dead_letters="read",
+                                      consumers="read"))
 
 MAX_REQUEST_BYTES = 8192  # a scrape's request line and headers; anything longer is refused
 READ_TIMEOUT_S = 5.0
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(go())
+    except CANNOT_CONNECT as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # the port is taken: one line, not a traceback
         print(f"error: metrics endpoint: {exc}", file=sys.stderr)
         return 1

@@ -33,7 +33,8 @@ def enabled_infras_here(settings: OptimizerSettings, env: Mapping[str, str] | No
     forced = settings.enabled_infras or None
     kube = False if forced else KubernetesSettings.load(env).configured()
     return decide.enabled_infras(forced, False if forced else aws_is_configured(env), settings.allowed_infras,
-                                 kubernetes_configured=kube, slurm_configured=False if forced else slurm_configured(env))
+                                 kubernetes_configured=kube,
+                                 slurm_configured=False if forced else slurm_configured(env))
 
 
 def slurm_configured(env: Mapping[str, str] | None = None) -> bool:

@@ -70,14 +70,14 @@ class Backends:
             return KubernetesAdapter(KubernetesSettings.load(), nats_url=s.agent_nats_url or self.nats_url,
                                      stage=self.stage)
         if infra == "slurm":
-            from skypurza.events.config import load_config
+            from skypurza.events.config import ConfigError, load_config
+            from skypurza.events.slurm_config import SlurmConfigError, parse_user_config
 
             from .slurm import SlurmAdapter
-            from skypurza.events.slurm_config import SlurmConfigError, parse_user_config
 
             try:
                 user = parse_user_config(load_config().get("slurm"))
-            except SlurmConfigError as exc:
+            except (SlurmConfigError, ConfigError) as exc:
                 raise UnsupportedInfra(f"the slurm: settings cannot be used: {exc}") from None
             root = Path(s.local_root) if s.local_root else None
             return SlurmAdapter(self.nats_url, self.stage, root, user_config=user)

@@ -8,7 +8,9 @@ pods look like is k8s_manifest.py; what fits where is events/k8s_capacity.py.
   exists with this launch token is adopted: a redelivered placement launches nothing new), then
   polled until every pod is Running with an IP, within the provision timeout. A pod that cannot
   be scheduled (its FailedScheduling Events), fails or is evicted, or the timeout, deletes the
-  whole gang and raises the classified failure, so the optimizer fails over.
+  whole gang and raises the classified failure, so the optimizer fails over; a transient API
+  error leaves the pods for the provisioner's next try to adopt (it terminates them when the
+  tries run out).
 - stop/start: pods cannot be stopped (as in SkyPilot): refused as unsupported; `down` deletes.
 - terminate: every object labelled with the cluster, waited for until gone (bounded).
 - list_owned: every pod labelled with the stage, in every enabled context (reconciliation).
@@ -110,8 +112,10 @@ class KubernetesAdapter:
         return [_plain(core, p) for p in got.items]
 
     async def _events(self, context: str) -> list[dict[str, Any]]:
+        """The namespace's FailedScheduling Events (the rest of why a pod fails is in its status)."""
         core = self._core(context)
-        got = await self._call(context, core.list_namespaced_event, self.namespace(context))
+        got = await self._call(context, core.list_namespaced_event, self.namespace(context),
+                               field_selector="reason=FailedScheduling")
         return [_plain(core, e) for e in got.items]
 
     async def capacity(self, context: str) -> ContextCapacity:
@@ -165,7 +169,8 @@ class KubernetesAdapter:
                     await self._call(context, core.create_namespaced_pod, plan.namespace, pod, ok=(409,))
             return await self._wait_running(context, spec, plan)
         except ProvisionError as err:
-            await self._rollback(context, spec)
+            if not err.failure.retryable:  # a transient error keeps the pods: the next try adopts them
+                await self._rollback(context, spec)
             raise err
         except BaseException:
             await asyncio.shield(self._rollback(context, spec))

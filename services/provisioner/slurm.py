@@ -19,10 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shlex
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -44,7 +43,8 @@ from .adapter import (
 )
 from .local import RECORD, START_SEQ, LocalAdapter
 from skypurza.events.slurm_config import SlurmUserConfig, SshTarget, read_targets, slurm_config_path
-from skypurza.events.slurm_discovery import SlurmNode, expand_hostlist, parse_nodes, parse_partitions, zone_offers, ZoneOffer
+from skypurza.events.slurm_discovery import (SlurmNode, ZoneOffer, expand_hostlist, parse_nodes, parse_partitions,
+                                             zone_offers)
 from .slurm_errors import classify
 from .slurm_sbatch import SbatchRequest, parse_shape, sbatch_options, script
 from .slurm_ssh import SlurmSsh, SlurmSshError
@@ -185,29 +185,56 @@ class SlurmAdapter(LocalAdapter):
         return ReleaseReport()  # an allocation holds nothing beside itself
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
+        """Our records' nodes, and every allocation Slurm holds under this stage's job names that
+        no record knows (a lost record must not leave an allocation running for ever): those are
+        listed by job id, with the cluster their name says."""
         if stage != self.stage:
             return []
         out: list[NodeInfo] = []
+        known: set[str] = set()
         base = self.root / "slurm"
-        if not base.is_dir():
-            return out
-        for d in sorted(base.iterdir()):
+        for d in sorted(base.iterdir()) if base.is_dir() else ():
             try:
                 record = json.loads((d / RECORD).read_text())
             except (OSError, ValueError):
                 continue
             if record.get("stage") == stage and (regions is None or record.get("region") in regions):
                 out.extend(self._nodes(record))
+                known.add(str(record.get("slurm_job_id")))
+        prefix = naming.slurm_job_name(stage, "x")[:-1]
+        for slurm_cluster in self.targets():
+            if regions is not None and slurm_cluster not in regions:
+                continue
+            try:
+                res = await self._run(slurm_cluster, "squeue -h -o '%i|%j|%T'")
+            except ProvisionError as exc:  # one cluster that does not answer hides nothing of the others
+                log.warning("slurm %s: cannot list allocations: %s", slurm_cluster, exc)
+                continue
+            for line in res.stdout.splitlines():
+                job_id, _, rest = line.strip().partition("|")
+                name, _, state = rest.partition("|")
+                if name.startswith(prefix) and job_id not in known and state not in ("COMPLETING", "CANCELLED"):
+                    out.append(NodeInfo(instance_id=f"{job_id}.0", rank=0, state=NodeState.RUNNING,
+                                        region=slurm_cluster, stage=stage, cluster=name[len(prefix):]))
         return out
 
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
         # One node of an allocation cannot be given back alone: the whole allocation goes.
         done: list[str] = []
-        for cluster in sorted({n.cluster for n in nodes if n.cluster}):
-            record = self._read(cluster)
-            if record is None or record.get("stage") != stage:
+        for node in nodes:
+            if node.instance_id in done:
                 continue
-            done += await self.terminate(ClusterRef(stage=stage, cluster=cluster, infra="slurm"))
+            record = self._read(node.cluster) if node.cluster else None
+            if record is not None and record.get("stage") == stage and \
+                    node.instance_id.split(".")[0] == str(record.get("slurm_job_id")):
+                done += await self.terminate(ClusterRef(stage=stage, cluster=node.cluster or "", infra="slurm"))
+                continue
+            job_id = node.instance_id.split(".")[0]
+            if job_id.isdigit() and node.region and node.stage == stage:  # an allocation no record knows
+                res = await self._run(node.region, f"squeue -h -j {job_id} -o %j")
+                if res.stdout.strip().startswith(naming.slurm_job_name(stage, "x")[:-1]):  # still ours
+                    await self._run(node.region, f"scancel {job_id}")
+                    done.append(node.instance_id)
         return done
 
     async def close(self) -> None:

@@ -152,7 +152,7 @@ class SlurmRig:
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmUser={SLURM_USER}",
             f"SlurmctldPort={self.ctld_port}",
-            f"AuthType=auth/munge",
+            "AuthType=auth/munge",
             f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={r}/spool/ctld",
             f"SlurmdSpoolDir={r}/spool/d-%n",

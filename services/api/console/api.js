@@ -11,11 +11,12 @@ export const token = {
 };
 
 export class ApiError extends Error {
-  constructor(status, title, detail) {
+  constructor(status, title, detail, body = null) {
     super(detail);
     this.status = status;
     this.title = title;
     this.detail = detail;
+    this.body = body; // the whole problem (a 422's positioned `problems`, for instance)
   }
   // One plain sentence for the page: the server's own problem detail (RFC 9457), never a stack.
   get text() {
@@ -38,7 +39,7 @@ async function problemOf(res) {
     body = null;
   }
   const detail = (body && body.detail) || res.statusText || "the server refused the request";
-  return new ApiError(res.status, (body && body.title) || `HTTP ${res.status}`, String(detail));
+  return new ApiError(res.status, (body && body.title) || `HTTP ${res.status}`, String(detail), body);
 }
 
 const UNREACHABLE = "the API server cannot be reached; is it running (spz api status)?";
@@ -64,6 +65,7 @@ export async function call(method, path, body, { signal } = {}) {
 
 export const get = (path, opts) => call("GET", path, undefined, opts);
 export const post = (path, body, opts) => call("POST", path, body === undefined ? {} : body, opts);
+export const put = (path, body, opts) => call("PUT", path, body, opts);
 export const del = (path, opts) => call("DELETE", path, undefined, opts);
 
 export function query(params) {

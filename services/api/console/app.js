@@ -1,6 +1,7 @@
 // The console's shell: sign in with a token, the navigation, and one page at a time (hash routes,
 // so the server serves only static files). Each page gets an AbortSignal, aborted when the user
-// leaves it: its streams and timers stop with it.
+// leaves it: its streams and timers stop with it. `?at=TIME` in the address (time travel) hands
+// the pages a past moment: they ask the API for the log as it stood then, and show it still.
 import { ApiError, get, token } from "./api.js";
 import { el, notice } from "./ui.js";
 import * as overview from "./pages/overview.js";
@@ -8,8 +9,9 @@ import * as cluster from "./pages/cluster.js";
 import * as job from "./pages/job.js";
 import * as cost from "./pages/cost.js";
 import * as admin from "./pages/admin.js";
+import * as dispatch from "./pages/dispatch.js";
 
-const PAGES = { overview, cluster, job, cost, admin };
+const PAGES = { overview, cluster, job, cost, dispatch, admin };
 let current = null; // the AbortController of the page shown
 
 const main = () => document.getElementById("main");
@@ -84,14 +86,27 @@ async function route() {
   const page = PAGES[name] ? name : "overview";
   showChrome(me, page);
   const root = el("div");
-  main().replaceChildren(root);
+  const at = pastMoment();
+  main().replaceChildren(...(at ? [travelBanner(at)] : []), root);
   try {
-    await PAGES[page].render(root, { me, args, signal });
+    await PAGES[page].render(root, { me, args, signal, at });
   } catch (err) {
     if (err.name === "AbortError") return;
     root.replaceChildren(el("div", { class: "notice error", role: "alert" }, err.text || String(err)));
   }
   if (!signal.aborted) root.querySelector("h1")?.focus();
+}
+
+// The page's past moment (`?at=`), or null for now; the API checks it (a bad one is its 422).
+export function pastMoment() {
+  const at = new URLSearchParams(location.search).get("at");
+  return at && at.trim() ? at.trim() : null;
+}
+
+function travelBanner(at) {
+  return el("div", { class: "notice travel", role: "status" },
+    `Time travel: the log as it stood at ${at}. Nothing here changes or can be acted on. `,
+    el("a", { href: `${location.pathname}${location.hash}` }, "Back to now"));
 }
 
 document.getElementById("signout").addEventListener("click", () => {

@@ -11,8 +11,9 @@ Conditions (each alert's key is what makes it once-only: one condition, one aler
 - orphan: reconciliation reported a node no cluster accounts for, not yet terminated;
 - gpu_unhealthy: a GpuUnhealthy finding on a cluster still alive (fatal: critical, else warning);
 - budget: dispatch holds a task because its team's (or user's) budget is spent (TaskHeld of kind
-  `budget`), until the task is admitted or ends. A soft budget's `alert_at` threshold has no event
-  of its own yet (dispatch publishes only holds), so it cannot fire here (docs/observability.md).
+  `budget`), until the task is admitted or ends; and a budget at its `alert_at` fraction
+  (warning) or at 100% (critical), from dispatch's BudgetThresholdCrossed, until it is back to
+  ok or its period ends.
 
 Memory is bounded: each table keeps at most `MAX_TRACKED` entries (the oldest go first); only
 what can still fire is kept (a finished job, a terminated cluster are forgotten).
@@ -21,10 +22,10 @@ what can still fire is kept (a finished job, a terminated cluster are forgotten)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
+from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld
 from skypurza.events.cluster_events import (
     AutostopSet,
     ClusterProvisioned,
@@ -91,6 +92,7 @@ class AlertState:
     gpu: dict[str, dict[str, Any]] = field(default_factory=dict)  # finding key -> what it said
     dead_letters: dict[str, DeadLetterFacts] = field(default_factory=dict)  # by parking service
     budget_holds: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> the hold
+    budget_levels: dict[str, dict[str, Any]] = field(default_factory=dict)  # budget id -> its crossing
     ended: dict[str, datetime] = field(default_factory=dict)  # clusters terminated (until provisioned again)
 
 
@@ -187,6 +189,11 @@ def apply(state: AlertState, at: datetime, event: object) -> None:
             state.budget_holds.pop(event.task_id, None)
     elif isinstance(event, (TaskAdmitted, PlacementFailed, ProvisionFailed)):
         state.budget_holds.pop(event.task_id, None)
+    elif isinstance(event, BudgetThresholdCrossed):
+        if event.state == "ok":
+            state.budget_levels.pop(event.budget_id, None)
+        else:
+            _put(state.budget_levels, event.budget_id, event.model_dump(mode="json"))
     elif isinstance(event, GpuUnhealthy):
         if event.cluster in state.ended:
             return  # a late sample's finding on a cluster already gone: nothing left to fix
@@ -263,6 +270,14 @@ def firing(state: AlertState, now: datetime, cfg: AlertSettings) -> dict[str, Al
         where = f"{g['cluster']} node {g['rank']}"
         out.append(Alert(key, "gpu_unhealthy", where, "critical" if g["severity"] == "fatal" else "warning",
                          f"{where}: {g['detail'] or g['rule']}", dict(g)))
+    for bid, b in state.budget_levels.items():
+        if now.astimezone(timezone.utc).strftime("%Y-%m-%d" if b["period"] == "day" else "%Y-%m") != b["period_key"]:
+            continue  # a new day or month: the budget starts again from 0
+        who = b["team"] + (f"/{b['user']}" if b["user"] else "")
+        level = "spent" if b["state"] == "exceeded" else f"past its {b['alert_at']:.0%} alert level"
+        out.append(Alert(f"budget_level:{bid}", "budget", who, "critical" if b["state"] == "exceeded" else "warning",
+                         f"{who}: ${b['spent_usd']:,.2f} of ${b['limit_usd']:,.2f} {'daily' if b['period'] == 'day' else 'monthly'} budget {level} "
+                         f"({b['fraction']:.0%})", dict(b)))
     for task_id, h in state.budget_holds.items():
         out.append(Alert(f"budget:{task_id}", "budget", h["cluster"], "warning",
                          f"launch of {h['cluster']} held by dispatch: {h['reason']}", {"task_id": task_id, **h}))

@@ -30,7 +30,7 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.alert_events import AlertDelivered, AlertRaised, AlertResolved
-from skypurza.events.bus import Bus, stored_from_msg
+from skypurza.events.bus import CANNOT_CONNECT, Bus, stored_from_msg
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import (
     AutostopSet,
@@ -40,11 +40,12 @@ from skypurza.events.cluster_events import (
     ClusterTerminated,
     OrphanFound,
 )
-from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
+from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld
 from skypurza.events.envelope import derive_id
 from skypurza.events.health_events import GpuUnhealthy
 from skypurza.events.job_events import JobCancelled, JobFailed, JobQueued, JobStarted, JobSucceeded
 from skypurza.events.managed_events import ManagedJobStatusChanged, ManagedJobSubmitted
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract, declared_bus
 from skypurza.events.task_events import PlacementFailed, ProvisionFailed
 
@@ -60,11 +61,12 @@ CONTRACT = LoopContract(
     reads=(ClusterProvisioned, ClusterStarted, ClusterStopped, ClusterTerminated, AutostopSet, JobQueued, JobStarted,
            JobSucceeded, JobFailed, JobCancelled, ManagedJobSubmitted, ManagedJobStatusChanged, OrphanFound,
            GpuUnhealthy, TaskHeld, TaskAdmitted, PlacementFailed, ProvisionFailed, AlertRaised, AlertResolved,
-           AlertDelivered),
+           AlertDelivered, BudgetThresholdCrossed),
     emits=(AlertRaised, AlertResolved, AlertDelivered),
     emit_notes={AlertRaised: "a rule's condition began (judged every eval_s over the folded log)",
                 AlertResolved: "that condition no longer holds",
                 AlertDelivered: "a webhook took the message, or the bounded retries gave up"},
+    bus=BusAccess(dead_letters="read"),  # the dead_letters rule follows what services park
 )
 
 
@@ -300,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await bus.close()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except CANNOT_CONNECT as exc:  # which credentials file, what is wrong: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -10,7 +10,7 @@ const MAX_LOG_LINES = 5000; // the page keeps the newest lines of a long output
 
 export const mayAct = (me) => me.role !== "viewer";
 
-export async function render(root, { me, args, signal }) {
+export async function render(root, { me, args, signal, at }) {
   const name = args[0] || "";
   const path = `/clusters/${encodeURIComponent(name)}`;
   const msg = el("div", { "aria-live": "polite" });
@@ -40,7 +40,7 @@ export async function render(root, { me, args, signal }) {
     }
   }
 
-  if (mayAct(me)) {
+  if (mayAct(me) && !at) {
     const minutes = el("input", { id: "autostop-min", type: "number", min: "0", max: "525600", value: "30", inputmode: "numeric" });
     actions.replaceChildren(el("h2", {}, "Actions"), el("div", { class: "actions" },
       el("button", { type: "button", onclick: () => act("Stop", () => post(`${path}/stop`)) }, "Stop"),
@@ -82,8 +82,8 @@ export async function render(root, { me, args, signal }) {
 
   let shown = "";
   async function refresh() {
-    const [c, q, ev] = await Promise.all([get(path, { signal }), get(`${path}/jobs`, { signal }),
-      get(`${path}/events${query({ limit: 200 })}`, { signal })]);
+    const [c, q, ev] = await Promise.all([get(`${path}${query({ at })}`, { signal }),
+      get(`${path}/jobs${query({ at })}`, { signal }), get(`${path}/events${query({ limit: 200, at })}`, { signal })]);
     const key = JSON.stringify([c, q, ev]);
     if (key === shown) return;
     shown = key;
@@ -107,7 +107,7 @@ export async function render(root, { me, args, signal }) {
       ["User", (j) => j.user || ""], ["Submitted", (j) => when(j.submitted_at)],
       ["", (j) => el("div", { class: "actions" },
         el("button", { type: "button", "aria-label": `Show output of job ${j.job_id}`, onclick: () => follow(j.job_id) }, "Output"),
-        mayAct(me) && !FINAL.has(j.status) ? el("button", { type: "button", class: "danger",
+        mayAct(me) && !at && !FINAL.has(j.status) ? el("button", { type: "button", class: "danger",
           "aria-label": `Cancel job ${j.job_id}`,
           onclick: () => act(`Cancel of job ${j.job_id}`, () => post(`${path}/jobs/${j.job_id}/cancel`)) }, "Cancel") : null)],
     ], q.jobs, "no jobs"));
@@ -115,10 +115,14 @@ export async function render(root, { me, args, signal }) {
       el("time", { datetime: e.time }, when(e.time)), el("strong", {}, e.type), " ",
       el("span", { class: "muted" }, describe(e.summary)))));
     timeline.scrollTop = timeline.scrollHeight;
-    if (following === null && q.jobs.length) follow(Math.max(...q.jobs.map((j) => j.job_id)));
+    if (following === null && q.jobs.length && !at) follow(Math.max(...q.jobs.map((j) => j.job_id)));
   }
 
   await refresh();
+  if (at) { // a past moment: still; its output is read from now, not rebuilt
+    logState.textContent = "output is shown for now only (leave time travel to follow it)";
+    return;
+  }
   const timer = setInterval(() => refresh().catch(say), REFRESH_MS);
   signal.addEventListener("abort", () => clearInterval(timer));
 }
