@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from skypurza.events import fold as one_fold
+from skypurza.events.addresses import head_ip, task_ports
 from skypurza.events.cluster_events import (
     AutostopSet,
     ClusterProvisioned,
@@ -30,7 +31,6 @@ from skypurza.events.fold import (  # noqa: F401  (the names cli code imports fr
 )
 from skypurza.events.job_events import JobNodeFinished, JobQueued
 from skypurza.events.jobdemand import describe_task
-from skypurza.events.payloads import TaskPayload
 
 # The final job states, as `spz queue --skip-finished` filters them (events/fold.py decides).
 TERMINAL_JOB = one_fold.JOB_TERMINAL_SQL
@@ -200,19 +200,8 @@ def apply(c: Cluster, event: Any, at: datetime) -> None:
                 job.reported.add((event.rank, event.phase))
 
 
-def _head_ip(nodes: Iterable[Any]) -> str | None:
-    for node in nodes:
-        if getattr(node, "rank", None) == 0:
-            return node.public_ip or node.private_ip
-    return None
-
-
-def _ports_of(task: TaskPayload) -> tuple[str, ...]:
-    """The task's resources.ports (one port, a range, or a list of them), as strings."""
-    ports = task.resources.ports if task.resources is not None else None
-    if ports is None:
-        return ()
-    return tuple(str(p) for p in (ports if isinstance(ports, list) else [ports]))
+_head_ip = head_ip  # (the names this module used; events/addresses.py is the one copy)
+_ports_of = task_ports
 
 
 # Event types on a cluster's subject that say nothing of its state or its jobs: the server skips

@@ -143,14 +143,7 @@ def _first_admin(plane) -> dict:
 
         from .control import connect_bus
 
-        st = plane.status()
-        if st.get("bus_secured"):  # the deployment's set-up on its own host: the control user
-            from .busauth import connect_as
-
-            bus = await connect_as(st["nats_url"], plane.stage, naming.BUS_CONTROL_USER,
-                                   f"/skypurza/{plane.stage}/setup")
-        else:
-            bus = await connect_bus(plane.stage, "api")
+        bus = await connect_bus(plane.stage, "api")  # on a secured bus: the control user (operator_credentials)
         try:
             directory = await load_directory(bus)
             if "admin" in directory.users:

@@ -249,15 +249,14 @@ def status_command(
     t = api()
     if t is None:
         options.all_users_note(all_users)
-    elif refresh or verbose or ip or endpoints or endpoint is not None:
-        not_over_api("spz status -r/-v/--ip/--endpoints", "the API server's rows carry no addresses; reconciling "
-                     "is the server's")
+    elif refresh:
+        not_over_api("spz status -r", "reconciling with the clouds is the server's")
     if show_services:
         options.unused("--show-services", "SkyServe services are not supported yet; there are none to show")
     if show_pools:
         options.unused("--show-pools", "SkyPurza has no pools")
     if ip or endpoints or endpoint is not None:
-        raise typer.Exit(_addresses(clusters or [], ip=ip, endpoint=endpoint))
+        raise typer.Exit(_addresses(clusters or [], ip=ip, endpoint=endpoint, t=t))
     report: dict[str, Any] | None = None
     if refresh:
         from .cmd_provision import refresh_command
@@ -318,7 +317,8 @@ def status_command(
 
     columns = ("NAME", "LAUNCHED", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "$/HOUR")
     if verbose:
-        details = run_async(_cluster_details([r["name"] for r in rows]))
+        names = [r["name"] for r in rows]
+        details = _api_details(t, names) if t is not None else run_async(_cluster_details(names))
         print_table((*columns, "USER", "HEAD IP", "PORTS"),
                     [[*line(r), r["user"] or "-", details.get(r["name"], ("-", "-"))[0],
                       details.get(r["name"], ("-", "-"))[1]] for r in rows])
@@ -343,18 +343,39 @@ async def _cluster_details(names: list[str]) -> dict[str, tuple[str, str]]:
         await bus.close()
 
 
-def expand_ports(ports: tuple[str, ...]) -> list[int]:
-    """`8080`, `8000-8010` -> every port, in order, once."""
-    out: list[int] = []
-    for p in ports:
-        low, _, high = p.partition("-")
-        for port in range(int(low), int(high or low) + 1):
-            if port not in out:
-                out.append(port)
+def _api_details(t: Any, names: list[str]) -> dict[str, tuple[str, str]]:
+    """name -> (head IP, ports), from the server's cluster rows (`status -v` through a server)."""
+    out = {}
+    for n in names:
+        c = _api_cluster(t, n)
+        out[n] = (c.head_ip or "-", ",".join(c.ports) or "-")
     return out
 
 
-def _addresses(clusters: list[str], *, ip: bool, endpoint: int | None) -> int:
+def _api_cluster(t: Any, name: str) -> Any:
+    """What `_addresses` reads of a cluster, from GET /api/v1/clusters/{name} (no such: status None)."""
+    from types import SimpleNamespace
+
+    from .apitransport import ApiError
+
+    try:
+        row = t.get(f"/api/v1/clusters/{name}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise fail(str(exc))
+        row = {}
+    return SimpleNamespace(status=row.get("status"), head_ip=row.get("head_ip"),
+                           ports=tuple(str(p) for p in row.get("ports") or ()))
+
+
+def expand_ports(ports: tuple[str, ...]) -> list[int]:
+    """`8080`, `8000-8010` -> every port, in order, once (events/addresses.py)."""
+    from skypurza.events.addresses import expand_ports as expand
+
+    return expand(ports)
+
+
+def _addresses(clusters: list[str], *, ip: bool, endpoint: int | None, t: Any = None) -> int:
     """`status --ip | --endpoints | --endpoint PORT` of exactly one cluster, as sky prints them."""
     flag = "--ip" if ip else ("--endpoint" if endpoint is not None else "--endpoints")
     if len(clusters) != 1 or any(ch in clusters[0] for ch in "*?["):
@@ -371,7 +392,7 @@ def _addresses(clusters: list[str], *, ip: bool, endpoint: int | None) -> int:
         finally:
             await bus.close()
 
-    c = run_async(run())
+    c = _api_cluster(t, name) if t is not None else run_async(run())
     if c.status not in ("UP", "INIT", "STOPPED"):
         raise fail(f"cluster {name} not found" + (" (it was terminated)" if c.status == "TERMINATED" else ""))
     if c.status != "UP" or not c.head_ip:

@@ -518,9 +518,8 @@ def queue_command(
     t = api()
     if t is None:
         options.all_users_note(all_users)
-    elif refresh or infra is not None:
-        raise fail("spz jobs queue -r/--infra is not available through an API server yet; unset "
-                   "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
+    # Through a server, -r changes nothing: the server's answer has caught up with the whole log
+    # already (the status service asked with the log's last sequence).
     if since is not None and after is not None:
         raise typer.BadParameter("give --since or --after, not both", param_hint="--since")
     statuses = _statuses(status_filter)
@@ -552,6 +551,8 @@ def queue_command(
         from . import via_api_jobs
 
         rows = via_api_jobs.queue_rows(t, skip_finished, all_users)
+        if infra is not None:
+            rows = via_api_jobs.on_infra(t, rows, infra)
     else:
         rows = run_async(run())
     if skip_finished:
@@ -616,20 +617,13 @@ async def _on_infra(bus: Any, rows: list[dict[str, Any]], infra: str) -> list[di
     """The jobs whose current cluster runs on `infra` (aws, aws/REGION, aws/REGION/ZONE, local)."""
     from .clusterlog import read_cluster
 
-    want = [p.lower() for p in infra.split("/") if p]
-    where: dict[str, list[str]] = {}
-    out = []
-    for r in rows:
-        name = r.get("cluster")
-        if not name:
-            continue
-        if name not in where:
-            c = await read_cluster(bus, name)
-            where[name] = [str(p).lower() for p in (c.infra, c.region, c.zone) if p]
-        have = where[name]
-        if len(have) >= len(want) and all(w in ("*", h) for w, h in zip(want, have)):
-            out.append(r)
-    return out
+    where: dict[str, tuple[Any, ...]] = {}
+    for name in {r.get("cluster") for r in rows if r.get("cluster")}:
+        c = await read_cluster(bus, name)
+        where[name] = (c.infra, c.region, c.zone)
+    from .jobrows import on_infra
+
+    return on_infra(rows, infra, where)
 
 
 # ----------------------------------------------------------------------------------------- cancel

@@ -113,15 +113,16 @@ def launch_command(
     from .transport import api
 
     t = api()
-    if t is not None and (wait_for is not None or retry_until_up or no_setup or fast):
-        raise fail("spz launch --wait-for/-r/--no-setup/--fast is not available through an API server yet; unset "
-                   "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
+    if t is not None and retry_until_up:
+        raise fail("spz launch -r is not available through an API server yet; unset SKYPURZA_API_SERVER (or spz api "
+                   "logout) to run it on the embedded control plane", 2)
     try:
         if t is not None:
             from . import via_api
 
             code, summary = via_api.launch(t, task, public, name_, idle=idle, down=down_, detach_run=detach_run,
-                                           async_=async_, status=status, out=out)
+                                           async_=async_, status=status, out=out, no_setup=no_setup or fast,
+                                           wait_for=wait_for)
         else:
             code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_,
                                               no_setup=no_setup or fast, detach_run=detach_run, async_=async_,
@@ -344,16 +345,20 @@ def exec_command(
     entrypoint = words
     detach_run = detach_run or async_
     overrides = options.overrides_of(res, task_flags, name=name)
-    from .transport import not_over_api
-
-    not_over_api("spz exec", "the API server launches new clusters only (POST /api/v1/tasks)")
     task, public = _prepare(entrypoint or [], overrides)
     cfg = _config()
     from .progress import StatusLine, echo_out
+    from .transport import api
 
     status = StatusLine()
+    t = api()
     try:
-        code = run_async(_exec(task, public, cluster, cfg, detach_run, status, echo_out))
+        if t is not None:  # through the server: POST /api/v1/clusters/{name}/jobs (cli/via_api.py)
+            from . import via_api
+
+            code = via_api.exec_(t, task, public, cluster, detach_run=detach_run, status=status, out=echo_out)
+        else:
+            code = run_async(_exec(task, public, cluster, cfg, detach_run, status, echo_out))
     except KeyboardInterrupt:
         status.stop()
         status.note(f"\nDetached from the logs (Ctrl-C): nothing was cancelled. Follow again: spz logs {cluster}")

@@ -157,12 +157,10 @@ def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async
 
     t = api()
     if t is not None:
-        if graceful or purge:
-            raise fail(f"spz {verb} --graceful/--purge is not available through an API server yet; unset "
-                       "SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
         from . import via_api
 
-        return via_api.lifecycle(t, verb, clusters, all_, yes, async_, timeout, autostop, all_users=all_users)
+        return via_api.lifecycle(t, verb, clusters, all_, yes, async_, timeout, autostop, all_users=all_users,
+                                 graceful=graceful, graceful_timeout=graceful_timeout, purge=purge)
 
     async def run() -> int:
         import asyncio

@@ -409,16 +409,20 @@ def _reap(pid: int | None) -> None:
         pass
 
 
-def secured_bus_refusal(stage: str) -> str | None:
-    """Why the CLI cannot use the stage's bus itself, or None: a deployment's bus takes its
-    services' users only, and the CLI holds none (it talks to the API server)."""
-    from skypurza.events.natscreds import CREDS_ENV
+def operator_credentials(stage: str):
+    """The bus user of the CLI on a deployment's own host, or None (the embedded bus, an external
+    one, or SKYPURZA_NATS_CREDS naming one). A secured bus takes its users only; the CLI on the
+    server host is the deployment's operator — whoever reads the state directory holds every
+    credential anyway — so it connects as `control`. Laptops hold none: they use the API server."""
+    from skypurza.events.natscreds import CREDS_ENV, CredentialsError, credentials_file, read_credentials
 
     if os.environ.get(CREDS_ENV) or load_config().nats_url or not ControlPlane(stage).status().get("bus_secured"):
         return None
-    return (f"stage {stage} is a team deployment (spz api start --deploy): its bus refuses clients without "
-            f"credentials; use its API server: spz api login -e URL --token TOKEN (the first admin's token: "
-            f"{naming.admin_token_file(stage)})")
+    try:
+        return read_credentials(credentials_file(naming.bus_credentials_dir(stage), naming.BUS_CONTROL_USER))
+    except CredentialsError as exc:
+        raise ControlPlaneError(f"stage {stage} is a team deployment (spz api start --deploy) whose bus takes its own "
+                                f"users only, and {exc}; use its API server: spz api login -e URL --token TOKEN") from None
 
 
 async def connect_bus(stage: str, source: str = "cli"):
@@ -428,13 +432,11 @@ async def connect_bus(stage: str, source: str = "cli"):
     from .lostplane import PING_INTERVAL_S, bounded_connect, watch
 
     url = await asyncio.to_thread(ControlPlane(stage).ensure_url)
-    refused = secured_bus_refusal(stage)
-    if refused:
-        raise ControlPlaneError(refused)
+    creds = await asyncio.to_thread(operator_credentials, stage)
     # Bounded, then watched: a command never waits for ever on a control plane that is not
     # there or is gone (cli/lostplane.py).
     bus = watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",
-                                                  ping_interval=PING_INTERVAL_S), url))
+                                                  ping_interval=PING_INTERVAL_S, credentials=creds), url))
     # What the CLI publishes is checked against its declared contract, as a service's is.
     from skypurza.events.service import declared_bus
 

@@ -1,5 +1,6 @@
-"""A managed job as the CLI shows it: its `-o json` row and the note its end gets (shared by the
-embedded `spz jobs` verbs, cli/cmd_jobs.py, and their forms through an API server, cli/via_api_jobs.py)."""
+"""A managed job as the CLI shows it: its `-o json` row, the note its end gets, and `jobs queue
+--infra`'s filter (shared by the embedded `spz jobs` verbs, cli/cmd_jobs.py, and their forms
+through an API server, cli/via_api_jobs.py)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def iso(value: Any) -> str | None:
     if value is None:
         return None
     return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def on_infra(rows: list[dict[str, Any]], infra: str, where: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """`--infra`, decided: the rows whose cluster's (infra, region, zone) in `where` is on `infra`."""
+    want = [p.lower() for p in infra.split("/") if p]
+    out = []
+    for r in rows:
+        have = [str(p).lower() for p in where.get(r.get("cluster") or "", ()) if p]
+        if have and len(have) >= len(want) and all(w in ("*", h) for w, h in zip(want, have)):
+            out.append(r)
+    return out

@@ -8,7 +8,8 @@ for (`Wanted`); `cmd_launch._launch` does the I/O and the printing. As `sky laun
   as a job (`QueueOn`), unless it needs more nodes than the cluster has (`TooFewNodes`) or
   resources it was not launched with (`clusterfit.Misfit`: other accelerators, more CPUs or
   memory, another infra/region/zone/instance type, spot); setup runs again only when it changed
-  (or never, with --no-setup);
+  (or never, with --no-setup); that part is `events/queueplan.plan_queue`, which the API server's
+  `POST /api/v1/clusters/{name}/jobs` decides with too;
 - anything else (no such cluster, or a terminated one) is a new task (`SubmitNew`).
 """
 
@@ -17,54 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from skypurza.events.taskspec.request import ResourceRequest
+# The queue-on decision is shared with the API server (events/queueplan.py); its names stay importable here.
+from skypurza.events.queueplan import Autostop, QueueOn, SetUp, TooFewNodes, Wanted, plan_queue
 
-from .clusterfit import Misfit, misfit
+from .clusterfit import Misfit
 from .clusterlog import Cluster
-from .submit import setup_changed
 
-
-@dataclass(frozen=True)
-class Wanted:
-    """What the user asked for: the task's nodes and setup, and the launch flags."""
-
-    nodes: int  # the task's num_nodes (1 when it names none)
-    setup: str | None
-    no_setup: bool = False
-    idle_minutes: int | None = None  # -i, else the task's autostop
-    down: bool = False  # --down, or the task's autostop with down
-    requests: tuple[ResourceRequest, ...] = ()  # the task's resource alternatives (none: any)
+__all__ = ["Autostop", "LaunchPlan", "Misfit", "QueueOn", "StartStopped", "SubmitNew", "TooFewNodes", "Wanted",
+           "plan_launch"]
 
 
 @dataclass(frozen=True)
 class StartStopped:
     cluster: str
-
-
-@dataclass(frozen=True)
-class TooFewNodes:
-    cluster: str
-    needs: int
-    has: int
-
-    def message(self) -> str:
-        return f"the task needs {self.needs} nodes; cluster {self.cluster} has {self.has}"
-
-
-@dataclass(frozen=True)
-class Autostop:
-    """The AutostopSet to publish after the job is queued (so the cluster is never idle between)."""
-
-    idle_minutes: int
-    down: bool
-
-
-@dataclass(frozen=True)
-class QueueOn:
-    cluster: str
-    run_setup: bool
-    down_after: bool  # JobQueued.down_after: tear down when this job ends
-    autostop: Autostop | None
 
 
 @dataclass(frozen=True)
@@ -83,15 +49,6 @@ def plan_launch(cluster: Cluster, wanted: Wanted) -> LaunchPlan:
         return StartStopped(cluster.name)
     if cluster.status not in TAKES_JOBS:
         return SubmitNew(cluster.name, wanted.nodes)
-    if wanted.nodes > cluster.num_nodes:
-        return TooFewNodes(cluster.name, wanted.nodes, cluster.num_nodes)
-    unfit = misfit(cluster, wanted.requests, wanted.nodes)
-    if unfit is not None:
-        return unfit
     last = cluster.last_setup()
-    run_setup = not wanted.no_setup and (last is None or setup_changed(wanted.setup, last.setup))
-    # `--down` alone on a cluster that has an autostop interval becomes "down as soon as idle".
-    autostop = None
-    if wanted.idle_minutes is not None or (wanted.down and cluster.idle_minutes is not None):
-        autostop = Autostop(wanted.idle_minutes if wanted.idle_minutes is not None else 0, wanted.down)
-    return QueueOn(cluster.name, run_setup, down_after=wanted.down and wanted.idle_minutes is None, autostop=autostop)
+    set_up = SetUp(ran=last is not None, setup=last.setup if last is not None else None)
+    return plan_queue(cluster, set_up, cluster.idle_minutes, wanted)

@@ -104,8 +104,11 @@ def localise(task: Any, public: dict[str, Any], cwd: Path) -> dict[str, Any]:
 
 
 def setup_changed(new_setup: str | None, last_setup: str | None) -> bool:
-    """A relaunch runs setup again only when the setup script differs from the cluster's last job's."""
-    return (new_setup or "").strip() != (last_setup or "").strip()
+    """A relaunch runs setup again only when the setup script differs from the cluster's last job's
+    (the one rule, events/queueplan.py)."""
+    from skypurza.events.queueplan import setup_changed as changed
+
+    return changed(new_setup, last_setup)
 
 
 def cluster_name(given: str | None, user: str) -> str:

@@ -96,8 +96,49 @@ def _targets(t: ApiTransport, patterns: list[str], all_: bool, all_users: bool) 
     return chosen
 
 
+def _graceful(t: ApiTransport, targets: list[dict[str, Any]], timeout: float) -> None:
+    """`--graceful` as on the bus: cancel the clusters' unfinished jobs, wait (at most `timeout`
+    s) until they have ended, then go on to the stop or the teardown."""
+    from .clusterlog import TERMINAL_JOB
+
+    open_jobs: dict[str, list[int]] = {}
+    for c in targets:
+        ids = [int(j["job_id"]) for j in (_jobs(t, c["name"]) or []) if j.get("status") not in TERMINAL_JOB]
+        open_jobs[c["name"]] = ids
+        if ids:
+            try:
+                t.post(f"/api/v1/clusters/{c['name']}/jobs/cancel", {"job_ids": ids})
+            except ApiError as exc:
+                raise _fail(exc)
+            typer.echo(f"Cluster {c['name']}: cancelling job(s) {', '.join(map(str, ids))} first (--graceful).")
+    deadline = time.monotonic() + timeout
+    for name, ids in open_jobs.items():
+        while ids:
+            now = _job_states(_jobs(t, name) or [])
+            ids = [j for j in ids if j in now and not now[j].terminal]
+            if not ids:
+                break
+            if time.monotonic() > deadline:
+                typer.echo(f"Cluster {name}: job(s) {', '.join(map(str, ids))} still running after {timeout:.0f} s "
+                           "(--graceful-timeout); going on.", err=True)
+                break
+            time.sleep(POLL_S / 2)
+
+
+def _purge(t: ApiTransport, names: list[str]) -> None:
+    """`down --purge`: the clusters whose teardown was not confirmed leave the records all the same."""
+    for name in names:
+        try:
+            t.post(f"/api/v1/clusters/{name}/purge")
+        except ApiError as exc:
+            raise _fail(exc)
+        typer.echo(f"Cluster {name}: purged from spz's records (--purge). Its instances may still run and cost "
+                   "money: check the cloud console (or spz status --refresh for orphans).", err=True)
+
+
 def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
-              timeout: float, autostop: dict[str, Any] | None = None, all_users: bool = False) -> int:
+              timeout: float, autostop: dict[str, Any] | None = None, all_users: bool = False, *,
+              graceful: bool = False, graceful_timeout: float | None = None, purge: bool = False) -> int:
     from skypurza.events.verbs import LIFECYCLE_FROM, LIFECYCLE_GOAL
 
     from .progress import StatusLine
@@ -114,6 +155,8 @@ def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: 
     names = ", ".join(c["name"] for c in targets)
     what = {"stop": "Stop", "start": "Start", "down": "Tear down"}[verb]
     _confirm(f"{what} cluster(s) {names}?", yes or verb == "start")
+    if graceful and verb in ("stop", "down"):
+        _graceful(t, targets, graceful_timeout if graceful_timeout is not None else timeout)
     for c in targets:
         try:
             t.post(f"/api/v1/clusters/{c['name']}/{verb}", autostop if verb == "start" else None)
@@ -141,6 +184,9 @@ def lifecycle(t: ApiTransport, verb: str, clusters: list[str], all_: bool, yes: 
     for n in sorted(pending):
         typer.echo(f"Cluster {n}: {what.lower()} requested, not confirmed within {timeout:.0f}s "
                    "(see spz status and spz events dlq).", err=True)
+    if purge and pending:
+        _purge(t, sorted(pending))
+        return 0
     return 1 if pending else 0
 
 
@@ -329,59 +375,145 @@ def stream_lines(t: ApiTransport, cluster: str, job_id: int, nodes: int, out: Ca
 
 # ------------------------------------------------------------------------------------------ launch
 
+def _body(task: Any, public: dict[str, Any]) -> dict[str, Any]:
+    """The task as a request carries it: secrets' values beside it (the server puts them in the
+    secrets bucket), never in the task."""
+    body: dict[str, Any] = {"task": {k: v for k, v in public.items() if k != "secrets"}}
+    if task.secret_values():
+        body["overrides"] = {"secrets": task.secret_values()}
+    return body
+
+
+def _follow(t: ApiTransport, cluster: str, job_id: int, nodes: int, status: Any,
+            out: Callable[[str], None]) -> tuple[int, dict[str, Any]]:
+    """The job's output as `spz logs` prints it, then its end as the embedded verbs report it:
+    (the exit code, the `end` frame's data)."""
+    from .clusterlog import EXIT_NOT_FOUND, exit_code_of
+    from .verbs import _report_job
+
+    end = stream_lines(t, cluster, job_id, nodes, out, status=status)
+    final = end.get("status")
+    status.stop()
+    if final is None:
+        status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
+        return EXIT_NOT_FOUND, end
+    _report_job(status, cluster, _finished(t, cluster, job_id, final))
+    return exit_code_of(final), end
+
+
+def queue_on(t: ApiTransport, cluster: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /api/v1/clusters/{name}/jobs: the server's answer (the job id, whether setup runs)."""
+    try:
+        return t.post(f"/api/v1/clusters/{cluster}/jobs", body)
+    except ApiError as exc:
+        raise _fail(exc)
+
+
+def exec_(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, detach_run: bool, status: Any,
+          out: Callable[[str], None]) -> int:
+    """`spz exec` through the server: the job queued without setup, then its output."""
+    from .verbs import _detached_hint
+
+    job = queue_on(t, cluster, {**_body(task, public), "setup": "skip"})
+    job_id = int(job["job_id"])
+    status.note(f"Job {job_id} queued on cluster {cluster}.")
+    if detach_run:
+        status.note(_detached_hint(cluster, job_id))
+        return 0
+    return _follow(t, cluster, job_id, int(job.get("num_nodes") or 1), status, out)[0]
+
+
+def _start_stopped(t: ApiTransport, cluster: str, status: Any, timeout_s: float) -> None:
+    """As the embedded launch does with a stopped cluster: start it, wait until it is UP."""
+    from .jobwatch import SubmissionFailed
+
+    status.note(f"Cluster {cluster} is stopped: starting it.")
+    try:
+        t.post(f"/api/v1/clusters/{cluster}/start")
+    except ApiError as exc:
+        raise _fail(exc)
+    status.update(f"Starting cluster {cluster}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = _cluster_or_transient(t, cluster)
+        if row is not None and row.get("status") == "UP":
+            status.note(f"Cluster {cluster} is up again.")
+            return
+        if row is not None and row.get("status") == "TERMINATED":
+            raise SubmissionFailed(f"cluster {cluster} was terminated while starting")
+        time.sleep(POLL_S)
+    raise SubmissionFailed(f"cluster {cluster} did not come up within {timeout_s:.0f}s")
+
+
+START_TIMEOUT_S = 1800.0  # a stopped cloud cluster's instances start in minutes; never wait forever
+
+
 def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, idle: int | None, down: bool,
-           detach_run: bool, async_: bool, status: Any, out: Callable[[str], None]) -> tuple[int, dict[str, Any]]:
-    """`spz launch` of a new cluster through POST /api/v1/tasks, its progress from the events
-    stream, then its job's output as `spz logs` prints it."""
+           detach_run: bool, async_: bool, status: Any, out: Callable[[str], None], no_setup: bool = False,
+           wait_for: str | None = None) -> tuple[int, dict[str, Any]]:
+    """`spz launch` through the server: on a cluster that is up (a stopped one is started
+    first), the job queued there (POST /api/v1/clusters/{name}/jobs); else a new cluster
+    (POST /api/v1/tasks), its progress from the events stream. Then its job's output as
+    `spz logs` prints it."""
     from .clusterlog import exit_code_of
     from .jobwatch import SubmissionFailed
     from .verbs import _detached_hint
 
+    summary: dict[str, Any] = {"cluster": cluster}
     existing = _cluster(t, cluster)
-    if existing is not None and existing.get("status") in ("UP", "STOPPED", "INIT"):
-        raise fail(f"cluster {cluster} exists ({existing.get('status')}): through an API server a launch makes a new "
-                   "cluster; queueing on an existing one is not offered yet (spz exec runs on the embedded control "
-                   "plane)", 2)
-    secrets = task.secret_values()
-    body: dict[str, Any] = {"task": {k: v for k, v in public.items() if k != "secrets"}, "cluster": cluster,
-                            "down": down, "idle_minutes": idle}
-    if secrets:
-        body["overrides"] = {"secrets": secrets}
-    status.update("Submitting to the API server")
-    try:
-        sub = t.post("/api/v1/tasks", body)
-    except ApiError as exc:
-        raise _fail(exc)
-    task_id, seq = sub["task_id"], int(sub.get("seq") or 0)
-    summary: dict[str, Any] = {"cluster": cluster, "task_id": task_id, "submitted_seq": seq}
-    if async_:
-        status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; see it: spz status")
-        summary["status"] = "SUBMITTED"
-        return 0, summary
-    try:
-        job_id, nodes = _wait_for_job(t, task_id, cluster, seq, status)
-    except SubmissionFailed as exc:
-        status.stop()
-        status.note(f"[red]✗ {exc}[/red]")
-        summary.update(status="FAILED", reason=str(exc))
-        return 1, summary
-    summary["job_id"] = job_id
-    if detach_run:
+    if existing is not None and existing.get("status") == "STOPPED":
+        _start_stopped(t, cluster, status, START_TIMEOUT_S)
+        existing = _cluster(t, cluster)
+    if existing is not None and existing.get("status") in ("UP", "INIT"):
+        body = {**_body(task, public), "setup": "skip" if no_setup else "if_changed", "down": down,
+                "idle_minutes": idle, "wait_for": wait_for}
+        status.update("Queueing on the API server")
+        job = queue_on(t, cluster, body)
+        job_id = int(job["job_id"])
+        summary.update(task_id=job.get("task_id"), job_id=job_id)
+        status.note(f"Cluster {cluster} is up: job {job_id} queued "
+                    f"({'setup runs again' if job.get('run_setup') else 'setup unchanged, skipped'}).")
+        nodes = int(job.get("num_nodes") or 1)
+    else:
+        if wait_for is not None and async_:
+            raise fail("--wait-for on a new cluster needs it up: leave out --async, or set it later with "
+                       f"spz autostop {cluster} -i {idle} --wait-for {wait_for}", 2)
+        status.update("Submitting to the API server")
+        try:
+            sub = t.post("/api/v1/tasks", {**_body(task, public), "cluster": cluster, "down": down,
+                                           "idle_minutes": idle})
+        except ApiError as exc:
+            raise _fail(exc)
+        task_id, seq = sub["task_id"], int(sub.get("seq") or 0)
+        summary.update(task_id=task_id, submitted_seq=seq)
+        if async_:
+            status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; see it: "
+                        "spz status")
+            summary["status"] = "SUBMITTED"
+            return 0, summary
+        try:
+            job_id, nodes = _wait_for_job(t, task_id, cluster, seq, status)
+        except SubmissionFailed as exc:
+            status.stop()
+            status.note(f"[red]✗ {exc}[/red]")
+            summary.update(status="FAILED", reason=str(exc))
+            return 1, summary
+        summary["job_id"] = job_id
+        if wait_for is not None and idle is not None:
+            # `sky launch -i N --wait-for X` is `sky launch` then `sky autostop -i N --wait-for X`.
+            try:
+                t.post(f"/api/v1/clusters/{cluster}/autostop", {"idle_minutes": idle, "down": down,
+                                                                 "wait_for": wait_for})
+            except ApiError as exc:
+                raise _fail(exc)
+    if async_ or detach_run:
         status.note(f"Job {job_id} queued on cluster {cluster}. " + _detached_hint(cluster, job_id))
         summary["status"] = "QUEUED"
         return 0, summary
-    end = stream_lines(t, cluster, job_id, nodes, out, status=status)
+    code, end = _follow(t, cluster, job_id, nodes, status, out)
     final = end.get("status")
-    status.stop()
-    done = _finished(t, cluster, job_id, final)
-    if final is None:
-        status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
-    else:
-        from .verbs import _report_job
-
-        _report_job(status, cluster, done)
-    code = exit_code_of(final)
-    summary.update(status=final, exit_code=end.get("exit_code"), cli_exit_code=code)
+    summary.update(status=final, exit_code=end.get("exit_code"),
+                   cli_exit_code=code if final is None else exit_code_of(final))
     return code, summary
 
 

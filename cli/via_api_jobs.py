@@ -30,6 +30,22 @@ def queue_rows(t: ApiTransport, skip_finished: bool, all_users: bool) -> list[di
     return [queue_row(r) for r in rows]
 
 
+def on_infra(t: ApiTransport, rows: list[dict[str, Any]], infra: str) -> list[dict[str, Any]]:
+    """`jobs queue --infra` through the server: where each job's cluster is, from its row."""
+    from .jobrows import on_infra as keep
+
+    where: dict[str, tuple[Any, ...]] = {}
+    for name in {r.get("cluster") for r in rows if r.get("cluster")}:
+        try:
+            c = t.get(f"/api/v1/clusters/{name}")
+        except ApiError as exc:
+            if exc.status != 404:  # a cluster gone since: not on any infra
+                raise _fail(exc)
+            continue
+        where[name] = (c.get("infra"), c.get("region"), c.get("zone"))
+    return keep(rows, infra, where)
+
+
 def cancel(t: ApiTransport, job_ids: list[int], name: str | None, all_: bool, yes: bool, async_: bool,
            wait_s: float, all_users: bool) -> int:
     from skypurza.events.managed_events import TERMINAL_STATUSES

@@ -1,7 +1,7 @@
 """Events of the `cluster` aggregate (keyed by cluster name): lifecycle, health, usage.
 
 Emitted by: the provisioner (ClusterProvisioned, ClusterStopped, ClusterStarted,
-ClusterTerminated, OrphanFound, CleanupFailed), the CLI (DownRequested, StopRequested, StartRequested,
+ClusterTerminated, OrphanFound, CleanupFailed, SlurmAllocationAccounted), the CLI (DownRequested, StopRequested, StartRequested,
 AutostopSet), the agent (NodeReady, ClusterIdle), the recovery service (SpotPreempted, NodeLost),
 the ledger's meter (UsageRecorded).
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
+
+from pydantic import Field
 
 from .registry import Event, register
 from .types import Candidate, Market, NodeInfo
@@ -190,3 +192,26 @@ class UsageRecorded(_ClusterEvent):
     # Id of the event that began this node's run (ClusterProvisioned or ClusterStarted): which
     # lifetime the interval belongs to, when a stop and a restart fall on the same instant.
     lifetime_id: str = ""
+
+
+@register
+class SlurmAllocationAccounted(_ClusterEvent):
+    """What Slurm says one of our allocations used, read when it ended (the provisioner's sacct
+    over SSH; `source="spz"`: the cluster keeps no accounting, so the TRES `scontrol show job`
+    gave while it ran and our own start and end). The ledger bills it with the partition's
+    TRESBillingWeights and PriorityFlags carried here, so a replay never asks Slurm again."""
+
+    EVENT_NAME = "slurm_allocation_accounted"
+    slurm_cluster: str = Field(max_length=256)
+    slurm_job_id: int = Field(ge=1, le=2**32)
+    partition: str = Field(default="", max_length=256)
+    state: str = Field(default="", max_length=64)
+    alloc_tres: dict[str, int] = Field(default={}, max_length=64)  # the whole allocation's, mem in MiB, no billing
+    slurm_billing: int | None = Field(default=None, ge=0)  # AllocTRES billing= as Slurm stored it
+    elapsed_s: int = Field(ge=0, le=10 * 366 * 86_400)
+    start: datetime
+    end: datetime
+    billing_weights: str = Field(default="", max_length=4096)  # the partition's TRESBillingWeights
+    priority_flags: str = Field(default="", max_length=1024)
+    source: Literal["sacct", "spz"] = "sacct"
+    instance_ids: list[str] = Field(default=[], max_length=10_000)

@@ -1,7 +1,7 @@
 """Events of dispatch: admission of a task (the `task` aggregate, so a task's history says why it
 waited) and the dispatch policy (the `dispatch` aggregate, one instance: `policy`).
 
-Emitted by: the dispatch service (TaskAdmitted, TaskHeld, BudgetThresholdCrossed), `spz dispatch policy apply`
+Emitted by: the dispatch service (TaskAdmitted, TaskHeld, TaskPreempted, BudgetThresholdCrossed), `spz dispatch policy apply`
 (DispatchPolicyApplied). The optimizer folds DispatchPolicyApplied: while a policy is active
 it places a TaskSubmitted only once a TaskAdmitted names it (docs/dispatch.md).
 """
@@ -47,6 +47,19 @@ class TaskHeld(_TaskDispatchEvent):
     EVENT_NAME = "task_held"
     queue: str | None = None
     kind: HoldKind = "quota"
+    reason: str
+
+
+@register
+class TaskPreempted(_TaskDispatchEvent):
+    """Dispatch preempts this admitted task for a pending one (Kueue's semantics,
+    docs/dispatch.md *Preemption*); its job is cancelled with `reason` (a CancelRequested of
+    `job_id`), and its quota frees when the job ends."""
+
+    EVENT_NAME = "task_preempted"
+    queue: str | None = None
+    by_task: str
+    job_id: int
     reason: str
 
 

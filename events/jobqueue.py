@@ -15,6 +15,7 @@ from . import naming
 from .bus import Bus, ConcurrencyConflict
 from .envelope import Envelope
 from .job_events import JobQueued
+from .principal import stamp
 
 
 def job_queued_subject(stage: str, cluster: str) -> str:
@@ -22,9 +23,10 @@ def job_queued_subject(stage: str, cluster: str) -> str:
 
 
 async def queue_job(bus: Bus, *, cluster: str, id: str | None = None, attempts: int = 50,
-                    **fields: Any) -> tuple[JobQueued, Envelope]:
+                    principal: tuple[str, str] | None = None, **fields: Any) -> tuple[JobQueued, Envelope]:
     """Append JobQueued with the next job id of `cluster`. `id` (derived by a handler) makes it
-    idempotent: if an event with this id is already in the log, it is returned, not re-queued."""
+    idempotent: if an event with this id is already in the log, it is returned, not re-queued.
+    `principal` (user, team): the caller an API server authenticated, stamped on the envelope."""
     subject = job_queued_subject(bus.stage, cluster)
     for _ in range(attempts):
         last = await bus.last_event(subject)
@@ -33,6 +35,8 @@ async def queue_job(bus: Bus, *, cluster: str, id: str | None = None, attempts: 
         next_id = (last.event.job_id + 1) if last is not None and last.event is not None else 1
         job = JobQueued(cluster=cluster, job_id=next_id, **fields)
         env = bus.envelope(job, id=id)
+        if principal is not None:
+            env = stamp(env, *principal)
         try:
             ack = await bus.publish(env, expected_last_seq=last.seq if last else 0, occ_subject=subject)
         except ConcurrencyConflict:

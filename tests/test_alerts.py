@@ -402,6 +402,25 @@ def test_the_metrics_the_prometheus_rules_read() -> None:
     assert out["skypurza_managed_job_recoveries_max"] == 4  # the finished one does not count
 
 
+def test_the_dispatch_pending_gauge_counts_held_tasks_by_reason() -> None:
+    from datetime import datetime, timezone
+
+    from skypurza.events.cluster_events import DownRequested
+    from skypurza.services.observability import logfold
+
+    c, t = logfold.LogCounters(), datetime(2026, 12, 1, tzinfo=timezone.utc)
+    for i, kind in enumerate(["quota", "quota", "budget", "quota"]):
+        logfold.apply(c, i + 1, t, TaskHeld(task_id=f"t{i}", cluster=f"c{i}", submitted_seq=i, kind=kind, reason="r"))
+    logfold.apply(c, 9, t, TaskHeld(task_id="t0", cluster="c0", submitted_seq=0, kind="user_limit", reason="r2"))
+    logfold.apply(c, 10, t, TaskAdmitted(task_id="t1", cluster="c1", submitted_seq=1))
+    logfold.apply(c, 11, t, DownRequested(cluster="c3"))
+
+    def gauge() -> dict:
+        return {s.labels["reason"]: s.value for f in families(Snapshot(log=c), 10) for s in f.samples
+                if s.name == "skypurza_dispatch_pending_tasks"}
+    assert gauge() == {"user_limit": 1, "budget": 1}  # t0 re-held for another reason, t1 admitted, c3 downed
+
+
 PROMTOOL = shutil.which("promtool")
 
 

@@ -80,7 +80,7 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
             assert _wait_job(api, alice, "ar", "CANCELLED", 30)["status"] == "CANCELLED"
 
             # The events stream, filtered by type: the owner sees the job's JobQueued, bob does not.
-            def queued(token: str) -> list[dict]:
+            def queued(token: str, count: int = 1) -> list[dict]:
                 out: list[dict] = []
                 try:  # nothing for 4 s: nothing to see (the stream itself never ends)
                     with api.http.stream("GET", "/api/v1/events", headers=api.as_(token), timeout=httpx.Timeout(20, read=4),
@@ -88,13 +88,33 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
                         for event, data in sse_frames(stream, time.monotonic() + 4):
                             assert event == "job_queued"
                             out.append(data)
-                            break
+                            if len(out) == count:
+                                break
                 except httpx.ReadTimeout:
                     pass
                 return out
             mine = queued(alice)
             assert mine and mine[0]["subject"] == "cluster/ar" and mine[0]["specversion"] == "1.0", mine
             assert queued(bob) == []
+
+            # A task queued on the cluster (spz exec's route): the fit check, who may, the stamp.
+            route, run = "/api/v1/clusters/ar/jobs", {"task": "run: echo x\n"}
+            body = _problem(api.http.post(route, headers=api.as_(alice), json={**run, "overrides": {"gpus": "H100:8"}}),
+                            409)
+            assert "asks for H100:8 per node; cluster ar has no accelerators" in body["detail"], body
+            assert "viewer" in _problem(api.http.post(route, headers=api.as_(vera), json=run), 403)["detail"]
+            assert "alice's" in _problem(api.http.post(route, headers=api.as_(bob), json=run), 403)["detail"]
+            body = _problem(api.http.post("/api/v1/clusters/nope/jobs", headers=api.as_(alice), json=run), 404)
+            assert body["detail"] == "cluster nope does not exist; launch it with spz launch -c nope"
+            _problem(api.http.post(route, headers=api.as_(alice), json={"task": "run: [\n"}), 422)
+            body = _problem(api.http.post(route, headers=api.as_(alice), json={**run, "user": "bob"}), 422)
+            assert "stamps" in body["detail"]
+            res = api.http.post(route, headers=api.as_(alice), json={"task": {"run": "echo by-alice"}, "setup": "skip"})
+            assert res.status_code == 202, res.text
+            assert {k: res.json()[k] for k in ("job_id", "run_setup", "user", "team")} == {
+                "job_id": 2, "run_setup": False, "user": "alice", "team": "ml"}
+            second = queued(alice, 2)[-1]
+            assert second["data"]["job_id"] == 2 and second["spzuser"] == "alice" and second["spzteam"] == "ml", second
 
             # A caller's streams are bounded; one that disconnects frees its slot.
             opened = []

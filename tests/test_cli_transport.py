@@ -73,9 +73,11 @@ def _until(check, timeout: float = 30) -> None:
 
 
 def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way) -> None:
+    # One cluster carries the cluster verbs (each launch is a provisioning and a node agent):
+    # launch it, exec on it, launch onto it again, cancel there, take it down.
     env = way.env
     # ------------------------------------------------------------- launch streams the output
-    r = _ok(spz(env, "launch", "-y", "-c", "t1", "--infra", "local", "echo hello-1; echo hello-2"))
+    r = _ok(spz(env, "launch", "-y", "-c", "t1", "--infra", "local", "--ports", "8080", "echo hello-1; echo hello-2"))
     assert r.stdout.splitlines() == ["hello-1", "hello-2"]
     assert "Placement (attempt 1): local" in r.stderr and "Cluster t1 is up (1 node(s))" in r.stderr
     assert "✓ Job 1 on t1 succeeded." in r.stderr
@@ -87,32 +89,48 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     rows = json.loads(_ok(spz(env, "status", "-u", "-o", "json")).stdout)
     assert [(c["name"], c["status"], c["infra"], c["num_nodes"], c["user"]) for c in rows] == [
         ("t1", "UP", "local", 1, "alice")]
-    jobs = json.loads(_ok(spz(env, "queue", "t1", "-o", "json")).stdout)
-    assert [(j["cluster"], j["job_id"], j["status"], j["user"]) for j in jobs] == [("t1", 1, "SUCCEEDED", "alice")]
+    assert _ok(spz(env, "status", "--ip", "t1")).stdout.strip() == "127.0.0.1"
+    assert _ok(spz(env, "status", "--endpoints", "t1")).stdout.splitlines() == ["8080: 127.0.0.1:8080"]
+    verbose = _ok(spz(env, "status", "-v")).stdout
+    assert "HEAD IP" in verbose and "127.0.0.1" in verbose and "8080" in verbose
 
-    # ------------------------------------------------------------- -d, autostop, cancel
-    r = _ok(spz(env, "launch", "-y", "-c", "t2", "-d", "--infra", "local", "echo started; sleep 300"))
-    assert "Job 1 queued on cluster t2" in r.stderr and r.stdout == ""
-    _until(lambda: spz(env, "logs", "t2", "1", "--no-follow", "--tail", "1").stdout.splitlines() == ["started"])
-    r = _ok(spz(env, "autostop", "t2", "-i", "30"))
-    assert r.stdout.strip() == "Autostop of t2: stop after 30 idle minute(s)."
+    # ------------------------------------------------------------- exec, and what it refuses
+    r = _ok(spz(env, "exec", "t1", "echo exec-hi"))
+    assert r.stdout.splitlines() == ["exec-hi"]
+    assert "Job 2 queued on cluster t1." in r.stderr and "✓ Job 2 on t1 succeeded." in r.stderr
+    err = _ok(spz(env, "exec", "t1", "--gpus", "H100:8", "echo x"), 1).stderr
+    assert "the task asks for H100:8 per node; cluster t1 has no accelerators" in err
+    assert len(err.strip().splitlines()) == 1, err
+    err = _ok(spz(env, "exec", "nope", "echo x"), 1).stderr
+    assert "cluster nope does not exist; launch it with spz launch -c nope" in err
+
+    # ------------------------------------------------------------- launch onto it, -d, autostop, cancel
+    r = _ok(spz(env, "launch", "-y", "-c", "t1", "--no-setup", "-d", "echo started; sleep 300"))
+    assert "Cluster t1 is up: job 3 queued (setup unchanged, skipped)." in r.stderr
+    assert "Job 3 queued on cluster t1" in r.stderr and r.stdout == ""
+    _until(lambda: spz(env, "logs", "t1", "3", "--no-follow", "--tail", "1").stdout.splitlines() == ["started"])
+    jobs = json.loads(_ok(spz(env, "queue", "t1", "-o", "json")).stdout)
+    assert [(j["cluster"], j["job_id"], j["status"], j["user"]) for j in jobs] == [
+        ("t1", 3, "RUNNING", "alice"), ("t1", 2, "SUCCEEDED", "alice"), ("t1", 1, "SUCCEEDED", "alice")]
+    r = _ok(spz(env, "autostop", "t1", "-i", "30"))
+    assert r.stdout.strip() == "Autostop of t1: stop after 30 idle minute(s)."
     if way.bob is not None:
         # Through the server another member may read alice's cluster, not act on it.
         as_bob = {**env, "SKYPURZA_API_TOKEN": way.bob}
-        assert {c["name"] for c in json.loads(_ok(spz(as_bob, "status", "-u", "-o", "json")).stdout)} == {"t1", "t2"}
-        for args in (("cancel", "-y", "t2", "1"), ("down", "-y", "t2")):
+        assert {c["name"] for c in json.loads(_ok(spz(as_bob, "status", "-u", "-o", "json")).stdout)} == {"t1"}
+        for args in (("cancel", "-y", "t1", "3"), ("down", "-y", "t1"), ("exec", "t1", "echo bob")):
             err = _ok(spz(as_bob, *args), 1).stderr
             assert "not allowed" in err and "alice's" in err and "admins" in err, (args, err)
             assert len(err.strip().splitlines()) == 1, err
         err = _ok(spz({**env, "SKYPURZA_API_TOKEN": "spz_wrong_token"}, "status"), 1).stderr
         assert "refused the token (401)" in err and "spz_wrong_token" not in err
-    r = _ok(spz(env, "cancel", "-y", "t2", "1"))
-    assert "Job 1: CANCELLED" in r.stdout
-    assert _ok(spz(env, "logs", "t2", "1", "--status"), 103).stdout.strip() == "Job 1: CANCELLED"
+    r = _ok(spz(env, "cancel", "-y", "t1", "3"))
+    assert "Job 3: CANCELLED" in r.stdout
+    assert _ok(spz(env, "logs", "t1", "3", "--status"), 103).stdout.strip() == "Job 3: CANCELLED"
 
     # ------------------------------------------------------------- down
-    r = _ok(spz(env, "down", "-y", "t1", "t2"))
-    assert "Cluster t1: TERMINATED." in r.stderr and "Cluster t2: TERMINATED." in r.stderr
+    r = _ok(spz(env, "down", "-y", "t1"))
+    assert "Cluster t1: TERMINATED." in r.stderr
     assert json.loads(_ok(spz(env, "status", "-o", "json")).stdout) == []
     assert "no cluster named t1 (it was terminated)" in _ok(spz(env, "down", "-y", "t1"), 1).stderr
 
@@ -120,8 +138,9 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     r = _ok(spz(env, "jobs", "launch", "-y", "-n", "mj", "--infra", "local", "echo managed-hi"))
     assert "managed-hi" in r.stdout.splitlines() and "Managed job 1 (mj) submitted." in r.stderr
     assert "Managed job 1: SUCCEEDED" in r.stderr
-    jobs = json.loads(_ok(spz(env, "jobs", "queue", "-o", "json")).stdout)
+    jobs = json.loads(_ok(spz(env, "jobs", "queue", "-r", "--infra", "local", "-o", "json")).stdout)
     assert [(j["id"], j["name"], j["status"], j["user"]) for j in jobs] == [(1, "mj", "SUCCEEDED", "alice")]
+    assert json.loads(_ok(spz(env, "jobs", "queue", "--infra", "aws", "-o", "json")).stdout) == []
     assert "managed-hi" in _ok(spz(env, "jobs", "logs", "1", "--no-follow")).stdout.splitlines()
     assert _ok(spz(env, "jobs", "cancel", "-y", "1")).stdout.splitlines() == [
         "Managed job 1 already ended (SUCCEEDED).", "Nothing to cancel."]
@@ -140,12 +159,13 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
 def test_an_unreachable_configured_server_is_one_line_not_a_hang(tmp_path: Path) -> None:
     env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": STAGE,
            "SKYPURZA_API_SERVER": f"http://127.0.0.1:{free_port()}", "SKYPURZA_API_TOKEN": "spz_a_b"}
-    for args in (("status",), ("logs", "c1")):
+    for args in (("status",), ("logs", "c1"), ("exec", "c1", "echo hi")):
         started = time.monotonic()
         r = _ok(spz(env, *args, timeout=60), 1)
         assert time.monotonic() - started < 30, args
         assert r.stderr.startswith("error: cannot reach the API server at http://127.0.0.1:") and \
             "spz api start" in r.stderr and "spz_a_b" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
-    r = _ok(spz(env, "exec", "c1", "echo hi"), 2)
-    assert "not available through an API server yet" in r.stderr
+    # A flag the server does not offer is refused before anything is asked of it.
+    r = _ok(spz(env, "status", "-r"), 2)
+    assert "not available through an API server yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1

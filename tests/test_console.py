@@ -428,11 +428,60 @@ def test_the_console_endpoints_check_who_asks_and_what(plane: Any) -> None:
     assert len(bobs) == 1 and t["bob"] not in json.dumps(bobs) and t["bob"].split("_")[1] == bobs[0]["token_id"]
 
 
+def test_time_travel_shows_a_cluster_downed_later_as_up_before_its_down(plane: Any, open_as: Any,
+                                                                        tmp_path: Path) -> None:
+    """`?at=TIME`: cluster web (torn down by the cost test) is rebuilt from the log as it stood
+    while its job ran: UP, its job RUNNING, nothing offered to act on; a bad or future time is a 422."""
+    from datetime import datetime, timedelta, timezone
+
+    from api_harness import problem
+
+    api, alice, root = plane.api, plane.tokens["alice"], plane.tokens["root"]
+    every = api.http.get("/api/v1/clusters/web/events", headers=api.as_(root)).json()["events"]
+    started = datetime.fromisoformat(next(e["time"] for e in every if e["type"] == "job_started"))
+    downed = datetime.fromisoformat(next(e["time"] for e in every if e["type"] == "down_requested"))
+    at = (started + timedelta(seconds=1)).astimezone(timezone.utc)
+    assert at < downed, (started, downed)
+    at_text = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert "web" not in [c["name"] for c in api.http.get("/api/v1/clusters", headers=api.as_(root)).json()["clusters"]]
+    then = api.http.get("/api/v1/clusters", headers=api.as_(root), params={"at": at_text}).json()
+    assert [(c["name"], c["status"], c["user"]) for c in then["clusters"]] == [("web", "UP", "alice")], then
+    one = api.http.get("/api/v1/clusters/web", headers=api.as_(alice), params={"at": at_text}).json()
+    assert one["status"] == "UP" and one["infra"] == "local" and one["owner"]["user"] == "alice", one
+    jobs = api.http.get("/api/v1/clusters/web/jobs", headers=api.as_(alice), params={"at": at_text}).json()["jobs"]
+    assert [(j["job_id"], j["status"]) for j in jobs] == [(1, "RUNNING")], jobs
+    past = api.http.get("/api/v1/clusters/web/events", headers=api.as_(alice), params={"at": at_text}).json()
+    assert "cluster_terminated" not in [e["type"] for e in past["events"]] and past["events"][-1]["seq"] < every[-1]["seq"]
+    for bad in ("yesterday", (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), "1999-12-31T00:00:00Z"):
+        body = problem(api.http.get("/api/v1/clusters", headers=api.as_(root), params={"at": bad}), 422)
+        assert body["detail"].startswith("at: "), body
+    problem(api.http.get("/api/v1/clusters/web", headers=api.as_(root), params={"at": "2001-01-01T00:00:00Z"}), 404)
+
+    page, _ = open_as(None)  # signed in on the past page itself: nothing of "now" is in flight when it opens
+    page.goto(f"{api.url}/console/?at={at_text}#/overview")
+    page.get_by_label("API token").fill(alice)
+    page.get_by_label("API token").press("Enter")
+    expect(page.get_by_role("status").filter(has_text="Time travel")).to_contain_text(at_text)
+    row = page.locator("table", has=page.locator("caption", has_text="Clusters")).locator("tr", has_text="web")
+    expect(row).to_contain_text("UP")
+    shot(page, tmp_path, "timetravel")
+    row.get_by_role("link", name="web").click()
+    expect(page.get_by_role("heading", name="Cluster web")).to_be_visible()
+    expect(page.locator("dl.facts")).to_contain_text("UP")
+    expect(page.locator("table", has=page.locator("caption", has_text="Jobs")).locator("tbody tr")).to_contain_text(
+        "RUNNING")
+    assert page.get_by_role("button", name="Down").count() == 0 and page.get_by_role("button", name="Cancel job 1").count() == 0
+    expect(page.locator("#timeline")).not_to_contain_text("cluster_terminated")
+    page.get_by_role("link", name="Back to now").click()
+    expect(page.locator("dl.facts")).to_contain_text("TERMINATED")
+
+
 def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) -> None:
     """services/api/routes_dispatch.py at the edge, over HTTP: the policy is an admin's to change,
     a bad one is a 422 at its line and key with nothing published, a good one is published stamped
     with the admin; budgets are the team's; an alert on the log is listed until it is resolved."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
     from datetime import datetime, timezone
 
     from api_harness import problem
@@ -446,6 +495,10 @@ def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) ->
     api, t = plane.api, plane.tokens
     nats = f"nats://127.0.0.1:{plane.env['SKYPURZA_NATS_PORT']}"
 
+    def run(coro: Any) -> Any:  # playwright's sync API holds this thread's event loop
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result(timeout=60)
+
     async def on_bus(event: Any = None) -> list:
         bus = await Bus.connect(nats, STAGE, source="/tests/console")
         try:
@@ -458,17 +511,17 @@ def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) ->
     problem(api.http.get("/api/v1/dispatch/queue"), 401)
     body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["alice"]), json={"yaml": _policy(1)}), 403)
     assert "admins" in body["detail"]
-    before = len(asyncio.run(on_bus()))
+    before = len(run(on_bus()))
     body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
                                 json={"yaml": _policy(1, "nominall")}), 422)
     assert body["problems"][0]["line"] == 10 and body["problems"][0]["key"].endswith("cpu.nominall"), body
-    assert "nothing was applied" in body["detail"] and len(asyncio.run(on_bus())) == before
+    assert "nothing was applied" in body["detail"] and len(run(on_bus())) == before
     body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
                                 json={"yaml": "x" * (MAX_POLICY_CHARS + 1)}), 422)  # refused before any parse
     assert body["errors"][0]["field"] == "yaml", body
     assert api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["root"]),
                         json={"yaml": _policy(3)}).status_code == 200
-    stored = asyncio.run(on_bus())
+    stored = run(on_bus())
     assert stamped_principal(stored[-1].envelope) == ("root", "ml") and stored[-1].event.policy.queues[0].team == "ml"
     q = api.http.get("/api/v1/dispatch/queue", headers=api.as_(t["vera"])).json()
     assert q["policy"] and q["queues"][0]["quotas"][0]["nominal"] == 3, q
@@ -478,12 +531,12 @@ def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) ->
     assert api.http.delete("/api/v1/dispatch/policy", headers=api.as_(t["root"])).json()["policy"] is None
 
     now = datetime.now(timezone.utc)
-    asyncio.run(on_bus(AlertRaised(key="cluster_idle:web", kind="cluster_idle", subject="web",
+    run(on_bus(AlertRaised(key="cluster_idle:web", kind="cluster_idle", subject="web",
                                    summary="cluster web idle", raised_at=now)))
     alerts = api.http.get("/api/v1/alerts", headers=api.as_(t["alice"])).json()["alerts"]
     assert [(a["key"], a["summary"]) for a in alerts] == [("cluster_idle:web", "cluster web idle")], alerts
     assert api.http.get("/api/v1/alerts", headers=api.as_(t["vera"])).json()["alerts"] == []
-    asyncio.run(on_bus(AlertResolved(key="cluster_idle:web", kind="cluster_idle", subject="web", resolved_at=now)))
+    run(on_bus(AlertResolved(key="cluster_idle:web", kind="cluster_idle", subject="web", resolved_at=now)))
     assert api.http.get("/api/v1/alerts", headers=api.as_(t["alice"])).json()["alerts"] == []
 
 

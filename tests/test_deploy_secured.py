@@ -132,17 +132,14 @@ def test_a_deployment_secures_its_bus_and_a_members_job_runs_through_it(home: Pa
             await nats.connect(nats_url, allow_reconnect=False, connect_timeout=5)
 
     asyncio.run(anonymous())
-    # The CLI on the server host holds no bus credentials: one line pointing at the API server.
-    direct = spz(env, "status")
-    assert direct.returncode == 1 and "spz api login" in direct.stderr and "Traceback" not in direct.stderr
-
-    # A member of a team, made through the API with the admin's token (the CLI goes through it).
-    as_admin = _env(home, SKYPURZA_API_SERVER=api, SKYPURZA_API_TOKEN=admin)
-    team = spz(as_admin, "teams", "add", "research")
+    # The CLI on the server host is the deployment's operator (the control user's 0600 file);
+    # the admin adds a member through the API server, as from a laptop.
+    team = spz(env, "teams", "add", "research")
     assert team.returncode == 0, team.stderr
-    user = spz(as_admin, "users", "add", "alice", "--team", "research", "--role", "member", "-o", "json")
-    assert user.returncode == 0, user.stderr
-    member = json.loads(user.stdout)["token"]
+    made = httpx.post(f"{api}/api/v1/users", json={"name": "alice", "team": "research", "role": "member"},
+                      headers={"Authorization": f"Bearer {admin}"}, timeout=20)
+    assert made.status_code == 201, made.text
+    member = made.json()["token"]
 
     ce, content_type = asyncio.run(_public_reads_the_job(nats_url, json.loads(files["public"].read_text()), api,
                                                          member))
@@ -174,6 +171,7 @@ def test_a_deployment_secures_its_bus_and_a_members_job_runs_through_it(home: Pa
 
     # Not one refusal of what the services, the API server or the agent did; no password logged.
     log = (sd / "logs" / "nats-server.log").read_text(errors="replace")
+    assert "Server is ready" in log  # the log read is the server's own
     refused = [line for line in log.splitlines() if any(v in line for v in VIOLATIONS)]
     assert not refused, refused[:10]
     for f in (sd / "logs").glob("*.log"):

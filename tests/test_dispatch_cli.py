@@ -145,3 +145,99 @@ def test_a_foreground_launch_shows_held_then_goes_on_and_share_prio_are_live(tmp
                 launch.kill()
                 launch.wait(timeout=30)
         assert spz(env, "down", "-y", "zh", timeout=120).returncode == 0
+
+
+def test_a_managed_job_launch_shows_held_then_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import threading
+
+    from local_cli import REPO
+
+    policy = tmp_path / "policy.yaml"
+    task = tmp_path / "job.yaml"
+    task.write_text("resources:\n  infra: local\n  labels: {team: team-z}\nrun: echo managed-held-then-ran\n")
+    with local_cli(tmp_path, "dmheld") as env:
+        policy.write_text(PRIORITY_POLICY.replace("NOMINAL", "0").replace("USERS", ""))
+        r = spz(env, "dispatch", "policy", "apply", str(policy), timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        launch = subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", "jobs", "launch", "-y", "-n", "mh",
+                                   str(task)], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, stdin=subprocess.DEVNULL)
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(launch.stdout.readline, "")), daemon=True)
+        reader.start()
+        try:
+            _lines_until(launch.stdout, "held: team-z: 0/0 cpu in use (flavor local); needs 0.5", seen)
+            assert spz(env, "dispatch", "policy", "clear").returncode == 0
+            assert launch.wait(timeout=240) == 0, "".join(seen)
+            reader.join(timeout=10)
+            out = "".join(seen)
+            assert "managed-held-then-ran" in out and "Traceback" not in out
+            assert out.index("held: team-z") < out.index("managed-held-then-ran")
+        finally:
+            if launch.poll() is None:
+                launch.kill()
+                launch.wait(timeout=30)
+
+
+PREEMPT_POLICY = """\
+flavors:
+  - name: local
+    infra: local
+queues:
+  - name: team-z
+    team: team-z
+    preemption: {within_queue: LowerPriority}
+    quotas:
+      - flavor: local
+        resources:
+          cpu: {nominal: 1}
+priority:
+  classes:
+    - {name: high, value: 10}
+    - {name: low, value: 1}
+"""
+
+
+def _job_status(env: dict[str, str], cluster: str) -> str | None:
+    r = spz(env, "queue", cluster, "-o", "json")
+    rows = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else []
+    return rows[0]["status"] if rows else None
+
+
+def _until(check, what: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_a_higher_priority_task_preempts_a_running_job_of_its_queue(tmp_path: Path) -> None:
+    """Real agents: the low-priority job runs; a high-priority submission of the same queue is
+    held, dispatch cancels the low job with the reason, and the high one runs once its quota is back."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(PREEMPT_POLICY)
+    low, high = tmp_path / "low.yaml", tmp_path / "high.yaml"
+    low.write_text("resources:\n  infra: local\n  cpus: 1\n  priority_class: low\n  labels: {team: team-z}\n"
+                   "run: echo low-started; sleep 300\n")
+    high.write_text("resources:\n  infra: local\n  cpus: 1\n  priority_class: high\n  labels: {team: team-z}\n"
+                    "run: echo high-ran\n")
+    with local_cli(tmp_path, "dpre") as env:
+        r = spz(env, "dispatch", "policy", "apply", str(policy), timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert spz(env, "launch", "-y", "--async", "-c", "zlow", str(low)).returncode == 0
+        _until(lambda: _job_status(env, "zlow") == "RUNNING", "the low job runs", 180)
+        r = spz(env, "launch", "-y", "-c", "zhigh", str(high), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "high-ran" in r.stdout
+        assert _until(lambda: _job_status(env, "zlow") in ("CANCELLED", "FAILED") and _job_status(env, "zlow"),
+                      "the low job ends") == "CANCELLED"
+        events = spz(env, "events", "replay", "--type", "task_preempted", "-o", "json")
+        assert events.returncode == 0, events.stdout + events.stderr
+        assert "preempted by" in events.stdout and "(priority 10) in team-z" in events.stdout
+        for c in ("zlow", "zhigh"):
+            assert spz(env, "down", "-y", c, timeout=120).returncode == 0

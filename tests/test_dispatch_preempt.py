@@ -113,6 +113,7 @@ def test_the_policy_keys():
         exc.value)
     ok = load_policy(text.replace("Sometimes", "LowerPriority"), "p.yaml")
     assert ok.queues[0].preemption.within_queue == "LowerPriority"
+    assert ok.queues[0].preemption.reclaim_within_cohort == "Never"
 
 
 def test_two_tasks_never_preempt_each_other_in_turn():
@@ -167,3 +168,58 @@ def test_two_tasks_never_preempt_each_other_in_turn():
             pytest.fail(f"trial {trial}: still preempting after 200 rounds")
     assert total >= 20, total  # the simulation did preempt, often
 
+
+
+def test_the_service_preempts_once_and_a_restart_does_not_preempt_again():
+    from datetime import datetime, timezone
+
+    from skypurza.events.bus import Stored
+    from skypurza.events.dispatch_events import DispatchPolicyApplied, TaskAdmitted, TaskPreempted
+    from skypurza.events.job_events import CancelRequested
+    from skypurza.events.models import JobCancelled, JobQueued, TaskSubmitted
+    from skypurza.services.dispatch.service import DispatchService
+
+    now = datetime(2026, 12, 10, tzinfo=timezone.utc)
+    log: list[Stored] = []
+
+    def put(ev) -> Stored:
+        s = Stored(len(log) + 1, "s", now, None, ev, "ok")
+        log.append(s)
+        return s
+
+    def sub(task_id: str, cls: str) -> TaskSubmitted:
+        return TaskSubmitted(task_id=task_id, cluster=f"c-{task_id}", user="u", team="a",
+                             task={"resources": {"cpus": 1, "infra": "local", "priority_class": cls}, "run": "true"})
+
+    class Clock:
+        def now(self):
+            return now
+
+    def feed(svc: DispatchService, s: Stored) -> list:
+        svc.state.apply(s)
+        out = list(svc.react())
+        for e in out:  # what the runner publishes is in the log, and folded back
+            put(e.event)
+            svc.state.apply(log[-1])
+        return out
+
+    svc = DispatchService(clock=Clock())  # type: ignore[arg-type]
+    feed(svc, put(DispatchPolicyApplied(policy=two_queues(1, 0, within="LowerPriority"))))
+    assert [type(e.event) for e in feed(svc, put(sub("low", "low")))] == [TaskAdmitted]
+    feed(svc, put(JobQueued(cluster="c-low", job_id=1, task_id="low", task={"run": "true"})))
+    out = feed(svc, put(sub("high", "high")))
+    kinds = [type(e.event).__name__ for e in out]
+    assert kinds == ["TaskHeld", "TaskPreempted", "CancelRequested"], kinds
+    pre, cancel = out[1].event, out[2].event
+    assert (pre.task_id, pre.by_task, pre.job_id) == ("low", "high", 1)
+    assert isinstance(cancel, CancelRequested) and (cancel.cluster, cancel.job_id) == ("c-low", 1)
+    assert cancel.requested_by == "dispatch: preempted by high (priority 9) in a: a higher-priority task of the same queue"
+    assert isinstance(pre, TaskPreempted)
+    # a restart folds the log: nothing is preempted again while the job is being cancelled
+    again = DispatchService(clock=Clock())  # type: ignore[arg-type]
+    for s in log:
+        again.state.apply(s)
+    assert [type(e.event).__name__ for e in again.react()] == []
+    # the job's end frees the quota: the high task is admitted
+    out = feed(again, put(JobCancelled(cluster="c-low", job_id=1, ended_at=now)))
+    assert [(type(e.event).__name__, e.event.task_id) for e in out] == [("TaskAdmitted", "high")]

@@ -26,7 +26,7 @@ node); this is that rule, derived from log facts only:
   uses, the lowest free ones; a fractional job (`T4:0.5`) shares one index with other fractional
   jobs, the fullest one it fits on (best fit, then the lowest index);
 - a job that could not run even on an empty cluster (only possible when it got past the launch
-  check, `cli/clusterfit.py`, e.g. the capacity was not known then) runs alone once nothing else
+  check, `events/clusterfit.py`, e.g. the capacity was not known then) runs alone once nothing else
   runs, as every job ran before packing, rather than blocking the queue for ever.
 
 Amounts are counted in units of 1/10000 (Ray's precision), so 0.1 + 0.2 fits in 0.3.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from skypurza.events import naming
@@ -82,9 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from .app import ApiSettings, create_app
+    from .routes_metrics import MIN_TOKEN_CHARS
 
+    metrics_token = os.environ.get("SKYPURZA_API_METRICS_TOKEN") or None
+    if metrics_token is not None and (len(metrics_token) < MIN_TOKEN_CHARS or len(metrics_token) > 512
+                                      or any(c.isspace() for c in metrics_token)):
+        sys.stderr.write(f"error: SKYPURZA_API_METRICS_TOKEN: {MIN_TOKEN_CHARS} to 512 characters, no spaces "
+                         "(a scrape-only secret for GET /metrics)\n")
+        return 2
     app = create_app(ApiSettings(nats_url=args.nats, stage=args.stage,
-                                 local_admin=_os_principal() if args.embedded else None))
+                                 local_admin=_os_principal() if args.embedded else None, metrics_token=metrics_token))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True)
     return 0
 

@@ -7,11 +7,13 @@
 - `POST /api/v1/tasks`: a task and the launch overrides (services/api/tasks.py), published as
   the CLI publishes it, the envelope stamped with the caller (events/principal.py).
 - the routers it wires: one cluster, its queue, its lifecycle and job cancel
-  (routes_clusters.py); a job's logs and the CloudEvents as server-sent events
+  (routes_clusters.py); a task queued on an existing cluster, as spz exec and spz launch -c
+  (routes_clusterjobs.py); a job's logs and the CloudEvents as server-sent events
   (routes_streams.py, sse.py); managed jobs, their logs and the cost report (routes_jobs.py);
   users and teams, for admins (routes_identity.py); what the web console reads besides (a
   cluster's timeline, a managed job's history, tokens: routes_console.py), dispatch's queue,
-  policy and budgets and the open alerts (routes_dispatch.py), and the console's
+  policy and budgets and the open alerts (routes_dispatch.py), the metrics page for Prometheus
+  (admins or the metrics token: routes_metrics.py), and the console's
   files at /console/ (console_static.py, docs/console.md). docs/team.md lists every endpoint and who
   may call it.
 
@@ -41,7 +43,8 @@ from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs, routes_streams, timetravel
+from . import (routes_clusterjobs, routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs,
+               routes_metrics, routes_streams, timetravel)
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
@@ -63,6 +66,8 @@ class ApiSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     # The embedded default (never a deployment): a loopback caller with no token is this principal.
     local_admin: Principal | None = None
+    # A scrape-only secret for `GET /metrics` (routes_metrics.py); None: admins only.
+    metrics_token: str | None = None
 
 
 def _unauthorized(detail: str, error: str | None = None) -> Problem:
@@ -275,12 +280,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
     # The route families (one module each); they reach the caller and the bus through `deps`.
     deps = ApiDeps(principal=principal, bus=bus)
     app.include_router(routes_clusters.router(deps))
+    app.include_router(routes_clusterjobs.router(deps))
     slots = StreamSlots()  # one bound on a caller's streams, whichever family they are of
     app.include_router(routes_streams.router(deps, slots))
     app.include_router(routes_jobs.router(deps, slots))
     app.include_router(routes_identity.router(deps))
     app.include_router(routes_console.router(deps))
     app.include_router(routes_dispatch.router(deps))
+    app.include_router(routes_metrics.router(deps, settings.metrics_token))
 
     # The web console (services/api/console_static.py): static files calling the API above.
     @app.get("/", include_in_schema=False)

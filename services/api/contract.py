@@ -15,23 +15,34 @@ from skypurza.events.identity_events import (
     UserAdded,
     UserRemoved,
 )
-from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequested, StopRequested
-from skypurza.events.job_events import CancelRequested
+from skypurza.events.cluster_events import (
+    AutostopSet,
+    ClusterTerminated,
+    DownRequested,
+    StartRequested,
+    StopRequested,
+)
+from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.managed_events import ManagedJobCancelRequested, ManagedJobSubmitted
 from skypurza.events.task_events import TaskSubmitted
 from skypurza.events.dispatch_events import DispatchPolicyApplied
 
 CONTRACT = Contract(
     name="api",
-    emits=(TaskSubmitted, StopRequested, StartRequested, DownRequested, AutostopSet, CancelRequested,
-           ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, UserAdded, UserRemoved,
-           TokenIssued, TokenRevoked, DispatchPolicyApplied),
+    emits=(TaskSubmitted, JobQueued, StopRequested, StartRequested, DownRequested, ClusterTerminated, AutostopSet,
+           CancelRequested, ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, UserAdded,
+           UserRemoved, TokenIssued, TokenRevoked, DispatchPolicyApplied),
     consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
+                JobQueued: "`POST /api/v1/clusters/{name}/jobs` (spz exec, spz launch -c on a cluster that is up): the "
+                           "next job id by optimistic concurrency, stamped",
                 StopRequested: "`POST /api/v1/clusters/{name}/stop`, stamped",
                 StartRequested: "`POST /api/v1/clusters/{name}/start`, stamped",
                 DownRequested: "`POST /api/v1/clusters/{name}/down`, stamped",
-                AutostopSet: "`POST /api/v1/clusters/{name}/autostop` (and `start` with `idle_minutes`), stamped",
+                ClusterTerminated: "`POST /api/v1/clusters/{name}/purge` (`reason: purged`: spz down --purge after a "
+                                   "teardown failed or was not confirmed), stamped",
+                AutostopSet: "`POST /api/v1/clusters/{name}/autostop` (and `start` or `jobs` with `idle_minutes`), "
+                             "stamped",
                 CancelRequested: "`POST /api/v1/clusters/{name}/jobs/.../cancel`, stamped",
                 ManagedJobSubmitted: "`POST /api/v1/jobs`, stamped",
                 ManagedJobCancelRequested: "`POST /api/v1/jobs/{id}/cancel`, stamped",
@@ -43,7 +54,7 @@ CONTRACT = Contract(
                 DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams"},
-    # The status and ledger queries it answers requests with, jobs' output (SSE), a task's
+    # The status, ledger and metrics queries it answers requests with, jobs' output (SSE), a task's
     # secrets and uploads (the secured bus's grants).
-    bus=BusAccess(asks=("status", "ledger"), logs="read", secrets="write", objects="write"),
+    bus=BusAccess(asks=("status", "ledger", "observability"), logs="read", secrets="write", objects="write"),
 )

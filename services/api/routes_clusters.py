@@ -14,13 +14,20 @@ TaskSubmitted that launched it); acting is `act` on the cluster's owner, and can
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from skypurza.events import limits, status_queries
-from skypurza.events.cluster_events import AutostopSet, DownRequested, StartRequested, StopRequested
+from skypurza.events.cluster_events import (
+    AutostopSet,
+    ClusterTerminated,
+    DownRequested,
+    StartRequested,
+    StopRequested,
+)
 from skypurza.events.job_events import CancelRequested
 from skypurza.events.principal import stamp
 from skypurza.events.registry import Event
@@ -132,7 +139,8 @@ def router(deps: ApiDeps) -> APIRouter:
         row = next((x for x in rows if x.get("name") == name), None)
         if row is None:
             row = {"name": name, "status": view.status, "user": view.owner[0], "team": view.owner[1]}
-        return {**row, "status": view.status, "owner": {"user": view.owner[0], "team": view.owner[1]}}
+        return {**row, "status": view.status, "owner": {"user": view.owner[0], "team": view.owner[1]},
+                "head_ip": view.head_ip, "ports": list(view.ports)}
 
     @r.get("/{name}/jobs", summary="The cluster's job queue (spz queue)")
     async def get_queue(name: ClusterName, who: Principal = caller, skip_finished: bool = False,
@@ -185,6 +193,20 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.post("/{name}/down", status_code=202, summary="Tear the cluster down (spz down)")
     async def down(name: ClusterName, who: Principal = caller) -> dict[str, Any]:
         return await lifecycle("down", name, who)
+
+    @r.post("/{name}/purge", status_code=202, summary="Drop a cluster whose teardown failed from the records "
+                                                     "(spz down --purge)")
+    async def purge(name: ClusterName, who: Principal = caller) -> dict[str, Any]:
+        # What `spz down --purge` publishes on the bus when a teardown failed or was not confirmed:
+        # the cluster leaves the records (its instances may still run); the client decides when.
+        view = await cluster_or_404(deps, name)
+        _allow(who, "act", view.owner)
+        if view.status == "TERMINATED":
+            raise conflict(f"cluster {name} is TERMINATED already: there is nothing to purge")
+        seq = await _publish(deps, who, ClusterTerminated(cluster=name, terminated_at=datetime.now(timezone.utc),
+                                                          reason="purged"))
+        log.warning("cluster %s purged from the records by %s", name, who.user)
+        return {"cluster": name, "requested": "purge", "seq": seq, "goal": "TERMINATED"}
 
     @r.post("/{name}/autostop", status_code=202, summary="Set or cancel autostop (spz autostop)")
     async def autostop(name: ClusterName, body: AutostopRequest, who: Principal = caller) -> dict[str, Any]:

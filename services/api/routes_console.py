@@ -87,10 +87,14 @@ def router(deps: ApiDeps) -> APIRouter:
             view = await cluster_or_404(deps, name)
             owner = view.owner
         else:  # the owner as the log told it then (a later cluster of the name may be another's)
-            past = await timetravel.cluster_at(deps.bus(), name, when)
+            try:
+                past = await timetravel.cluster_at(deps.bus(), name, when)
+                owner = await timetravel.owner_of(deps.bus(), past)
+            except Exception as exc:
+                log.warning("rebuilding cluster %s at %s failed: %s: %s", name, when, type(exc).__name__, exc)
+                raise unavailable("the server cannot read the log just now; try again shortly", 2)
             if past.fold().status is None:
                 raise not_found(f"no cluster {name} at {when.isoformat()}")
-            owner = await timetravel.owner_of(deps.bus(), past)
         decision = authorize(who, "read", owner[0], owner[1])
         if not decision.allowed:
             raise forbidden(decision.reason)

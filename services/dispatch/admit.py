@@ -2,8 +2,8 @@
 and the spend so far -> for each pending task, admit (with its queue and flavor) or hold (with
 a reason a person can act on). No bus, no clock: `now` is an argument.
 
-Order: pending tasks are taken in the order given (the service gives submission order: the
-stream sequence). Within one pass over them, as Kueue does in a cohort, work that fits in its
+Order: pending tasks are taken in the order given (the service gives the multifactor priority
+order, order.py, then submission: the stream sequence). Within one pass over them, as Kueue does in a cohort, work that fits in its
 queue's nominal quota goes first; work that must borrow goes in a second pass, so a team
 using its own quota is never starved by another team's borrowing. `BestEffortFIFO`: a task
 that does not fit does not hold back the ones behind it; `StrictFIFO`: it does.
@@ -54,6 +54,10 @@ class Book:
     team: str | None
     user: str
     request: dict[str, float]
+    priority: int = 0  # static (preempt.static_priority): what preemption compares
+    submitted_seq: int = 0
+    order: int = 0  # admission order: "most recently admitted" is the highest
+    managed: bool = False  # a managed job's launch (not preempted yet: docs/dispatch.md)
 
 
 def charge(usage: dict[str, dict[quota.Key, float]], users: UserUsage, book: Book, sign: float = 1.0) -> None:
@@ -127,6 +131,11 @@ def decide(policy: DispatchPolicy, pending: list[Pending], usage: quota.Usage, u
     return [out[p.task_id] for p in pending if p.task_id in out]
 
 
+def allowed_flavors(queue: Queue, flavors: dict[str, Flavor], p: Pending) -> list[str]:
+    """The queue's flavors, in its order, that the task may use (infra, market)."""
+    return [fq.flavor for fq in queue.quotas if _compatible(flavors.get(fq.flavor), p)]
+
+
 def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p: Pending,
          use: dict[str, dict[quota.Key, float]], user_use: UserUsage, spend: Mapping[budgets.SpendKey, int],
          now: datetime, strict_heads: dict[str, str], deferred_heads: dict[str, str],
@@ -158,7 +167,7 @@ def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p
                 return Hold(p.task_id, queue.name, "user_limit",
                             f"{queue.name}/{p.user}: {row.get(res, 0.0):g}/{cap:g} {res} in use (user limit); "
                             f"needs {want:g}")
-    allowed = [fq.flavor for fq in queue.quotas if _compatible(flavors.get(fq.flavor), p)]
+    allowed = allowed_flavors(queue, flavors, p)
     if not allowed and quota.covered(tree, queue.name):
         return Hold(p.task_id, queue.name, "no_flavor",
                     f"{queue.name}: no flavor of the queue allows this task (infra {p.infra or 'any'}, "

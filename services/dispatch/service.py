@@ -3,6 +3,7 @@
 Eats:  TaskSubmitted, DispatchPolicyApplied, what frees quota (a job's end, a failed
        placement, a cluster terminated) and what the ledger meters (UsageRecorded)
 Emits: TaskAdmitted (the optimizer places it) | TaskHeld (the reason, again when it changes)
+       | BudgetThresholdCrossed (a budget's state changed in its period: the alerts service)
 
 With no policy in the log it emits nothing: the optimizer places every TaskSubmitted itself, so
 nothing changes for a broker without one. While a policy is active the optimizer waits for the
@@ -22,7 +23,8 @@ import logging
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
-from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld, budget_id
+from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld, TaskPreempted, budget_id
+from skypurza.events.job_events import CancelRequested
 from skypurza.events.service import Emit, EmitContext, InOrder, Reactions, ServiceContract, handles
 
 from . import admit, budgets
@@ -33,13 +35,15 @@ log = logging.getLogger("skypurza.dispatch")
 CONTRACT = ServiceContract(
     name="dispatch",
     consumes=FOLDED,
-    emits=(TaskAdmitted, TaskHeld, BudgetThresholdCrossed),
+    emits=(TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted, CancelRequested),
     reads=OWN,
     # One decision at a time over the whole pending set: admission is an ordering.
     delivery=InOrder(),
     consume_notes={FOLDED[0]: "admission, while a policy is active"},
     emit_notes={TaskHeld: "the reason, re-emitted when it changes",
-                BudgetThresholdCrossed: "a budget's state changed (alert, exceeded, ok) in its current period"},
+                BudgetThresholdCrossed: "a budget's state changed (alert, exceeded, ok) in its current period",
+                TaskPreempted: "an admitted task preempted for a pending one (the queue's preemption policy)",
+                CancelRequested: "the preempted task's job, with the reason"},
 )
 
 
@@ -83,7 +87,8 @@ class DispatchService:
         state = self.state
         now = self.clock.now()
         out += self._crossings(now)
-        for d in state.decisions(now, coalesce=True):
+        decided = state.decisions(now, coalesce=True)
+        for d in decided:
             p = state.pending.get(d.task_id)
             if p is None:
                 continue
@@ -98,7 +103,33 @@ class DispatchService:
                 out.append(Emit(TaskHeld(task_id=p.task_id, cluster=p.cluster, submitted_seq=p.seq,
                                          managed_job_id=p.managed_job_id, queue=d.queue, kind=d.kind,
                                          reason=d.reason), key=f"held-{p.task_id}"))
+        out += self._preemptions(decided)
         return out
+
+    def _preemptions(self, decided: list[admit.Decision]) -> Reactions:
+        """For the first held task (highest priority first) that may preempt: a TaskPreempted
+        and a CancelRequested for each of its targets. One preemptor per reaction: the next is
+        planned once these tasks' quota is back (their jobs' ends trigger a whole pass)."""
+        state = self.state
+        for d in decided:
+            if not isinstance(d, admit.Hold):
+                continue
+            plan = state.preemption_for(d)
+            if plan is None:
+                continue
+            out: Reactions = []
+            for v in plan.targets:
+                cluster, job_id = state.job_of[v.task_id]
+                book = state.admitted[v.task_id]
+                ev = TaskPreempted(task_id=v.task_id, cluster=cluster, submitted_seq=book.submitted_seq,
+                                   queue=v.queue, by_task=d.task_id, job_id=job_id, reason=plan.reason)
+                state.preempted.add(v.task_id)
+                state.preempting.setdefault(d.task_id, set()).add(v.task_id)
+                out.append(Emit(ev, key=f"preempt-{v.task_id}"))
+                out.append(Emit(CancelRequested(cluster=cluster, job_id=job_id, requested_by=f"dispatch: {plan.reason}"),
+                                key=f"preempt-cancel-{v.task_id}"))
+            return out
+        return []
 
     def _crossings(self, now) -> Reactions:
         """Announce the budget states that changed, in their current period only (a crossing

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 
 from skypurza.events.bus import Stored
-from skypurza.events.dispatch_events import BudgetThresholdCrossed, DispatchPolicyApplied, TaskAdmitted, TaskHeld
+from skypurza.events.dispatch_events import (
+    BudgetThresholdCrossed, DispatchPolicyApplied, TaskAdmitted, TaskHeld, TaskPreempted,
+)
 from skypurza.events.dispatch_policy import DispatchPolicy
 from skypurza.events.managed_events import ManagedJobCancelRequested
 from skypurza.events.models import (
@@ -23,7 +25,7 @@ from skypurza.events.models import (
 )
 from skypurza.events.principal import principal_of
 
-from . import admit, budgets, order, quota
+from . import admit, budgets, order, preempt, quota
 from .demand import Pending, pending_of
 from .policy import semantic_problems
 from .usage import Assoc, DecayedUsage
@@ -32,7 +34,7 @@ from .usage import Assoc, DecayedUsage
 FOLDED = (TaskSubmitted, DispatchPolicyApplied, JobQueued, JobSucceeded, JobFailed, JobCancelled,
           PlacementFailed, ProvisionFailed, ClusterTerminated, DownRequested, ManagedJobCancelRequested,
           UsageRecorded)
-OWN = (TaskAdmitted, TaskHeld, BudgetThresholdCrossed)
+OWN = (TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted)
 
 
 @dataclass
@@ -66,6 +68,12 @@ class DispatchState:
     last_pass_day: date | None = None
     # (team, user or None, period key) -> the budget state last announced (BudgetThresholdCrossed)
     budget_states: dict[tuple[str, str | None, str], str] = field(default_factory=dict)
+    # Preemption (preempt.py): each admitted task's job, the victims announced (never twice),
+    # and for each pending preemptor the victims whose quota it waits for.
+    job_of: dict[str, tuple[str, int]] = field(default_factory=dict)
+    admit_count: int = 0
+    preempted: set[str] = field(default_factory=set)
+    preempting: dict[str, set[str]] = field(default_factory=dict)
     crossings: list[tuple[budgets.BudgetStatus, float]] = field(default_factory=list)  # (status, alert_at): to announce
 
     def apply_all(self, items: Iterable[Stored]) -> None:
@@ -99,6 +107,10 @@ class DispatchState:
             self.admitted_decision(ev)
         elif isinstance(ev, TaskHeld):
             self.held[ev.task_id] = (ev.kind, ev.reason)
+        elif isinstance(ev, TaskPreempted):
+            if ev.task_id in self.admitted:
+                self.preempted.add(ev.task_id)
+                self.preempting.setdefault(ev.by_task, set()).add(ev.task_id)
         elif isinstance(ev, BudgetThresholdCrossed):
             self.budget_states[(ev.team, ev.user, ev.period_key)] = ev.state
             self.crossings = [(c, a) for c, a in self.crossings
@@ -106,6 +118,7 @@ class DispatchState:
         elif isinstance(ev, JobQueued):
             if ev.task_id in self.admitted:
                 self.job_task[(ev.cluster, ev.job_id)] = ev.task_id
+                self.job_of[ev.task_id] = (ev.cluster, ev.job_id)
         elif isinstance(ev, (JobSucceeded, JobFailed, JobCancelled)):
             task = self.job_task.pop((ev.cluster, ev.job_id), None)
             if task is not None:
@@ -158,7 +171,10 @@ class DispatchState:
         self.admitted_ever.add(ev.task_id)
         if p is None:
             return
-        book = admit.Book(ev.queue, ev.flavor, p.team, p.user, p.request)
+        self.admit_count += 1
+        book = admit.Book(ev.queue, ev.flavor, p.team, p.user, p.request,
+                          priority=preempt.static_priority(self.policy, p) if self.policy is not None else 0,
+                          submitted_seq=p.seq, order=self.admit_count, managed=p.managed_job_id is not None)
         self.admitted[ev.task_id] = book
         self.cluster_of[ev.task_id] = p.cluster
         admit.charge(self.usage, self.users, book)
@@ -173,12 +189,19 @@ class DispatchState:
     def release(self, task: str) -> None:
         book = self.admitted.pop(task, None)
         self.cluster_of.pop(task, None)
+        self.job_of.pop(task, None)
+        self.preempted.discard(task)
+        for by in [b for b, victims in self.preempting.items() if task in victims]:
+            self.preempting[by].discard(task)
+            if not self.preempting[by]:
+                del self.preempting[by]
         if book is not None:
             admit.charge(self.usage, self.users, book, -1.0)
             self._charged(book)
             self.full_pass = True
 
     def forget(self, task: str) -> None:
+        self.preempting.pop(task, None)
         if self.pending.pop(task, None) is not None:
             self.full_pass = True  # a StrictFIFO head given up lets the rest of its queue go
         self.held.pop(task, None)
@@ -224,6 +247,29 @@ class DispatchState:
             return [admit.Hold(p.task_id, None, "policy", f"the dispatch policy in the log is invalid "
                                f"({self.policy_problem}); an admin applies a valid one") for p in pending]
         return admit.decide(self.policy, pending, self.usage, self.users, self.spend, now, self.tree, self.walk)
+
+    def preemptable(self) -> list[preempt.Admitted]:
+        """Admitted tasks preemption may pick: a cluster job running (it is what gets cancelled),
+        not already preempted, not a managed job's launch (not preempted yet)."""
+        out = []
+        for task, b in self.admitted.items():
+            if task in self.job_of and task not in self.preempted and not b.managed and b.queue and b.flavor:
+                out.append(preempt.Admitted(task, b.queue, b.flavor, b.request, b.priority, b.submitted_seq, b.order))
+        return out
+
+    def preemption_for(self, held: admit.Hold) -> preempt.Preemption | None:
+        """What to preempt so that this held task fits, when its queue's policy allows it and
+        it is not already waiting for the tasks it preempted."""
+        p = self.pending.get(held.task_id)
+        if p is None or held.kind != "quota" or self.policy is None or self.tree is None \
+                or held.task_id in self.preempting:
+            return None
+        queue = admit.queue_of(self.policy, p.team)
+        if queue is None or (queue.preemption.within_queue == "Never"
+                             and queue.preemption.reclaim_within_cohort == "Never"):
+            return None
+        flavors = admit.allowed_flavors(queue, {f.name: f for f in self.policy.flavors}, p)
+        return preempt.plan(self.policy, self.tree, queue, flavors, p, self.usage, self.preemptable())
 
     def _alone(self, p: Pending) -> bool:
         """May this submission be decided by itself? Not in a StrictFIFO queue (its place in

@@ -20,6 +20,10 @@ from skypurza.events.models import UsageRecorded
 from .ledgerconfig import LedgerConfig
 from .metering import MeteredNode, MeterInterval, interval_billing_seconds, next_intervals
 from .projector import State
+from .slurm_usage import billing_usage
+
+# The overlay key of an accounted Slurm allocation's billing row: (cluster, SLURM_RANK, usage id).
+SLURM_RANK = -1
 
 HANDLER = "ledger-meter"
 
@@ -72,7 +76,9 @@ def due_usage(state: State, now: datetime, tick: timedelta, cfg: LedgerConfig,
             continue
         team = m["team"] or cfg.team_of(m["user"] or "")
         tres = node.tres
-        b = cfg.billing_int(team, dict(tres), m["tres"] or "{}")
+        # A Slurm node's billing-seconds come from Slurm's accounting of the whole allocation, in
+        # one row when it ends (slurm_usage.py); its intervals carry the money.
+        b = 0 if m["infra"] == "slurm" else cfg.billing_int(team, dict(tres), m["tres"] or "{}")
         units = cfg.billing_units(team, dict(tres), m["tres"] or "{}")
         for iv in intervals:
             seconds = interval_billing_seconds(b, node.start, iv.start, iv.end)
@@ -86,12 +92,33 @@ def due_usage(state: State, now: datetime, tick: timedelta, cfg: LedgerConfig,
             out.append((usage_id(key[2], iv.rank, iv), ev))
         last = intervals[-1]
         overlay[key] = Published(last.start if last.correction else last.end, last.final)
+    out.extend(due_slurm_billing(state, cfg, overlay))
+    return out
+
+
+def due_slurm_billing(state: State, cfg: LedgerConfig,
+                      overlay: dict[tuple[str, int, str], Published]) -> list[tuple[str, UsageRecorded]]:
+    """The billing row of every accounted Slurm allocation not in `usage` yet."""
+    out: list[tuple[str, UsageRecorded]] = []
+    for uid, key in sorted(state.slurm_unbilled.items(), key=lambda kv: kv[1]):
+        okey = (key[0], SLURM_RANK, uid)
+        if okey in overlay:
+            continue
+        row = state.rows["slurm_allocations"][key]
+        cluster = state.rows["clusters"].get(row["cluster"])
+        team = (cluster or {}).get("team") or cfg.team_of((cluster or {}).get("user") or "")
+        out.append((uid, billing_usage(row, cluster, team)))
+        overlay[okey] = Published(None, True)
     return out
 
 
 def forget_applied(state: State, overlay: dict[tuple[str, int, str], Published]) -> None:
     """Drop overlay entries the projection has caught up with."""
     for key in list(overlay):
+        if key[1] == SLURM_RANK:
+            if key[2] not in state.slurm_unbilled:
+                del overlay[key]
+            continue
         m = state.rows["meters"].get(key)
         pub = overlay[key]
         if m is None or m["finalized"] or (

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from skypurza.events.models import (
-    ClusterProvisioned, ClusterStarted, CompensationRecorded, PeriodSettled, UsageRecorded,
+    ClusterProvisioned, ClusterStarted, CompensationRecorded, PeriodSettled, SlurmAllocationAccounted, UsageRecorded,
 )
 from skypurza.events.projection.fleet import HANDLERS as FLEET_HANDLERS
 from skypurza.events.projection.fleet import FleetState, advance_run, is_repeat, usage_times
@@ -35,11 +35,12 @@ from skypurza.events.projection.state import apply as apply_fold
 from . import schema as sc
 from .metering import instance_tres
 from .showback import next_period
+from .slurm_usage import allocation_billing, usage_event_id
 
 __all__ = ["NewerEventError", "State", "apply"]
 
 MUTABLE = (sc.CLUSTERS, sc.NODES, sc.PLACEMENTS, sc.METERS, sc.SETTLEMENTS, sc.SETTLEMENT_TOTALS,
-           sc.COMPENSATIONS)
+           sc.COMPENSATIONS, sc.SLURM_ALLOCATIONS)
 
 _USAGE_INTS = tuple((i, c, ty, *INT_RANGES[ty]) for i, (c, ty) in enumerate(sc.USAGE.columns) if ty in INT_RANGES)
 _I32_LO, _I32_HI = INT_RANGES["INTEGER"]
@@ -122,6 +123,8 @@ class LedgerState(FleetState):
         self.settled: dict[str, int] = {}  # period -> through_seq
         self.ops: list[UsageColumns | Rebook] = []
         self.late_usage = False  # the batch booked usage late or settled a period
+        self.slurm_unbilled: dict[str, tuple[str, int]] = {}  # usage event id -> slurm_allocations key
+        self.slurm_changed = False  # the batch accounted a Slurm allocation (the meter bills it)
 
     def run_extra(self, cluster: dict[str, Any], ev: ClusterProvisioned | ClusterStarted) -> dict[str, Any]:
         """What the meter needs of a run beyond its times and price: TRES and attribution."""
@@ -144,16 +147,19 @@ class LedgerState(FleetState):
     def index(self) -> None:
         super().index()
         self.settled = {p: row["through_seq"] for p, row in self.rows["settlements"].items()}
+        self.slurm_unbilled = {row["usage_event_id"]: key for key, row in self.rows["slurm_allocations"].items()
+                               if not row["billed"]}
 
     def start_batch(self) -> None:
         super().start_batch()
         self.ops = []
         self.late_usage = False
+        self.slurm_changed = False
 
     @property
     def meter_changed(self) -> bool:
         """The batch stopped or started node runs (the meter looks again)."""
-        return self.runs_changed
+        return self.runs_changed or self.slurm_changed
 
 
 State = LedgerState
@@ -186,6 +192,10 @@ def _usage(state: LedgerState, rec: Record, ev: UsageRecorded) -> None:
         if rec.id in state.foreign_usage:
             return
         state.foreign_usage.add(rec.id)
+        slurm_key = state.slurm_unbilled.pop(rec.id, None)
+        if slurm_key is not None:  # the meter's row that bills an accounted Slurm allocation
+            state.rows["slurm_allocations"][slurm_key]["billed"] = True
+            state.touch("slurm_allocations", slurm_key)
     period = _period(start)
     booked = period
     if period in state.settled:
@@ -210,6 +220,27 @@ def open_period_after(period: str, settled: dict[str, int] | set[str]) -> str:
     while p in settled:
         p = next_period(p)
     return p
+
+
+# ---------------------------------------------------------------- Slurm accounting
+
+
+def _slurm_accounted(state: LedgerState, rec: Record, ev: SlurmAllocationAccounted) -> None:
+    key = (ev.cluster, ev.slurm_job_id)
+    if state.get("slurm_allocations", key) is not None:
+        return  # the first account of an allocation is the one that counts (a re-read is a copy)
+    b = allocation_billing(ev)
+    uid = usage_event_id(rec.id)
+    state.put("slurm_allocations", key, new_row(
+        sc.SLURM_ALLOCATIONS, cluster=ev.cluster, slurm_job_id=ev.slurm_job_id, slurm_cluster=ev.slurm_cluster,
+        partition=ev.partition, state=ev.state, source=ev.source, alloc_tres=tres_json(dict(ev.alloc_tres)),
+        elapsed_s=ev.elapsed_s, start_at=utc(ev.start), end_at=utc(ev.end), billing_weights=ev.billing_weights,
+        priority_flags=ev.priority_flags, billing_int=b.billing_int, slurm_billing=ev.slurm_billing,
+        billing_seconds=b.billing_seconds, error=b.error or None, usage_event_id=uid, billed=uid in state.foreign_usage,
+        event_id=rec.id, seq=rec.seq))
+    if uid not in state.foreign_usage:
+        state.slurm_unbilled[uid] = key
+    state.slurm_changed = True
 
 
 # ---------------------------------------------------------------- settlement
@@ -243,6 +274,7 @@ def _compensation(state: LedgerState, rec: Record, ev: CompensationRecorded) -> 
 HANDLERS = compose(FLEET_HANDLERS, {
     "period_settled": _period_settled,
     "compensation_recorded": _compensation,
+    "slurm_allocation_accounted": _slurm_accounted,
     # Everything else (jobs, managed jobs, attempts, requests) changes no table of the ledger;
     # each is still recorded as applied.
 })

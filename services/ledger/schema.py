@@ -54,8 +54,18 @@ COMPENSATIONS = table(
     ("event_id", V), ("seq", B),
 )
 
+# One row per Slurm allocation of ours that ended (SlurmAllocationAccounted): what Slurm says it
+# used, its billing under the partition's weights, and whether that billing is in `usage` yet.
+SLURM_ALLOCATIONS = table(
+    "slurm_allocations", ("cluster", "slurm_job_id"),
+    ("cluster", V), ("slurm_job_id", B), ("slurm_cluster", V), ("partition", V), ("state", V), ("source", V),
+    ("alloc_tres", V), ("elapsed_s", B), ("start_at", TS), ("end_at", TS), ("billing_weights", V),
+    ("priority_flags", V), ("billing_int", B), ("slurm_billing", B), ("billing_seconds", B), ("error", V),
+    ("usage_event_id", V), ("billed", BOOL), ("event_id", V), ("seq", B),
+)
+
 TABLES: tuple[Table, ...] = (
     CHECKPOINT, APPLIED, SKIPPED, CLUSTERS, NODES, PLACEMENTS, METERS,
-    USAGE, SETTLEMENTS, SETTLEMENT_TOTALS, COMPENSATIONS,
+    USAGE, SETTLEMENTS, SETTLEMENT_TOTALS, COMPENSATIONS, SLURM_ALLOCATIONS,
 )
 BY_NAME = {t.name: t for t in TABLES}

@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import select
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -66,7 +69,7 @@ def top_command(
         raise typer.BadParameter("-o json prints one frame: add --once", param_hint="-o/--output")
     try:
         if once:
-            frame = top.gather_once()
+            frame = gather_once()
             if output == "json":
                 print_json(frame)
             else:
@@ -74,11 +77,71 @@ def top_command(
 
                 make_console().print(top.render(frame))
             return
-        top.live(interval)
+        live(interval)
     except top.NotAnswering as exc:
         raise fail(str(exc))
     except KeyboardInterrupt:
         sys.stdout.write("\n")
+
+
+def gather_once() -> dict[str, Any]:
+    from skypurza.cli.context import run_async, stage
+    from skypurza.cli.control import connect_bus
+
+    async def go() -> dict[str, Any]:
+        bus = await connect_bus(stage(), "top")
+        try:
+            from . import top
+
+            return await top.gather(bus)
+        finally:
+            await bus.close()
+
+    return run_async(go())
+
+
+def _quit_pressed(timeout: float) -> bool:
+    """Wait up to `timeout` for a key on a terminal; True on q. Not a terminal: just wait."""
+    if not sys.stdin.isatty():
+        import time
+
+        time.sleep(timeout)
+        return False
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    return bool(ready) and sys.stdin.read(1).lower() == "q"
+
+
+def live(interval: float) -> None:
+    """Redraw every `interval` seconds until q or Ctrl-C; one bus connection for the session."""
+    from rich.live import Live
+
+    from skypurza.cli.console import console as make_console
+    from skypurza.cli.context import stage
+    from skypurza.cli.control import connect_bus
+
+    from . import top
+
+    loop = asyncio.new_event_loop()
+    bus = loop.run_until_complete(connect_bus(stage(), "top"))
+    saved = None
+    if sys.stdin.isatty():
+        import termios
+        import tty
+
+        saved = termios.tcgetattr(sys.stdin)
+        tty.setcbreak(sys.stdin.fileno())  # q without Enter; Ctrl-C still interrupts
+    try:
+        with Live(top.render(loop.run_until_complete(top.gather(bus))), console=make_console(), auto_refresh=False,
+                  screen=False) as view:
+            while not _quit_pressed(interval):
+                view.update(top.render(loop.run_until_complete(top.gather(bus))), refresh=True)
+    finally:
+        if saved is not None:
+            import termios
+
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
+        loop.run_until_complete(bus.close())
+        loop.close()
 
 
 def register(root: typer.Typer) -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
 from skypurza.events.models import (
     CapacityError,
     ClusterProvisioned,
+    ClusterTerminated,
+    DownRequested,
     GpuUnhealthy,
     OrphanFound,
     PlacementChosen,
@@ -86,6 +89,9 @@ class LogCounters:
     # For the Prometheus alerting rules (services/observability/rules/): closed label sets.
     gpu_findings: dict[tuple[str, str], int] = field(default_factory=dict)  # (severity, rule)
     orphans: dict[str, int] = field(default_factory=dict)  # OrphanFound by action: reported | terminated
+    # Tasks dispatch holds now: task id -> (HoldKind, cluster); the gauge counts them by kind (a
+    # closed set), as dispatch forgets them (admitted, failed, their cluster gone).
+    held: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 UNASSIGNED = "(none)"
@@ -104,7 +110,18 @@ def apply(c: LogCounters, seq: int, time: datetime, event: object) -> None:
         c.placements[kind] = c.placements.get(kind, 0) + 1
     elif isinstance(event, CapacityError):
         c.failovers[event.error_class] = c.failovers.get(event.error_class, 0) + 1
+    elif isinstance(event, TaskHeld):
+        c.held.pop(event.task_id, None)
+        if len(c.held) >= MAX_PENDING_TASKS:
+            c.held.pop(next(iter(c.held)))
+        c.held[event.task_id] = (event.kind, event.cluster)
+    elif isinstance(event, TaskAdmitted):
+        c.held.pop(event.task_id, None)
+    elif isinstance(event, (DownRequested, ClusterTerminated)):
+        for task in [t for t, (_, cluster) in c.held.items() if cluster == event.cluster]:
+            del c.held[task]
     elif isinstance(event, PlacementFailed):
+        c.held.pop(event.task_id, None)
         c.placement_failures += 1
     elif isinstance(event, SpotPreempted):
         c.preemptions += 1

@@ -329,6 +329,11 @@ def families(s: Snapshot, max_series: int) -> list[Metric]:
                             ["severity", "rule"], {k: float(v) for k, v in lg.gpu_findings.items()}))
         out.append(_counter("orphans_found", "Nodes reconciliation found running for no live cluster, by action "
                             "(reported, then terminated).", ["action"], {(k,): float(v) for k, v in lg.orphans.items()}))
+        held: dict[tuple[str, ...], float] = {}
+        for kind, _ in lg.held.values():
+            held[(kind,)] = held.get((kind,), 0.0) + 1
+        out.append(_gauge("dispatch_pending_tasks", "Tasks the dispatch policy holds now, by the kind of reason "
+                          "(quota, user_limit, budget, order, no_queue, no_flavor, policy).", ["reason"], held))
         out.append(_counter("log_events_read", "Events this endpoint has folded from the log.", [],
                             {(): float(lg.events)}))
     if s.consumers is not None:

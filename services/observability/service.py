@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from skypurza.events import ledger_queries, naming, status_queries
+from skypurza.events import ledger_queries, metrics_queries, naming, status_queries
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import CANNOT_CONNECT, Bus, stored_from_msg
 from skypurza.events.contract import BusAccess
@@ -44,7 +44,8 @@ log = logging.getLogger("skypurza.observability")
 # It reads the log (a fold of its own), asks the status and ledger services, and hears node
 # samples (goodput's useful GPU time); it publishes nothing.
 CONTRACT = LoopContract(name="observability", consumes=(), emits=(),
-                        bus=BusAccess(asks=("status", "ledger"), samples="read", dead_letters="read",
+                        bus=BusAccess(answers=metrics_queries.SERVICE, asks=("status", "ledger"), samples="read",
+                                      dead_letters="read",
                                       consumers="read"))
 
 MAX_REQUEST_BYTES = 8192  # a scrape's request line and headers; anything longer is refused
@@ -89,6 +90,7 @@ class ObservabilityService:
         follower = asyncio.create_task(self._follow(bus))
         try:
             samples = await bus.nc.subscribe(naming.samples_filter(bus.stage), cb=self._on_sample)
+            queries = await bus.serve_queries(metrics_queries.SERVICE, {"render": self._render_query})
             self._server = await self._listen()
         except BaseException:
             await stop_tasks(follower)
@@ -103,10 +105,16 @@ class ObservabilityService:
         finally:
             await self.close()
             await stop_tasks(follower)
-            try:
-                await samples.unsubscribe()
-            except Exception:  # the connection may be gone already
-                pass
+            for sub in (samples, *queries):
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # the connection may be gone already
+                    pass
+
+    async def _render_query(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The page over the bus (events/metrics_queries.py), for the API server's `/metrics`."""
+        body, ctype = await self.render(str(params.get("accept") or "")[:metrics_queries.MAX_ACCEPT_CHARS])
+        return {"content_type": ctype, "body": body.decode()}
 
     async def _on_sample(self, msg: Any) -> None:
         """A node sample: its busy GPUs credited to the cluster's owner (pure, a few microseconds;

@@ -1,6 +1,7 @@
 """`spz top`: what it gathers (status, queues, the GPU health manager's last samples, the alerts
 on the log), the pure frame made of it, and its rich rendering.
 
+The terminal side (the bus connection, the Live loop, the keys) is the CLI plugin's (cli.py).
 The frame is pure (`frame(...)`: query answers and the time in, a JSON-able dict out), so `--once
 -o json` and the tests see exactly what the live view draws. Each source is bounded by
 QUERY_TIMEOUT_S; only the status service is required (the GPU samples and the alerts are shown
@@ -10,8 +11,6 @@ when their services answer, and said missing when not).
 from __future__ import annotations
 
 import asyncio
-import select
-import sys
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -130,20 +129,6 @@ async def gather(bus: Any) -> dict[str, Any]:
     return frame(clusters, jobs, managed, nodes, alerts, datetime.now(UTC))
 
 
-def gather_once() -> dict[str, Any]:
-    from skypurza.cli.context import run_async, stage
-    from skypurza.cli.control import connect_bus
-
-    async def go() -> dict[str, Any]:
-        bus = await connect_bus(stage(), "top")
-        try:
-            return await gather(bus)
-        finally:
-            await bus.close()
-
-    return run_async(go())
-
-
 # ---------------------------------------------------------------- drawing
 
 
@@ -180,45 +165,3 @@ def render(f: dict[str, Any]) -> Any:
             at.add_row(*(str(a[k] or "-") for k in ("severity", "kind", "subject", "since", "summary")))
         parts.append(at)
     return Group(*parts)
-
-
-def _quit_pressed(timeout: float) -> bool:
-    """Wait up to `timeout` for a key on a terminal; True on q. Not a terminal: just wait."""
-    if not sys.stdin.isatty():
-        import time
-
-        time.sleep(timeout)
-        return False
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    return bool(ready) and sys.stdin.read(1).lower() == "q"
-
-
-def live(interval: float) -> None:
-    """Redraw every `interval` seconds until q or Ctrl-C; one bus connection for the session."""
-    from rich.live import Live
-
-    from skypurza.cli.context import stage
-    from skypurza.cli.control import connect_bus
-    from skypurza.cli.console import console as make_console
-
-    loop = asyncio.new_event_loop()
-    bus = loop.run_until_complete(connect_bus(stage(), "top"))
-    saved = None
-    if sys.stdin.isatty():
-        import termios
-        import tty
-
-        saved = termios.tcgetattr(sys.stdin)
-        tty.setcbreak(sys.stdin.fileno())  # q without Enter; Ctrl-C still interrupts
-    try:
-        with Live(render(loop.run_until_complete(gather(bus))), console=make_console(), auto_refresh=False,
-                  screen=False) as view:
-            while not _quit_pressed(interval):
-                view.update(render(loop.run_until_complete(gather(bus))), refresh=True)
-    finally:
-        if saved is not None:
-            import termios
-
-            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
-        loop.run_until_complete(bus.close())
-        loop.close()

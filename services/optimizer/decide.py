@@ -31,17 +31,17 @@ from skypurza.events.slurm_discovery import SlurmCluster
 
 from .catalog import Catalog
 from .local import LocalResources
+from .settings import DEFAULT_MAX_ATTEMPTS  # SKYPURZA_MAX_PLACEMENT_ATTEMPTS sets World.max_attempts
 from .placement import (
     Block,
     Candidate,
     PlacementPlan,
     block_for_error,
-    default_enabled_infras,
+    enabled_infras,  # noqa: F401  (decide.enabled_infras: where callers have always found it)
     next_placement,
     place,
 )
 
-DEFAULT_MAX_ATTEMPTS = 64  # SKYPURZA_MAX_PLACEMENT_ATTEMPTS (settings.py) sets World.max_attempts
 REMAINING_SHOWN = 10
 # Candidates ranked per request (exactly the best ones; see placement.place's `limit`): blocks
 # are applied before ranking, so after any number of failures the next choice is still exact.
@@ -202,18 +202,3 @@ def admitted_world(world: World, infra: str | None) -> World:
         return world
     return dataclasses.replace(world, enabled_infras=frozenset({infra}))
 
-
-# ---------------------------------------------------------------- which infras are enabled
-
-def enabled_infras(forced: Iterable[str] | None, aws_is_configured: bool,
-                   allowed: Iterable[str] | None = None, kubernetes_configured: bool = False,
-                   slurm_configured: bool = False) -> frozenset[str]:
-    """Pure: `forced` (SKYPURZA_ENABLED_INFRAS) wins; else AWS when it is configured
-    (events/awsconfig.py), Kubernetes when a kubeconfig is (events/k8s_config.py), and `local`
-    only while no cloud is enabled (or when `allowed`, config's `allowed_infras`, names it).
-    The looking is world.py's."""
-    if forced:
-        return frozenset(x.strip().lower() for x in forced if x.strip())
-    clouds = (["aws"] if aws_is_configured else []) + (["kubernetes"] if kubernetes_configured else []) + (
-        ["slurm"] if slurm_configured else [])
-    return default_enabled_infras(clouds, allowed)

@@ -290,6 +290,21 @@ def default_enabled_infras(clouds_enabled: Iterable[str], allowed_infras: Iterab
     return frozenset(clouds) if clouds else frozenset({"local"})
 
 
+def enabled_infras(forced: Iterable[str] | None, aws_is_configured: bool,
+                   allowed: Iterable[str] | None = None, kubernetes_configured: bool = False,
+                   slurm_configured: bool = False) -> frozenset[str]:
+    """Pure: `forced` (SKYPURZA_ENABLED_INFRAS) wins; else AWS when it is configured
+    (events/awsconfig.py), Kubernetes when a kubeconfig is (events/k8s_config.py), and `local`
+    only while no cloud is enabled (or when `allowed`, config's `allowed_infras`, names it).
+    The looking is world.py's. (Here, not in decide.py, so that `--dryrun` and world.py do not
+    import the event models decide.py needs.)"""
+    if forced:
+        return frozenset(x.strip().lower() for x in forced if x.strip())
+    clouds = (["aws"] if aws_is_configured else []) + (["kubernetes"] if kubernetes_configured else []) + (
+        ["slurm"] if slurm_configured else [])
+    return default_enabled_infras(clouds, allowed)
+
+
 def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
           blocks: Sequence[Block] = (), enabled_infras: Iterable[str] = ("aws",),
           local_resources: LocalResources | None = None, limit: int | None = None,

@@ -20,7 +20,9 @@ from typing import Any
 
 from skypurza.events.settings import Sources
 
-from .decide import DEFAULT_MAX_ATTEMPTS
+# Attempts per task before PlacementFailed; decide.py reads it from here (the settings import no
+# event model, so `spz launch --dryrun` stays light).
+DEFAULT_MAX_ATTEMPTS = 64
 
 
 @dataclass(frozen=True)

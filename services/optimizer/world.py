@@ -10,15 +10,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skypurza.events.awsconfig import aws_config_files, aws_configured
 from skypurza.events.k8s_capacity import ContextCapacity
 from skypurza.events.k8s_config import KubernetesSettings, read_all_capacity
 from skypurza.events.slurm_discovery import SlurmCluster
 
-from . import decide
+from . import placement
 from .catalog import Catalog, load_catalog
 from .settings import OptimizerSettings
+
+if TYPE_CHECKING:
+    from . import decide
 
 
 def aws_is_configured(env: Mapping[str, str] | None = None, home: Path | None = None) -> bool:
@@ -29,10 +33,10 @@ def aws_is_configured(env: Mapping[str, str] | None = None, home: Path | None = 
 
 
 def enabled_infras_here(settings: OptimizerSettings, env: Mapping[str, str] | None = None) -> frozenset[str]:
-    """Which infras placement may use in this process (`decide.enabled_infras` on what is here)."""
+    """Which infras placement may use in this process (`placement.enabled_infras` on what is here)."""
     forced = settings.enabled_infras or None
     kube = False if forced else KubernetesSettings.load(env).configured()
-    return decide.enabled_infras(forced, False if forced else aws_is_configured(env), settings.allowed_infras,
+    return placement.enabled_infras(forced, False if forced else aws_is_configured(env), settings.allowed_infras,
                                  kubernetes_configured=kube,
                                  slurm_configured=False if forced else slurm_configured(env))
 
@@ -107,6 +111,8 @@ def kubernetes_contexts(enabled: frozenset[str]) -> tuple[ContextCapacity, ...]:
 def load_world(settings: OptimizerSettings, catalog: Catalog | None = None,
                enabled: frozenset[str] | None = None) -> decide.World:
     """Blocking (run it in a thread from async code): the World the optimizer places in."""
+    from . import decide  # the event models: the service needs them, `--dryrun` does not
+
     catalog = catalog or load_catalog()
     enabled = enabled or enabled_infras_here(settings)
     local = None

@@ -73,11 +73,12 @@ from skypurza.events.models import (
     OrphanFound,
     PlacementChosen,
     ProvisionFailed,
+    SlurmAllocationAccounted,
     StartRequested,
     StopRequested,
     TaskSubmitted,
 )
-from skypurza.events.service import EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
+from skypurza.events.service import Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
 
 from . import cleanup, plan, userdata
 from .adapter import (
@@ -102,19 +103,28 @@ CONTRACT = ServiceContract(
     name="provisioner",
     consumes=(PlacementChosen, DownRequested, StopRequested, StartRequested, ClusterIdle),
     emits=(ClusterProvisioned, JobQueued, CapacityErrorEvent, ProvisionFailed, ClusterTerminated, CleanupFailed,
-           ClusterStopped, ClusterStarted, OrphanFound),
+           ClusterStopped, ClusterStarted, OrphanFound, SlurmAllocationAccounted),
     reads=(TaskSubmitted, CleanupFailed),
     delivery=InOrder(),
     consume_notes={TaskSubmitted: "reads the task", CleanupFailed: "bounded retries with back-off",
                    PlacementChosen: "launches", DownRequested: "terminates", StopRequested: "stops",
                    StartRequested: "starts", ClusterIdle: "stop, or terminate with down"},
     emit_notes={JobQueued: "first job", ClusterTerminated: "teardown, reconciliation",
-                CleanupFailed: "teardown, background cleanup sweep", OrphanFound: "reconciliation"},
+                CleanupFailed: "teardown, background cleanup sweep", OrphanFound: "reconciliation",
+                SlurmAllocationAccounted: "a Slurm allocation ended (sacct over SSH), before ClusterTerminated/Stopped"},
 )
 
 
 def _cluster_of(stored: Stored) -> str:
     return str(getattr(stored.event, "cluster", ""))
+
+
+def _accounts(backend: ComputeBackend, cluster: str) -> list[Emit]:
+    """What the backend read of the cluster's ended allocations (Slurm's sacct), to publish."""
+    take = getattr(backend, "take_accounts", None)
+    if take is None:
+        return []
+    return [Emit(ev, key=f"slurm_allocation_accounted|{ev.slurm_job_id}") for ev in take(cluster)]
 
 
 class ProvisionerService:
@@ -358,6 +368,8 @@ class ProvisionerService:
         try:
             ids = await backend.terminate(state.ref(self.bus.stage), release=False)
             ended = self.clock.now()
+            for account in _accounts(backend, state.cluster):
+                await ctx.publish(account)
             if region:
                 await self._release_after_teardown(ctx, state.cluster, state.provisioned.candidate.infra, region)
             known = [n.instance_id for n in state.nodes]
@@ -398,7 +410,7 @@ class ProvisionerService:
         except FatalProvisionError as err:
             log.warning("cannot stop cluster %s: %s", ev.cluster, err)
             return []
-        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
+        return [*_accounts(backend, ev.cluster), ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     @handles(StartRequested)
     async def on_start(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -435,7 +447,7 @@ class ProvisionerService:
             log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
             await self._terminate(ctx, stored, state, backend, "autostop")
             return []
-        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
+        return [*_accounts(backend, ev.cluster), ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     # ------------------------------------------------------------------ reconciliation
 

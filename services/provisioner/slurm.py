@@ -45,6 +45,7 @@ from .local import RECORD, START_SEQ, LocalAdapter
 from skypurza.events.slurm_config import SlurmUserConfig, SshTarget, read_targets, slurm_config_path
 from skypurza.events.slurm_discovery import (SlurmNode, ZoneOffer, expand_hostlist, parse_nodes, parse_partitions,
                                              zone_offers)
+from . import slurm_account
 from .slurm_errors import classify
 from .slurm_sbatch import SbatchRequest, parse_shape, sbatch_options, script
 from .slurm_ssh import SlurmSsh, SlurmSshError
@@ -69,7 +70,7 @@ class SlurmAdapter(LocalAdapter):
     def __init__(self, nats_url: str, stage: str, root: Path | None = None, *, config_path: Path | None = None,
                  user_config: SlurmUserConfig | None = None, poll_s: float = 0.2, launch_timeout_s: float = 300.0,
                  pending_timeout_s: float = 60.0, ssh_factory: Callable[[SshTarget], SlurmSsh] = SlurmSsh,
-                 ready_timeout_s: float = 60.0) -> None:
+                 ready_timeout_s: float = 60.0, account_wait_s: float = 10.0) -> None:
         super().__init__(nats_url, stage, root, ready_timeout_s=ready_timeout_s)
         self.config_path = config_path or slurm_config_path()
         self.user_config = user_config or SlurmUserConfig()
@@ -78,6 +79,9 @@ class SlurmAdapter(LocalAdapter):
         self.pending_timeout_s = pending_timeout_s
         self._ssh_factory = ssh_factory
         self._ssh: dict[str, SlurmSsh] = {}
+        self.account_wait_s = account_wait_s
+        # What ended allocations used, until the provisioner publishes it (take_accounts).
+        self._accounts: dict[str, list[Any]] = {}
 
     # ------------------------------------------------------------------ where things are
 
@@ -155,6 +159,7 @@ class SlurmAdapter(LocalAdapter):
             if record is None:
                 return []
             await self._cancel(record)
+            await self._account(record)
             await self._kill_all(record)
             record["state"] = "stopped"
             self._write(ref.cluster, record)
@@ -177,7 +182,7 @@ class SlurmAdapter(LocalAdapter):
             record = self._read(ref.cluster)
             if record is None:
                 return []
-            await self._teardown(record)
+            await self._teardown(record, account=True)
             return [n["instance_id"] for n in record["nodes"]]
 
     async def release_unused(self, stage: str, regions: Iterable[str], *,
@@ -282,7 +287,11 @@ class SlurmAdapter(LocalAdapter):
         except BaseException:
             await self._run(spec.region, f"scancel {job_id}", where=spec)
             raise
-        return {"job_id": job_id, "nodes": [{"name": n.name, "addr": n.addr} for n in nodes]}
+        async def run(command: str):
+            return await self._run(spec.region, command, where=spec)
+
+        return {"job_id": job_id, "nodes": [{"name": n.name, "addr": n.addr} for n in nodes],
+                "accounting": await slurm_account.facts(run, job_id)}
 
     async def _wait_running(self, spec: LaunchSpec, job_id: str) -> list[SlurmNode]:
         started = time.monotonic()
@@ -327,12 +336,32 @@ class SlurmAdapter(LocalAdapter):
             if not res.ok and "Invalid job id" not in res.stderr:
                 raise _error(classify(res.stderr), None)
 
-    async def _teardown(self, record: dict[str, Any]) -> None:
+    async def _teardown(self, record: dict[str, Any], *, account: bool = False) -> None:
         await self._cancel(record)
+        if account:
+            await self._account(record)
         await self._kill_all(record)
         import shutil
 
         shutil.rmtree(self.cluster_dir(record["cluster"]), ignore_errors=True)
+
+    async def _account(self, record: dict[str, Any]) -> None:
+        """Read what the allocation used (sacct, bounded) once, for take_accounts."""
+        if record.get("state") != "running" or record.get("accounted"):
+            return  # a stopped cluster's allocation was accounted when it stopped
+        record["accounted"] = True
+
+        async def run(command: str):
+            return await self._run(record["region"], command)
+
+        ev = await slurm_account.account(run, record, record["cluster"], datetime.now(timezone.utc),
+                                         wait_s=self.account_wait_s, poll_s=min(0.5, max(0.05, self.poll_s)))
+        if ev is not None:
+            self._accounts.setdefault(record["cluster"], []).append(ev)
+
+    def take_accounts(self, cluster: str) -> list[Any]:
+        """The SlurmAllocationAccounted of the cluster's allocations that ended since the last call."""
+        return self._accounts.pop(cluster, [])
 
     def _slurm_record(self, spec: LaunchSpec, alloc: dict[str, Any]) -> dict[str, Any]:
         ips = [n["addr"] for n in alloc["nodes"]]
@@ -355,6 +384,7 @@ class SlurmAdapter(LocalAdapter):
         return {"cluster": spec.cluster, "stage": spec.stage, "launch_token": spec.launch_token,
                 "num_nodes": spec.num_nodes, "region": spec.region, "zone": spec.zone,
                 "instance_type": spec.instance_type, "job_id": spec.job_id, "slurm_job_id": alloc["job_id"],
+                "accounting": alloc.get("accounting", {}),
                 "launched_at": datetime.now(timezone.utc).isoformat(), "state": "running", "nodes": nodes,
                 "spec": spec_record}
 

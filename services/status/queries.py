@@ -142,44 +142,48 @@ def metrics_summary(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
     def rows(sql: str, args: list[Any] | None = None) -> list[list[Any]]:
         return [list(r) for r in cur.execute(sql, args or []).fetchall()]
 
-    def epoch(sql: str) -> float | None:
-        v = rows(sql)[0][0]
-        return None if v is None else int(v) / 1e6
-
-    # Small statements, each a scan of one table: DuckDB runs these in about a millisecond each,
-    # where one statement of correlated sub-selects builds lists ten times slower.
+    # Four statements: a statement's overhead is most of the cost on tables this small, but one
+    # statement building lists of rows (all of it at once) is ten times slower than these.
     live = f"status IN {_LIVE}"
     waits = "greatest(epoch_us(started_at) - epoch_us(submitted_at), 0) / 1e6"
-    hist = rows(f"""SELECT count(*), coalesce(sum({waits}), 0)
-                    {''.join(f', count(*) FILTER (WHERE {waits} <= ?)' for _ in buckets)}
-                    FROM jobs WHERE started_at IS NOT NULL AND submitted_at IS NOT NULL""", buckets)[0]
+    # The scalars in one statement, the three counts by state in another.
+    scal = rows(f"""
+        SELECT (SELECT [count(*), coalesce(sum({waits}), 0){''.join(f', count(*) FILTER (WHERE {waits} <= ?)' for _ in buckets)}]
+                FROM jobs WHERE started_at IS NOT NULL AND submitted_at IS NOT NULL),
+               (SELECT min(t) FROM (SELECT epoch_us(submitted_at) AS t FROM jobs WHERE status = 'PENDING'
+                                    UNION ALL
+                                    SELECT epoch_us(submitted_at) FROM managed_jobs WHERE status = 'PENDING')),
+               -- the longest-idle UP cluster without autostop: no job pending or running on it, idle
+               -- since its launch, start or last job's end, whichever is latest
+               (SELECT min(greatest(epoch_us(c.launched_at), epoch_us(c.started_at), epoch_us(e.last_end)))
+                FROM clusters c
+                LEFT JOIN (SELECT cluster, max(ended_at) AS last_end,
+                                  count(*) FILTER (WHERE status NOT IN {_JOB_TERMINAL}) AS busy
+                           FROM jobs GROUP BY cluster) e ON e.cluster = c.name
+                WHERE c.status = 'UP' AND c.autostop_minutes IS NULL AND coalesce(e.busy, 0) = 0
+                  AND coalesce(c.launched_at, c.started_at, e.last_end) IS NOT NULL),
+               (SELECT coalesce(sum(recoveries), 0)::BIGINT FROM managed_jobs),
+               (SELECT coalesce(max(recoveries), 0)::BIGINT FROM managed_jobs WHERE status NOT IN {_MANAGED_TERMINAL})
+        """, buckets)[0]
+    hist, pending, idle, rec_sum, rec_max = scal
+    states: dict[str, list[list[Any]]] = {"clusters": [], "jobs": [], "managed_jobs": []}
+    for tbl, st, n in rows("""SELECT 'clusters', status, count(*) FROM clusters GROUP BY status
+                              UNION ALL SELECT 'jobs', status, count(*) FROM jobs GROUP BY status
+                              UNION ALL SELECT 'managed_jobs', status, count(*) FROM managed_jobs GROUP BY status
+                              ORDER BY 1, 2"""):
+        states[tbl].append([st, int(n)])
     return {
-        "clusters_by_state": rows("SELECT status, count(*) FROM clusters GROUP BY status ORDER BY status"),
+        "clusters_by_state": states["clusters"],
         "nodes": rows(f"""SELECT infra, region, instance_type, market, sum(num_nodes)::BIGINT FROM clusters
                           WHERE {live} GROUP BY ALL ORDER BY ALL"""),
         # Dollars per hour now: each UP cluster's price per node x its nodes.
         "rate": rows("""SELECT team, "user", project, name, (hourly_price_micros::HUGEINT * num_nodes)::BIGINT
                         FROM clusters WHERE status = 'UP' ORDER BY name"""),
-        "jobs_by_state": rows("SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status"),
+        "jobs_by_state": states["jobs"],
         "queue_wait": {"count": int(hist[0]), "sum": float(hist[1]), "buckets": buckets,
                        "cumulative": [int(n) for n in hist[2:]]},
-        "oldest_pending": epoch("""SELECT min(t) FROM (
-                                     SELECT epoch_us(submitted_at) AS t FROM jobs WHERE status = 'PENDING'
-                                     UNION ALL
-                                     SELECT epoch_us(submitted_at) FROM managed_jobs WHERE status = 'PENDING')"""),
-        # The longest-idle UP cluster without autostop: no job pending or running on it, idle since
-        # its launch, start or last job's end, whichever is latest.
-        "oldest_idle_without_autostop": epoch(f"""
-            SELECT min(greatest(epoch_us(c.launched_at), epoch_us(c.started_at), epoch_us(e.last_end)))
-            FROM clusters c
-            LEFT JOIN (SELECT cluster, max(ended_at) AS last_end,
-                              count(*) FILTER (WHERE status NOT IN {_JOB_TERMINAL}) AS busy
-                       FROM jobs GROUP BY cluster) e ON e.cluster = c.name
-            WHERE c.status = 'UP' AND c.autostop_minutes IS NULL AND coalesce(e.busy, 0) = 0
-              AND coalesce(c.launched_at, c.started_at, e.last_end) IS NOT NULL"""),
-        "managed_by_state": rows("SELECT status, count(*) FROM managed_jobs GROUP BY status ORDER BY status"),
-        "managed_recoveries": [int(x) for x in rows(f"""
-            SELECT coalesce(sum(recoveries), 0)::BIGINT,
-                   coalesce(max(recoveries) FILTER (WHERE status NOT IN {_MANAGED_TERMINAL}), 0)::BIGINT
-            FROM managed_jobs""")[0]],
+        "oldest_pending": None if pending is None else int(pending) / 1e6,
+        "oldest_idle_without_autostop": None if idle is None else int(idle) / 1e6,
+        "managed_by_state": states["managed_jobs"],
+        "managed_recoveries": [int(rec_sum), int(rec_max)],
     }

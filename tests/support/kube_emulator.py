@@ -258,7 +258,10 @@ class KubeCluster:
     def _patch(self, resource: Any, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         def apply() -> dict[str, Any]:
             assert self.emulator is not None
-            obj = self.emulator.objects[resource, namespace, name]
+            key = (resource, namespace, name)
+            if key not in self.emulator.objects or self.emulator.objects[key].deleted:
+                raise KeyError(name)  # deleted meanwhile: patching would bring a ghost back
+            obj = self.emulator.objects[key]
             obj.patch(patch)
             return copy.deepcopy(obj.raw)
         return self._call(apply)
@@ -409,8 +412,10 @@ class Kubelet:
     def _watch(self) -> None:
         while not self._stop.wait(0.1):
             try:
+                # Gone, or Failed (evicted): never "not yet Running" (a snapshot taken just before
+                # the pod was marked Running must not kill the container just started).
                 live = {p["metadata"]["name"] for p in self.cluster.pods()
-                        if (p.get("status") or {}).get("phase") == "Running"}
+                        if (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")}
             except Exception:
                 continue
             for name in [n for n in self.procs if n not in live]:

@@ -22,3 +22,18 @@ def slurm_rig():
     yield rig
     rig.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_accounted_rig():
+    """A second real Slurm with slurmdbd and MariaDB (sacct, GPU billing weights): only the billing
+    test asks for it, so the other Slurm tests do not pay for its start."""
+    why = available()
+    if why:
+        raise RuntimeError(f"the Slurm rig cannot start: {why}")
+    root = Path(tempfile.mkdtemp(prefix="spz-slurmdbd-"))
+    root.chmod(0o755)
+    rig = SlurmRig(root, accounting=True).start()
+    yield rig
+    rig.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -8,6 +8,11 @@ stopped by pid at the end, so two test runs on one machine do not meet.
 
 Two nodes: slurmd is started once per `NodeName` with its own port, spool and pid file (`-N`),
 which is how Slurm documents several slurmd on one host.
+
+`accounting=True` adds MariaDB (its own datadir, port and socket, no grant tables: nothing but
+slurmdbd reaches it) and slurmdbd, so `sacct` answers, the GPUs are tracked TRES
+(`AccountingStorageTRES`) and the gpu partition's TRESBillingWeights weigh them. Only the
+billing test needs it (a few seconds more to start).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ GPU_PARTITION = "gpu"
 GPUS_PER_NODE = 2
 NODES = ("n1", "n2")
 READY_TIMEOUT_S = 30.0
+GPU_WEIGHTS_ACCOUNTED = "CPU=1.0,Mem=0.25G,GRES/gpu=2.0,GRES/gpu:h100=4.0"
 
 
 def free_port() -> int:
@@ -54,6 +60,9 @@ class SlurmRig:
     ssh_port: int = field(default_factory=free_port)
     node_ports: dict[str, int] = field(default_factory=lambda: {n: free_port() for n in NODES})
     pids: dict[str, int] = field(default_factory=dict)
+    accounting: bool = False
+    db_port: int = field(default_factory=free_port)
+    dbd_port: int = field(default_factory=free_port)
 
     # ------------------------------------------------------------------ paths
 
@@ -88,7 +97,7 @@ class SlurmRig:
     # ------------------------------------------------------------------ start and stop
 
     def start(self) -> "SlurmRig":
-        for d in ("etc", "spool/ctld", "log", "run", "dev", "munge", "ssh", "home"):
+        for d in ("etc", "spool/ctld", "log", "run", "dev", "munge", "ssh", "home", "db", "dbrun"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         for n in NODES:
             (self.root / "spool" / f"d-{n}").mkdir(parents=True, exist_ok=True)
@@ -97,6 +106,8 @@ class SlurmRig:
         self._chown_for_slurm()
         try:
             self._start_munge()
+            if self.accounting:
+                self._start_accounting()
             self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-f", str(self.conf)])
             for n in NODES:
                 self._spawn(f"slurmd-{n}", ["/usr/sbin/slurmd", "-D", "-N", n, "-f", str(self.conf)])
@@ -168,7 +179,7 @@ class SlurmRig:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
             "JobAcctGatherType=jobacct_gather/linux",
-            "AccountingStorageType=accounting_storage/none",
+            *self._accounting_lines(),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
             "GresTypes=gpu",
@@ -177,10 +188,58 @@ class SlurmRig:
             *node_lines,
             f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
             f"PartitionName={GPU_PARTITION} Nodes={nodes} MaxTime=04:00:00 State=UP "
-            f"TRESBillingWeights=CPU=1.0,Mem=0.25G",
+            f"TRESBillingWeights={self.gpu_weights}",
             "",
         ]))
         (r / "etc" / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+
+    @property
+    def gpu_weights(self) -> str:
+        # GRES weights count only for tracked TRES, and GPUs are tracked only with slurmdbd.
+        return GPU_WEIGHTS_ACCOUNTED if self.accounting else "CPU=1.0,Mem=0.25G"
+
+    def _accounting_lines(self) -> list[str]:
+        if not self.accounting:
+            return ["AccountingStorageType=accounting_storage/none"]
+        return ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+                f"AccountingStoragePort={self.dbd_port}", "AccountingStorageTRES=gres/gpu,gres/gpu:h100"]
+
+    def _start_accounting(self) -> None:
+        import pwd
+
+        r = self.root
+        mysql = pwd.getpwnam("mysql")
+        for d in (r / "db", r / "dbrun"):
+            os.chown(d, mysql.pw_uid, mysql.pw_gid)
+        if not (r / "db" / "mysql").exists():
+            subprocess.run(["mariadb-install-db", "--no-defaults", "--user=mysql", f"--datadir={r}/db",
+                            "--skip-test-db", "--auth-root-authentication-method=normal"],
+                           check=True, capture_output=True, timeout=120)
+        self._spawn("mariadbd", [
+            "/usr/sbin/mariadbd", "--no-defaults", "--user=mysql", f"--datadir={r}/db", f"--port={self.db_port}",
+            "--bind-address=127.0.0.1", f"--socket={r}/dbrun/mysqld.sock", f"--pid-file={r}/dbrun/mysqld.pid",
+            "--skip-grant-tables", f"--log-error={r}/log/mariadb.err", "--innodb-buffer-pool-size=16M",
+            "--skip-log-bin", "--innodb-log-file-size=8M"])
+        _wait(lambda: _port_open(self.db_port), "MariaDB", r / "log" / "mariadb.err")
+        dbd = r / "etc" / "slurmdbd.conf"
+        dbd.write_text("\n".join([
+            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "DbdHost=localhost",
+            "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", f"SlurmUser={SLURM_USER}",
+            f"PidFile={r}/run/slurmdbd.pid", f"LogFile={r}/log/slurmdbd.log",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={self.db_port}",
+            "StorageUser=root", "StorageLoc=spz_acct_db", ""]))
+        slurm = pwd.getpwnam(SLURM_USER)
+        os.chown(dbd, slurm.pw_uid, slurm.pw_gid)
+        dbd.chmod(0o600)
+        self._spawn("slurmdbd", ["/usr/sbin/slurmdbd", "-D"])
+        _wait(lambda: _port_open(self.dbd_port), "slurmdbd", r / "log" / "slurmdbd.log")
+
+        def cluster_added() -> bool:
+            res = subprocess.run(["sacctmgr", "-i", "add", "cluster", CLUSTER], env=self.env, capture_output=True,
+                                 text=True, timeout=20)
+            return res.returncode == 0 or "already exists" in res.stdout + res.stderr
+
+        _wait(cluster_added, "sacctmgr add cluster", r / "log" / "slurmdbd.log")
 
     def _chown_for_slurm(self) -> None:
         import pwd

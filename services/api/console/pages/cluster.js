@@ -106,7 +106,7 @@ export async function render(root, { me, args, signal, at }) {
       ["ID", (j) => String(j.job_id), "num"], ["Name", (j) => j.name || ""], ["Status", (j) => status(j.status)],
       ["User", (j) => j.user || ""], ["Submitted", (j) => when(j.submitted_at)],
       ["", (j) => el("div", { class: "actions" },
-        el("button", { type: "button", "aria-label": `Show output of job ${j.job_id}`, onclick: () => follow(j.job_id) }, "Output"),
+        at ? null : el("button", { type: "button", "aria-label": `Show output of job ${j.job_id}`, onclick: () => follow(j.job_id) }, "Output"),
         mayAct(me) && !at && !FINAL.has(j.status) ? el("button", { type: "button", class: "danger",
           "aria-label": `Cancel job ${j.job_id}`,
           onclick: () => act(`Cancel of job ${j.job_id}`, () => post(`${path}/jobs/${j.job_id}/cancel`)) }, "Cancel") : null)],

@@ -82,8 +82,9 @@ export async function render(root, { me, signal }) {
       "aria-describedby": "policy-help policy-problems" });
     text.value = p.yaml || "";
     const status = el("div");
+    const byLine = el("span", {}, by);
     const form = el("form", { "aria-labelledby": "h-policy" },
-      el("p", { id: "policy-help", class: "muted" }, by, " The YAML of docs/dispatch.md: flavors, cohorts, queues "
+      el("p", { id: "policy-help", class: "muted" }, byLine, " The YAML of docs/dispatch.md: flavors, cohorts, queues "
         + "(each team's quota per flavor and resource) and budgets. It is checked before anything is applied."),
       el("div", {}, el("label", { for: "policy-yaml" }, "Policy YAML")), text,
       el("div", { class: "actions" }, el("button", { type: "submit", class: "primary" }, "Apply policy")), status);
@@ -93,6 +94,7 @@ export async function render(root, { me, signal }) {
       try {
         const r = await put("/dispatch/policy", { yaml: text.value, source: "console" });
         notice(status, "info", `Policy applied by ${r.applied_by} (log sequence ${r.seq}).`);
+        byLine.textContent = `Applied by ${r.applied_by} from ${r.source} (log sequence ${r.seq}).`;
         shown = "";
         await refresh();
       } catch (err) {
