@@ -12,7 +12,6 @@ the status service's projection and reads the log itself when it does not answer
 
 from __future__ import annotations
 
-import asyncio
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any, Optional
 
 import typer
 
-from skypurza.events.aiotasks import stop_tasks
 
 from . import bounds, fanout, options
 from .context import check_output, fail, print_json, run_async, stage
@@ -271,6 +269,8 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     What was printed already comes from one replay per cluster; then one live follower per
     cluster (a recovery adds a cluster: a follower starts for it), and the job's state is
     polled with consumer-less reads."""
+    from skypurza.events.aiotasks import stop_tasks
+    import asyncio
     from skypurza.events import naming
     from skypurza.services.recovery.submit import read_jobs
 
@@ -641,6 +641,7 @@ def cancel_command(
     all_users: bool = options.all_users_option(),
 ) -> None:
     """Cancel managed jobs: their clusters are torn down and they end CANCELLED."""
+    import asyncio
     if pool is not None:
         raise fail("-p/--pool: SkyPurza has no pools; cancel the jobs by id, -n NAME or --all", 2)
     if task is not None:

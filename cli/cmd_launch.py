@@ -6,7 +6,6 @@ new task) is decided by `launchplan.plan_launch`; this module does the I/O and t
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any, Optional
 
@@ -157,6 +156,7 @@ async def _with_uploads(bus: Any, task: Any, public: dict[str, Any], cluster_inf
 async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, idle: int | None, down: bool,
                   no_setup: bool, detach_run: bool, async_: bool, status: Any, out: Any, wait_for: str | None = None,
                   retry_until_up: bool = False) -> tuple[int, dict[str, Any]]:
+    import asyncio
     from skypurza.events.cluster_events import AutostopSet, StartRequested
     from skypurza.events.jobqueue import queue_job
     from skypurza.events.task_events import TaskSubmitted

@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 import typer
 
-from skypurza.events.aiotasks import stop_tasks
 
 from . import bounds, options
 from .context import fail, run_async, stage
@@ -151,6 +150,7 @@ def _lifecycle(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bo
 def _lifecycle_code(verb: str, clusters: list[str], all_: bool, yes: bool, async_: bool,
                     timeout: float = WAIT_S, *, graceful: bool = False, graceful_timeout: float | None = None,
                     purge: bool = False, autostop: Any = None, all_users: bool = False) -> int:
+    from skypurza.events.aiotasks import stop_tasks
     if not clusters and not all_:
         raise fail(f"name the cluster(s) to {verb}, or use -a for all")
     from .transport import api

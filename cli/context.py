@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -49,6 +48,7 @@ def fail(message: str, code: int = 1) -> "typer.Exit":
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's async part. A control plane lost while it runs (cli/lostplane.py) ends
     the command with one line on stderr and exit code 69, never a hang or a traceback."""
+    import asyncio
     from .lostplane import EXIT_LOST_CONTROL_PLANE, LostControlPlane, guarded
 
     try:
@@ -61,6 +61,7 @@ async def _quiet_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` on a loop whose stray errors stay out of the user's terminal: a task of the
     NATS client that failed while a connection was closing (a server killed at that moment)
     would otherwise print its traceback when the loop shuts down. SKYPURZA_DEBUG=1 shows them."""
+    import asyncio
     loop = asyncio.get_running_loop()
     if not os.environ.get("SKYPURZA_DEBUG"):
         loop.set_exception_handler(_log_loop_error)

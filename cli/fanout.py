@@ -9,7 +9,6 @@ end, each line prefixed with the job it comes from.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +83,7 @@ def launch_many(plans: list[JobPlan], tasks: list[Any], publics: list[dict[str, 
     """Submit every planned job, then (without --detach-run) follow them all to their end with
     `follow_job` (cmd_jobs's). The exit status is the first job's (in submission order) that did
     not succeed, else 0."""
+    import asyncio
     from .progress import StatusLine, echo_err, echo_out
 
     status = StatusLine()

@@ -13,7 +13,6 @@ from typing import Any
 
 import typer
 
-from skypurza.events.aiotasks import stop_tasks
 
 from . import bounds
 from .context import fail, stage
@@ -105,6 +104,7 @@ async def _watched(coro: Any, service: str = "provisioner") -> Any:
     """Run `coro`, failing early when the embedded control plane it waits on has stopped, or
     when the services process (or `service`) keeps failing: a command never waits out its
     timeout on a control plane that cannot answer it."""
+    from skypurza.events.aiotasks import stop_tasks
     import asyncio
 
     from .control import ControlPlane

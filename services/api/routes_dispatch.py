@@ -118,11 +118,13 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.get("/dispatch/queue", summary="Pending tasks with why each waits, and each queue's quota in use")
     async def queue(who: Principal = caller) -> dict[str, Any]:
         st = await state()
+        # dispatch's admission order (multifactor priority, then submission), as `spz dispatch queue`
+        ranked = st.ranked(datetime.now(timezone.utc))
         rows = [{"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user, "position": i,
-                 "submitted_seq": p.seq, "request": p.request,
+                 "priority": r.priority, "submitted_seq": p.seq, "request": p.request,
                  "kind": st.held.get(p.task_id, ("", ""))[0],
                  "reason": st.held.get(p.task_id, ("", "not decided yet"))[1]}
-                for i, p in enumerate(st.pending.values(), 1)]
+                for i, (r, p) in enumerate(((r, st.pending[r.task_id]) for r in ranked), 1)]
         return {"policy": st.policy is not None, "pending": visible(who, rows, True),
                 "queues": queue_quotas(st.policy, st.usage) if st.policy is not None else [],
                 "note": "ordered as dispatch decides them"}

@@ -4,6 +4,7 @@ Eats:  TaskSubmitted, DispatchPolicyApplied, what frees quota (a job's end, a fa
        placement, a cluster terminated) and what the ledger meters (UsageRecorded)
 Emits: TaskAdmitted (the optimizer places it) | TaskHeld (the reason, again when it changes)
        | BudgetThresholdCrossed (a budget's state changed in its period: the alerts service)
+       | TaskPreempted + CancelRequested (a running job preempted for a held task, preempt.py)
 
 With no policy in the log it emits nothing: the optimizer places every TaskSubmitted itself, so
 nothing changes for a broker without one. While a policy is active the optimizer waits for the

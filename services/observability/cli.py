@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import select
 import sys
@@ -113,6 +112,7 @@ def _quit_pressed(timeout: float) -> bool:
 
 def live(interval: float) -> None:
     """Redraw every `interval` seconds until q or Ctrl-C; one bus connection for the session."""
+    import asyncio
     from rich.live import Live
 
     from skypurza.cli.console import console as make_console

@@ -20,7 +20,7 @@ import dataclasses
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.types import Attempt

@@ -202,7 +202,9 @@ class SlurmRig:
         if not self.accounting:
             return ["AccountingStorageType=accounting_storage/none"]
         return ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
-                f"AccountingStoragePort={self.dbd_port}", "AccountingStorageTRES=gres/gpu,gres/gpu:h100"]
+                f"AccountingStoragePort={self.dbd_port}", "AccountingStorageTRES=gres/gpu,gres/gpu:h100",
+                # The munge socket of the connection to slurmdbd (AuthInfo is the controller's).
+                f"AccountingStoragePass={self.munge_socket}"]
 
     def _start_accounting(self) -> None:
         import pwd
