@@ -8,7 +8,12 @@ Rows (medians of --runs):
   node agents): `spz launch -c NEW 'echo hi'` (exit, and its first line of output), `spz exec
   CLUSTER 'echo hi'` (exit), `spz jobs launch 'echo hi'` to SUCCEEDED (exit);
 - what a per-cluster verb reads (`read_cluster`, in this process): a new cluster, and one with
-  --ticks usage events on its subject, beside the old read of its whole subject.
+  --ticks usage events on its subject, beside the old read of its whole subject;
+- rendering `spz status`'s table of 5,000 clusters (cli/tables.py), beside rich's own table.
+
+Each row has wall seconds and the command's CPU seconds (user + system); on a loaded machine the
+CPU figure is the one to compare. The cold rows run with bytecode caches written once (a user's
+install has them); `--no-bytecode` keeps a shell's PYTHONDONTWRITEBYTECODE.
 
 Baseline: with `--baseline DIR`, each row runs a second time with the code of DIR (a checkout
 whose `DIR/skypurza` is the package, e.g. `git archive HEAD | tar -x -C DIR/skypurza`) put first
@@ -27,6 +32,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,6 +45,7 @@ from skypurza.events.natsserver import free_port
 
 TASK = "name: hi\nresources:\n  cpus: 1+\nrun: echo hi\n"
 COMMAND_TIMEOUT_S = 180
+NO_BYTECODE = False  # --no-bytecode: time the cold rows with PYTHONDONTWRITEBYTECODE as the shell has it
 
 
 def _env(base: dict[str, str], tree: Path | None) -> dict[str, str]:
@@ -48,8 +55,15 @@ def _env(base: dict[str, str], tree: Path | None) -> dict[str, str]:
     return env
 
 
-def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float | None, int]:
-    """Seconds to exit, seconds to the first line of stdout (None: none), exit status."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float | None, int, float]:
+    """Seconds to exit, seconds to the first line of stdout (None: none), exit status, and the
+    command's CPU seconds (user + system: what a loaded machine inflates least)."""
+    c0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
@@ -62,7 +76,7 @@ def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    return time.perf_counter() - t0, first, proc.returncode
+    return time.perf_counter() - t0, first, proc.returncode, _children_cpu() - c0
 
 
 def _spz(*args: str) -> list[str]:
@@ -74,18 +88,21 @@ def _median(xs: list[float]) -> float:
 
 
 def measure(name: str, argv_of, env_of, cwd: Path, runs: int, trees: dict[str, Path | None],
-            ok=(0,)) -> dict[str, dict[str, float]]:
+            ok=(0,), warm_up: bool = False) -> dict[str, dict[str, float]]:
     row: dict[str, dict[str, float]] = {}
     for label, tree in trees.items():
-        exits, firsts = [], []
+        exits, firsts, cpus = [], [], []
+        if warm_up:  # writes the bytecode caches, as pip's install does: "cold" is the process, not the disk
+            _timed(argv_of(label, -1), env_of(tree), cwd)
         for i in range(runs):
-            wall, first, rc = _timed(argv_of(label, i), env_of(tree), cwd)
+            wall, first, rc, cpu = _timed(argv_of(label, i), env_of(tree), cwd)
             if rc not in ok:
                 raise SystemExit(f"{name} ({label}) exited {rc}")
             exits.append(wall)
+            cpus.append(cpu)
             if first is not None:
                 firsts.append(first)
-        row[label] = {"exit_s": _median(exits)}
+        row[label] = {"exit_s": _median(exits), "cpu_s": _median(cpus)}
         if firsts:
             row[label]["first_line_s"] = _median(firsts)
     return row
@@ -94,20 +111,27 @@ def measure(name: str, argv_of, env_of, cwd: Path, runs: int, trees: dict[str, P
 def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str, dict]:
     task = work / "hi.yaml"
     task.write_text(TASK)
-    env = {**os.environ, "SKYPURZA_HOME": str(work / "cold-home"), "SKYPURZA_STAGE": "benchcold"}
+    env = {**os.environ, "SKYPURZA_HOME": str(work / "cold-home"), "SKYPURZA_STAGE": "benchcold",
+           "PYTHONPYCACHEPREFIX": str(work / "pycache")}
     env.pop("SKYPURZA_NATS_URL", None)
+    # A user's install has its .pyc files (pip compiles them); a shell with PYTHONDONTWRITEBYTECODE
+    # would time the compiler instead (~100 ms of every command here). --no-bytecode keeps it.
+    if not NO_BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     out: dict[str, dict] = {
         "python -c pass": measure("python -c pass", lambda _l, _i: [sys.executable, "-c", "pass"],
-                                  lambda t: _env(env, t), work, runs, {"python": None}),
+                                  lambda t: _env(env, t), work, runs, {"python": None}, warm_up=True),
     }
     for what, args in (("spz --help", ("--help",)), ("spz check-yaml f.yaml", ("check-yaml", str(task))),
                        ("spz launch --dryrun -o json", ("launch", "--dryrun", "-o", "json", str(task)))):
-        out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+        out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees,
+                            warm_up=True)
     if importlib.util.find_spec("sky") is not None:
         code = ("import sky; t = sky.Task(run='echo hi'); t.set_resources(sky.Resources(cpus='1+'));"
                 "d = sky.Dag(); d.add(t); sky.optimize(d, quiet=True)")
         out["SkyPilot optimizer, cold"] = measure("sky", lambda _l, _i: [sys.executable, "-c", code],
-                                                  lambda t: _env(env, t), work, runs, {"skypilot": None})
+                                                  lambda t: _env(env, t), work, runs, {"skypilot": None},
+                                                  warm_up=True)
     return out
 
 
@@ -206,14 +230,49 @@ def cluster_read_rows(runs: int, ticks: int, work: Path) -> dict[str, dict]:
         server.stop()
 
 
+def table_rows(runs: int, rows: int) -> dict[str, dict]:
+    """Rendering `spz status`'s table of `rows` clusters, piped (cli/tables.py `render_table`),
+    beside rich's own table of the same rows (the old path): CPU seconds in this process."""
+    import io
+
+    from rich.console import Console
+
+    from skypurza.cli.tables import _rich_table, render_table
+
+    columns = ("NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "$/H")
+    cells = [(f"cluster-{i}", "aws (us-east-1)", "1x m6i.large (cpus=2, mem=8)", "UP", "10m", "3 days ago",
+              "0.0960") for i in range(rows)]
+
+    def ours(console: Console) -> None:
+        assert render_table(console, columns, cells)
+
+    def old(console: Console) -> None:
+        console.print(_rich_table(columns, cells))
+
+    out: dict[str, dict[str, float]] = {}
+    for label, fn in (("spz", ours), ("old path", old)):
+        times = []
+        for _ in range(runs):
+            console = Console(file=io.StringIO(), width=100_000, highlight=False)
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            fn(console)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            times.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+        out[label] = {"exit_s": _median(times), "cpu_s": _median(times)}
+    return {f"render the status table, {rows:,} clusters": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--baseline", type=Path, help="a tree whose skypurza/ is the old code")
-    ap.add_argument("--skip", default="", help="comma-separated: cold,local,reads")
+    ap.add_argument("--skip", default="", help="comma-separated: cold,local,reads,tables")
     ap.add_argument("--ticks", type=int, default=50_000, help="usage events on the old cluster (reads)")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ap.add_argument("--no-bytecode", action="store_true", help="cold rows: keep PYTHONDONTWRITEBYTECODE")
     args = ap.parse_args()
+    global NO_BYTECODE
+    NO_BYTECODE = args.no_bytecode
     if not 1 <= args.runs <= 20:
         ap.error("--runs: 1 to 20")
     trees: dict[str, Path | None] = {"spz": None}
@@ -231,14 +290,17 @@ def main() -> None:
             result.update(local_rows(args.runs, trees, work))
         if "reads" not in skip:
             result.update(cluster_read_rows(args.runs, args.ticks, work))
+        if "tables" not in skip:
+            result.update(table_rows(args.runs, 5_000))
     if args.output == "json":
         print(json.dumps(result, indent=2))
         return
-    print(f"{'what a user does':<46}{'code':<10}{'exit s':>8}{'first line s':>14}")
+    print(f"{'what a user does':<46}{'code':<10}{'exit s':>8}{'first line s':>14}{'cpu s':>8}")
     for what, row in result.items():
         for label, figs in row.items():
-            first = figs.get("first_line_s")
-            print(f"{what:<46}{label:<10}{figs['exit_s']:>8.3f}{'' if first is None else f'{first:.3f}':>14}")
+            first, cpu = figs.get("first_line_s"), figs.get("cpu_s")
+            print(f"{what:<46}{label:<10}{figs['exit_s']:>8.3f}{'' if first is None else f'{first:.3f}':>14}"
+                  f"{'' if cpu is None else f'{cpu:.3f}':>8}")
 
 
 if __name__ == "__main__":

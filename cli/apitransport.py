@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from . import httplight  # noqa: F401  (first: httpx without trio and its command line)
+
 import httpx
 
 from .apiclient import Endpoint

@@ -168,16 +168,26 @@ def _labels(values: Optional[list[str]]) -> dict[str, str]:
     return out
 
 
+def _infra_list(infra: Optional[list[str]], allowed: Optional[str]) -> list[str]:
+    """`--infra` (repeated) and `--allowed-infras a,b` (SkyPilot's comma list) together."""
+    values = list(infra or []) + [v.strip() for v in (allowed or "").split(",") if v.strip()]
+    return list(dict.fromkeys(_infras(values)))
+
+
+_ALLOWED_HELP = "Comma-separated infras its users may run on (aws,local; aws/us-east-1 for one region)."
+
+
 @teams.command("add")
 def teams_add(
     name: str = typer.Argument(..., help="The team's name (lower-case letters, digits, - _)."),
     infra: Optional[list[str]] = typer.Option(None, "--infra", help="An infra its users may run on (repeat); "
                                                                      "none: every infra."),
+    allowed_infras: Optional[str] = typer.Option(None, "--allowed-infras", help=_ALLOWED_HELP + " None: every infra."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE, a label its tasks get (repeat)."),
 ) -> None:
-    """Add a team."""
+    """Add a team (a workspace): where its users may run, and the labels its tasks get."""
     name = _name(name, "team name")
-    infras, labels = _infras(infra), _labels(label)
+    infras, labels = _infra_list(infra, allowed_infras), _labels(label)
     from skypurza.services.api.directory_io import add_team
 
     run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels)))
@@ -201,6 +211,28 @@ def teams_list(output: str = typer.Option("table", "-o", "--output", help="table
     print_table(["TEAM", "INFRAS", "LABELS", "USERS"],
                 [[r["team"], ", ".join(r["allowed_infras"]) or "all",
                   ", ".join(f"{k}={v}" for k, v in r["labels"].items()) or "-", str(len(r["users"]))] for r in rows])
+
+
+@teams.command("update")
+def teams_update(
+    name: str = typer.Argument(..., help="The team."),
+    allowed_infras: Optional[str] = typer.Option(
+        None, "--allowed-infras", help=_ALLOWED_HELP + " An empty value ('') allows every infra; unset: kept."),
+    label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE (repeat): the team's labels, all "
+                                                                     "replaced; unset: kept."),
+    clear_labels: bool = typer.Option(False, "--clear-labels", help="Remove every label of the team."),
+) -> None:
+    """Replace a team's allowed infras and/or labels; placement enforces the infras from the next task on."""
+    name = _name(name, "team name")
+    if allowed_infras is None and label is None and not clear_labels:
+        raise fail("nothing to change: give --allowed-infras, --label or --clear-labels", 2)
+    infras = None if allowed_infras is None else _infra_list(None, allowed_infras)
+    labels = {} if clear_labels else (None if label is None else _labels(label))
+    from skypurza.services.api.directory_io import update_team
+
+    now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels)))
+    typer.echo(f"Updated team {name}: infras {', '.join(now_infras) or 'all'}; labels "
+               + (", ".join(f"{k}={v}" for k, v in now_labels.items()) or "none") + ".")
 
 
 @teams.command("remove")

@@ -154,7 +154,7 @@ def launch_command(
         options.unused("-p/--pool", "SkyPurza has no pools; the job runs on clusters of its own")
     if no_job_group:
         options.unused("--no-job-group", "spz's managed jobs are always top-level")
-    options.workspace_note(workspace)
+    workspace = options.workspace_of(workspace)
     detach_run = detach_run or async_
     overrides = options.overrides_of(res, task_flags, priority=priority)
     header: dict[str, Any] = {}
@@ -165,7 +165,7 @@ def launch_command(
         raise fail(str(exc), exc.code)
     except Exception as exc:  # e.g. an unknown --job-recovery strategy
         raise fail(str(exc))
-    cfg = _config()
+    cfg = options.with_workspace(_config(), workspace)
     from .transport import api
 
     t = api()
@@ -225,7 +225,7 @@ def launch_command(
             from . import via_api_jobs
 
             code, summary = via_api_jobs.launch(t, job_name, tasks[0], publics[0], detach_run=detach_run,
-                                                status=status, out=out)
+                                                status=status, out=out, workspace=workspace)
             submitted.append(summary["id"])
         else:
             code, summary = run_async(run())
@@ -269,9 +269,10 @@ async def follow_job(bus: Any, job_id: int, out: Any, *, follow: bool, status: A
     What was printed already comes from one replay per cluster; then one live follower per
     cluster (a recovery adds a cluster: a follower starts for it), and the job's state is
     polled with consumer-less reads."""
-    from skypurza.events.aiotasks import stop_tasks
     import asyncio
+
     from skypurza.events import naming
+    from skypurza.events.aiotasks import stop_tasks
     from skypurza.services.recovery.submit import read_jobs
 
     from .jobwatch import DRAIN_S, ChunkFilter, format_line, held_text, parse_log
@@ -479,14 +480,15 @@ async def _job_records(job_id: int | None, name: str | None, *, controller: bool
 
 # ------------------------------------------------------------------------------------------ queue
 
-async def _projected_jobs(bus: Any, skip_finished: bool) -> list[dict[str, Any]] | None:
-    """The status service's projection, up to date with the log as it is now; None when no
-    status service answers."""
+async def _projected_jobs(bus: Any, skip_finished: bool, limit: int | None = None) -> list[dict[str, Any]] | None:
+    """The status service's projection, up to date with the log as it is now (the newest `limit`
+    jobs, cut by the projection's query: the default view reads 50 rows, not every job); None
+    when no status service answers."""
     from skypurza.events import status_queries
 
     try:
         return await status_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
-                                               timeout=3.0)
+                                               limit=limit, timeout=3.0)
     except Exception:
         return None
 
@@ -535,7 +537,9 @@ def queue_command(
 
         bus = await connect_bus(stage(), "jobs-queue")
         try:
-            rows = None if refresh else await _projected_jobs(bus, skip_finished)
+            # The server cuts to the newest `limit` when no filter of ours comes after it.
+            cut = None if all_ or statuses or low is not None or high is not None or infra is not None else limit
+            rows = None if refresh else await _projected_jobs(bus, skip_finished, cut)
             if isinstance(rows, list):
                 rows = [queue_row(r) for r in rows]
             else:

@@ -76,7 +76,7 @@ def launch_command(
                               "--infra local (processes on this machine) or a docker image_id on a cloud")):
         if given:
             raise fail(f"{flag} is not supported: {why}", 2)
-    options.workspace_note(workspace)
+    workspace = options.workspace_of(workspace)
     overrides = options.overrides_of(res, task_flags, name=name, priority=priority)
     if dryrun:
         from .submit import SubmitError, load_task
@@ -92,7 +92,7 @@ def launch_command(
             raise fail("--dryrun is not available in this build")
         raise typer.Exit(dryrun_command(task, None, output))
     task, public = _prepare(entrypoint or [], overrides)
-    cfg = _config()
+    cfg = options.with_workspace(_config(), workspace)
     from .submit import SubmitError, cluster_name
 
     try:
@@ -121,7 +121,7 @@ def launch_command(
 
             code, summary = via_api.launch(t, task, public, name_, idle=idle, down=down_, detach_run=detach_run,
                                            async_=async_, status=status, out=out, no_setup=no_setup or fast,
-                                           wait_for=wait_for)
+                                           wait_for=wait_for, workspace=workspace)
         else:
             code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_,
                                               no_setup=no_setup or fast, detach_run=detach_run, async_=async_,

@@ -261,7 +261,9 @@ def all_users_option() -> Any:
 
 
 def workspace_option() -> Any:
-    return typer.Option(None, "-w", "--workspace", help="SkyPilot workspace (spz: the stage is the namespace).")
+    return typer.Option(None, "-w", "--workspace",
+                        help="The workspace (a team: spz teams list) to run in; its allowed infras confine the "
+                             "placement. Through an API server: your own team (an admin: any).")
 
 
 def wait_for_option() -> Any:
@@ -298,10 +300,27 @@ def all_users_note(all_users: bool) -> None:
                                  "(per-user views come with teams)")
 
 
-def workspace_note(workspace: Optional[str]) -> None:
-    if workspace is not None:
-        unused("-w/--workspace", "SkyPurza has no workspaces yet (they come with teams); the stage (--stage) is "
-                                 "the namespace")
+def workspace_of(workspace: Optional[str]) -> Optional[str]:
+    """`-w NAME` checked as a team name (a workspace is a team), exit 2 when it is not one."""
+    if workspace is None:
+        return None
+    from skypurza.events.naming import check_principal_name
+
+    try:
+        return check_principal_name(workspace, "workspace (team) name")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("invalid "), param_hint="-w/--workspace") from None
+
+
+def with_workspace(cfg: Any, workspace: Optional[str]) -> Any:
+    """The config with `-w` as the submission's team (events/config.py `Config.team_of`)."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, workspace=workspace) if workspace else cfg
+
+
+def workspace_note(workspace: Optional[str]) -> None:  # kept for callers of the old name
+    workspace_of(workspace)
 
 
 def quiet_flag_types() -> None:

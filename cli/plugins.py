@@ -18,10 +18,12 @@ load is not hidden: one warning line names it and its error, its commands say so
 from __future__ import annotations
 
 import os
-from importlib.metadata import EntryPoint, entry_points
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import typer
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 GROUP = "skypurza.cli_plugins"
 # Platform services (a class built with no arguments, with a ServiceContract or LoopContract)
@@ -44,6 +46,8 @@ def declared() -> list[EntryPoint]:
     """The plugins to load, by name (the order their commands join in); none under SKIP_ENV."""
     if os.environ.get(SKIP_ENV, "") not in ("", "0"):
         return []
+    from importlib.metadata import entry_points  # scans every installed distribution: not under SKIP_ENV
+
     return sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
 
 
@@ -51,6 +55,8 @@ def service_entry_points() -> dict[str, str]:
     """Platform services by name -> "module:Class" (nothing imported); none under SKIP_ENV."""
     if os.environ.get(SKIP_ENV, "") not in ("", "0"):
         return {}
+    from importlib.metadata import entry_points
+
     return {ep.name: ep.value for ep in sorted(entry_points(group=SERVICES_GROUP), key=lambda ep: ep.name)}
 
 

@@ -18,14 +18,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from skypurza.events import uploads as up
-from skypurza.events import workdir_archive as wa
 from skypurza.events.clock import SYSTEM_CLOCK
 from skypurza.events.limits import MAX_UPLOAD_BYTES, MIB
 
 from .submit import SubmitError
+
+if TYPE_CHECKING:
+    from skypurza.events import workdir_archive as wa
 
 PROGRESS_FROM_BYTES = 8 * MIB  # smaller sources go by without a word
 PROGRESS_EVERY_S = 1.0
@@ -94,6 +96,8 @@ def _too_large(label: str, path: str, exc: wa.TooLarge) -> SubmitError:
 async def send_local_sources(bus: Any, public: dict[str, Any], *, max_bytes: int = MAX_UPLOAD_BYTES,
                              say: Say = _stderr) -> dict[str, Any]:
     """`public` with `uploads` for every local source, each sent unless the store has it."""
+    from skypurza.events import workdir_archive as wa  # pathspec and tarfile: only when there is something to pack
+
     labels = _labels(public)
     refs: dict[str, dict[str, Any]] = {}
     for path in up.local_sources(public):

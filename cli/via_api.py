@@ -322,7 +322,7 @@ def logs(t: ApiTransport, cluster: str, job_id: int | None, follow: bool, status
                        rank=worker, status=status)
     final = end.get("status") or job.get("status")
     status.stop()
-    done = _finished(t, cluster, job_id, final)
+    done = _finished(t, cluster, job_id, final, end)
     if done.terminal and follow:
         from .verbs import _report_job
 
@@ -330,13 +330,18 @@ def logs(t: ApiTransport, cluster: str, job_id: int | None, follow: bool, status
     return exit_code_of(final) if follow or done.terminal else 0
 
 
-def _finished(t: ApiTransport, cluster: str, job_id: int, final: str | None) -> Any:
-    """The job as `_report_job` reads it (status, reason), from the queue once it has ended."""
+def _finished(t: ApiTransport, cluster: str, job_id: int, final: str | None,
+              end: dict[str, Any] | None = None) -> Any:
+    """The job as `_report_job` reads it (status, reason): from the logs stream's `end` frame,
+    else (a server whose frame has no reason) from the queue once it has ended."""
     from .clusterlog import TERMINAL_JOB
 
-    row = next((r for r in (_jobs(t, cluster) or []) if r.get("job_id") == job_id), {})
-    return SimpleNamespace(job_id=job_id, status=final, terminal=final in TERMINAL_JOB,
-                           reason=row.get("reason") if row.get("status") == final else None)
+    if end is not None and "reason" in end and end.get("status") == final:
+        reason = end.get("reason")
+    else:
+        row = next((r for r in (_jobs(t, cluster) or []) if r.get("job_id") == job_id), {})
+        reason = row.get("reason") if row.get("status") == final else None
+    return SimpleNamespace(job_id=job_id, status=final, terminal=final in TERMINAL_JOB, reason=reason)
 
 
 def stream_lines(t: ApiTransport, cluster: str, job_id: int, nodes: int, out: Callable[[str], None], *,
@@ -397,7 +402,7 @@ def _follow(t: ApiTransport, cluster: str, job_id: int, nodes: int, status: Any,
     if final is None:
         status.note(f"[red]Job {job_id} not found on cluster {cluster}.[/red]")
         return EXIT_NOT_FOUND, end
-    _report_job(status, cluster, _finished(t, cluster, job_id, final))
+    _report_job(status, cluster, _finished(t, cluster, job_id, final, end))
     return exit_code_of(final), end
 
 
@@ -450,7 +455,7 @@ START_TIMEOUT_S = 1800.0  # a stopped cloud cluster's instances start in minutes
 
 def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, idle: int | None, down: bool,
            detach_run: bool, async_: bool, status: Any, out: Callable[[str], None], no_setup: bool = False,
-           wait_for: str | None = None) -> tuple[int, dict[str, Any]]:
+           wait_for: str | None = None, workspace: str | None = None) -> tuple[int, dict[str, Any]]:
     """`spz launch` through the server: on a cluster that is up (a stopped one is started
     first), the job queued there (POST /api/v1/clusters/{name}/jobs); else a new cluster
     (POST /api/v1/tasks), its progress from the events stream. Then its job's output as
@@ -481,7 +486,7 @@ def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, 
         status.update("Submitting to the API server")
         try:
             sub = t.post("/api/v1/tasks", {**_body(task, public), "cluster": cluster, "down": down,
-                                           "idle_minutes": idle})
+                                           "idle_minutes": idle, **({"workspace": workspace} if workspace else {})})
         except ApiError as exc:
             raise _fail(exc)
         task_id, seq = sub["task_id"], int(sub.get("seq") or 0)

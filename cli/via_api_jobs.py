@@ -163,10 +163,12 @@ def logs(t: ApiTransport, job_id: int | None, name: str | None, follow_: bool, t
 
 
 def launch(t: ApiTransport, job_name: str, task: Any, public: dict[str, Any], *, detach_run: bool, status: Any,
-           out: Callable[[str], None]) -> tuple[int, dict[str, Any]]:
+           out: Callable[[str], None], workspace: str | None = None) -> tuple[int, dict[str, Any]]:
     from skypurza.events.fold import exit_code_of
 
     body: dict[str, Any] = {"task": {k: v for k, v in public.items() if k != "secrets"}, "name": job_name}
+    if workspace:
+        body["workspace"] = workspace
     if task.secret_values():
         body["overrides"] = {"secrets": task.secret_values()}
     status.update("Submitting to the API server")

@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+# The node agent's settings (services/agent/settings.py reads each; a test checks the two agree).
+# Local agents inherit them with the provisioner's environment; nodes elsewhere (pods) are given
+# these, so one `SKYPURZA_AGENT_HEARTBEAT_S` set for the control plane means the same everywhere.
+# SKYPURZA_AGENT_NATS_URL is not one: it is the provisioner's, and the command line carries the URL.
+AGENT_SETTING_VARS = (
+    "SKYPURZA_AGENT_HEARTBEAT_S", "SKYPURZA_AGENT_KILL_GRACE_S", "SKYPURZA_AGENT_LOG_LEVEL",
+    "SKYPURZA_AGENT_SAMPLE_S", "SKYPURZA_AGENT_XID_SOURCE", "SKYPURZA_CHECKPOINT_SYNC_S", "SKYPURZA_BUCKET_STORE",
+)
+
+
+def agent_settings_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's settings set in `environ` (pure; empty values are unset, as the agent reads them)."""
+    return {k: environ[k] for k in AGENT_SETTING_VARS if environ.get(k) not in (None, "")}
 
 
 @dataclass(frozen=True)

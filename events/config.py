@@ -39,6 +39,9 @@ class ConfigError(Exception):
 class Config:
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
+    # `-w/--workspace` of this command: the team (a workspace) a submission is made in, before
+    # any label or config (cli/options.py `with_workspace`).
+    workspace: str | None = None
 
     @property
     def nats_url(self) -> str | None:
@@ -65,6 +68,8 @@ class Config:
             return "unknown"
 
     def team_of(self, user: str, labels: dict[str, str] | None = None) -> str | None:
+        if self.workspace:
+            return self.workspace
         if labels and labels.get("team"):
             return labels["team"]
         teams = self.data.get("teams") or {}
@@ -107,6 +112,21 @@ def parse_config(text: str, where: str = "config.yaml") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of keys, found {type(data).__name__}")
     return data
+
+
+def key_position(path: str | Path, dotted: str) -> tuple[int, int] | None:
+    """1-based (line, column) of the value of `dotted` (`kubernetes.placement`) in the config
+    file at `path`; None when the file or the key cannot be found (a message then names the key only)."""
+    from .taskspec.yamlsrc import locate, parse_documents
+
+    try:
+        docs, issues = parse_documents(_read(Path(path)))
+    except ConfigError:
+        return None
+    if issues or len(docs) != 1:
+        return None
+    line, column = locate(docs[0].node, dotted.split("."))
+    return (line, column) if line is not None and column is not None else None
 
 
 def _read(path: Path) -> str:

@@ -22,7 +22,9 @@ Market = Literal["spot", "on-demand"]
 
 
 class _PolicyModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    # defer_build: a model's validator is built the first time it is used, not at import: a
+    # command that reads a few event types does not pay for the hundred others (issue 21).
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
 
 
 class ResourceQuota(_PolicyModel):

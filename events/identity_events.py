@@ -51,6 +51,16 @@ class TeamAdded(_TeamEvent):
 
 
 @register
+class TeamUpdated(_TeamEvent):
+    """A team's allowed infras and default labels replaced (`spz teams update`): the whole new
+    value of both, so a fold never merges. The optimizer enforces `allowed_infras` on placement."""
+
+    EVENT_NAME = "team_updated"
+    allowed_infras: list[str] = []  # empty: every infra the broker has
+    labels: dict[str, str] = {}
+
+
+@register
 class TeamRemoved(_TeamEvent):
     EVENT_NAME = "team_removed"
 

@@ -133,6 +133,7 @@ class ContextCapacity:
     error: str = ""
     gpu_hourly_usd: float = 0.0  # prices from config ($0 by default, as SkyPilot)
     cpu_hourly_usd: float = 0.0
+    placement: str = "by_price"  # kubernetes.placement: by_price, before_cloud or after_cloud
 
     def gpus(self) -> dict[str, int]:
         out: dict[str, int] = {}

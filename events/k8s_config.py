@@ -12,6 +12,7 @@ then the default (events/settings.py):
     SKYPURZA_K8S_PROVISION_TIMEOUT_S        kubernetes.provision_timeout  (600 s; 1-86400)
     SKYPURZA_K8S_GPU_HOURLY_USD             kubernetes.gpu_hourly_usd (0: SkyPilot prices k8s at $0)
     SKYPURZA_K8S_CPU_HOURLY_USD             kubernetes.cpu_hourly_usd (0)
+    SKYPURZA_K8S_PLACEMENT                  kubernetes.placement      (by_price; before_cloud, after_cloud)
                                             kubernetes.pod_config     (config only: merged into each pod)
     SKYPURZA_K8S_IN_CLUSTER=1               use the pod's service account (context "in-cluster")
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .settings import SettingsError, Sources
+from .settings import SettingsError, Sources, parse_choice
 
 if TYPE_CHECKING:
     from .k8s_capacity import ContextCapacity
@@ -36,6 +37,9 @@ DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_PROVISION_TIMEOUT_S = 600.0
 MAX_POD_CONFIG_BYTES = 256 * 1024  # a pod_config is a pod spec fragment, never megabytes
 CAPACITY_TIMEOUT_S = 10.0  # `spz check` and a placement never wait longer on one context
+# Where the optimizer ranks contexts against the other infras: by price (SkyPilot's way, and $0
+# by default so first), or ahead of / behind every other infra whatever the prices.
+PLACEMENTS = ("by_price", "before_cloud", "after_cloud")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class KubernetesSettings:
     cpu_hourly_usd: float = 0.0
     pod_config: Mapping[str, Any] = field(default_factory=dict)
     in_cluster: bool = False
+    placement: str = "by_price"  # one of PLACEMENTS
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> "KubernetesSettings":
@@ -59,6 +64,8 @@ class KubernetesSettings:
         if pod_config is not None and not isinstance(pod_config[0], Mapping):
             raise SettingsError(f"{pod_config[1]}={pod_config[0]!r}: expected a mapping (a pod spec fragment)")
         pc = dict(pod_config[0]) if pod_config is not None else {}
+        placement = src.located("SKYPURZA_K8S_PLACEMENT", "kubernetes.placement",
+                                lambda value, where: parse_choice(value, where, PLACEMENTS, fold=str.lower))
         if len(repr(pc)) > MAX_POD_CONFIG_BYTES:
             raise SettingsError(f"kubernetes.pod_config: larger than {MAX_POD_CONFIG_BYTES} bytes")
         return cls(
@@ -74,6 +81,7 @@ class KubernetesSettings:
                                       key="kubernetes.cpu_hourly_usd"),
             pod_config=pc,
             in_cluster=src.flag("SKYPURZA_K8S_IN_CLUSTER", False, key="kubernetes.in_cluster"),
+            placement=placement or base.placement,
         )
 
     def kubeconfig_path(self, home: Path | None = None) -> Path:
@@ -193,7 +201,8 @@ def read_all_capacity(settings: KubernetesSettings) -> tuple["ContextCapacity", 
         except Exception as exc:  # any failure of one context is that context's state, not ours
             first = _short(exc)
             cap = ContextCapacity(context, (), reachable=False, error=first)
-        out.append(replace(cap, gpu_hourly_usd=settings.gpu_hourly_usd, cpu_hourly_usd=settings.cpu_hourly_usd))
+        out.append(replace(cap, gpu_hourly_usd=settings.gpu_hourly_usd, cpu_hourly_usd=settings.cpu_hourly_usd,
+                           placement=settings.placement))
     return tuple(out)
 
 

@@ -56,7 +56,9 @@ class Payload(BaseModel):
     is pydantic's own with `exclude_unset`, which `model_dump` here defaults to and the event
     fields ask for (`AsGiven`)."""
 
-    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+    # defer_build: a model's validator is built the first time it is used, not at import: a
+    # command that reads a few event types does not pay for the hundred others (issue 21).
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True, defer_build=True)
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         kwargs.setdefault("exclude_unset", True)

@@ -20,7 +20,9 @@ TYPE_PREFIX = "io.skypurza."
 class Event(BaseModel):
     """Base of every event payload: frozen, tolerant of fields added by newer writers."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # defer_build: a model's validator is built the first time it is used, not at import: a
+    # command that reads a few event types does not pay for the hundred others (issue 21).
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
     EVENT_NAME: ClassVar[str]
     VERSION: ClassVar[int] = 1

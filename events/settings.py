@@ -81,6 +81,26 @@ class Sources:
                 return node, f"{self.config_path}: {key}"
         return None
 
+    def located(self, var: str | None, key: str | None, parse: Callable[[Any, str], Any]) -> Any:
+        """`parse(value, where)` of the value, None when unset. A value from the config file that
+        `parse` refuses is refused at its line and column there
+        (`~/.skypurza/config.yaml:4:14: kubernetes.placement=...`), to be fixed in an editor; the
+        file is read again only then."""
+        got = self.raw(var, key)
+        if got is None:
+            return None
+        try:
+            return parse(*got)
+        except SettingsError:
+            if key is None or got[1] == var:
+                raise
+            from .config import key_position
+
+            at = key_position(self.config_path, key)
+            if at is None:
+                raise
+            return parse(got[0], f"{self.config_path}:{at[0]}:{at[1]}: {key}")  # raises, placed
+
     # ------------------------------------------------------------------ typed values
 
     def number(self, var: str | None, default: float, *, low: float, high: float,

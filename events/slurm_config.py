@@ -27,6 +27,10 @@ from typing import Any
 MAX_CONFIG_LINES = 10_000
 MAX_PRICE_PER_HOUR = 1_000_000.0  # dollars per unit-hour: anything above is a typo
 GPU_DIRECTIVES = ("gres", "gpus-per-node")
+# How submit_as_user acts (docs/slurm.md, *Identity*): `uid`, sbatch/srun --uid from a login
+# identity Slurm lets do so (root or SlurmUser); `ssh_keys`, log in as the user with their key.
+SUBMIT_MODES = ("uid", "ssh_keys")
+_UNIX_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 DEFAULT_PORT = 22
 DEFAULT_CONFIG = "~/.slurm/config"  # SkyPilot's; SKYPURZA_SLURM_CONFIG moves it
 
@@ -175,6 +179,12 @@ class ClusterConfig:
     gpu_directive: str = "gres"
     submit_as_user: Mapping[str, str] = field(default_factory=dict)  # spz user -> Unix account
     partitions: Mapping[str, "ClusterConfig"] = field(default_factory=dict)
+    submit_mode: str = "uid"  # SUBMIT_MODES
+    user_keys: Mapping[str, str] = field(default_factory=dict)  # Unix account -> its IdentityFile (ssh_keys)
+
+    def unix_user(self, spz_user: str) -> str | None:
+        """The Unix account the spz user's allocations run as (None: the login identity's own)."""
+        return self.submit_as_user.get(spz_user) if spz_user else None
 
     def for_partition(self, partition: str | None) -> "ClusterConfig":
         """The partition's settings over the cluster's (a partition's pricing replaces the cluster's)."""
@@ -184,7 +194,8 @@ class ClusterConfig:
         return ClusterConfig(pricing=p.pricing if p.pricing != Pricing() else self.pricing,
                              sbatch_options={**self.sbatch_options, **p.sbatch_options},
                              gres={**self.gres, **p.gres}, gpu_directive=p.gpu_directive or self.gpu_directive,
-                             submit_as_user=self.submit_as_user)
+                             submit_as_user=self.submit_as_user, submit_mode=self.submit_mode,
+                             user_keys=self.user_keys)
 
 
 @dataclass(frozen=True)
@@ -201,7 +212,8 @@ class SlurmUserConfig:
         return ClusterConfig(pricing=c.pricing if c.pricing != Pricing() else d.pricing,
                              sbatch_options={**d.sbatch_options, **c.sbatch_options}, gres={**d.gres, **c.gres},
                              gpu_directive=c.gpu_directive, submit_as_user={**d.submit_as_user, **c.submit_as_user},
-                             partitions=c.partitions)
+                             partitions=c.partitions, submit_mode=c.submit_mode,
+                             user_keys={**d.user_keys, **c.user_keys})
 
     def allowed(self, clusters: list[str]) -> list[str]:
         if self.allowed_clusters is None:
@@ -243,12 +255,28 @@ def _strings(value: Any, where: str) -> Mapping[str, str]:
     return {str(k): v for k, v in m.items()}
 
 
-_CLUSTER_KEYS = {"pricing", "sbatch_options", "gres", "gpu_directive", "submit_as_user", "partitions"}
+def _unix_names(m: Mapping[str, str], where: str) -> Mapping[str, str]:
+    # A Unix account goes onto a command line (sbatch --uid): only what useradd accepts.
+    for k, v in m.items():
+        if not _UNIX_NAME_RE.match(v):
+            raise SlurmConfigError(f"{where}.{k}: {v!r} is not a Unix account name")
+    return m
+
+
+def _submit_mode(value: Any, where: str) -> str:
+    if value not in SUBMIT_MODES:
+        raise SlurmConfigError(f"{where}: {value!r}; expected one of {', '.join(SUBMIT_MODES)}")
+    return str(value)
+
+
+_CLUSTER_KEYS = {"pricing", "sbatch_options", "gres", "gpu_directive", "submit_as_user", "partitions", "submit_mode",
+                 "user_keys"}
+_CLUSTER_ONLY = {"partitions", "submit_as_user", "submit_mode", "user_keys"}
 
 
 def _cluster(value: Any, where: str, *, partition: bool = False) -> ClusterConfig:
     m = _mapping(value, where)
-    allowed = _CLUSTER_KEYS - ({"partitions", "submit_as_user"} if partition else set())
+    allowed = _CLUSTER_KEYS - (_CLUSTER_ONLY if partition else set())
     for k in m:
         if k not in allowed:
             raise SlurmConfigError(f"{where}.{k}: unknown key ({', '.join(sorted(allowed))})")
@@ -260,7 +288,10 @@ def _cluster(value: Any, where: str, *, partition: bool = False) -> ClusterConfi
     return ClusterConfig(
         pricing=_pricing(m.get("pricing"), f"{where}.pricing"), sbatch_options=dict(options),
         gres=_strings(m.get("gres"), f"{where}.gres"), gpu_directive=directive,
-        submit_as_user=_strings(m.get("submit_as_user"), f"{where}.submit_as_user"),
+        submit_as_user=_unix_names(_strings(m.get("submit_as_user"), f"{where}.submit_as_user"),
+                                   f"{where}.submit_as_user"),
+        submit_mode=_submit_mode(m.get("submit_mode", "uid"), f"{where}.submit_mode"),
+        user_keys=_strings(m.get("user_keys"), f"{where}.user_keys"),
         partitions={str(p): _cluster(v, f"{where}.partitions.{p}", partition=True) for p, v in parts.items()})
 
 

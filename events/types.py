@@ -21,7 +21,9 @@ ErrorClass = Literal[
 
 
 class Value(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # defer_build: a model's validator is built the first time it is used, not at import: a
+    # command that reads a few event types does not pay for the hundred others (issue 21).
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class Candidate(Value):

@@ -2,7 +2,7 @@
 the `local` infra (nats-server, the status service, the provisioner, real node agents:
 tests/support/local_cli.py), the API server as a uvicorn process, httpx as the client.
 
-One member launches through POST /tasks, streams the job's output over SSE and sees its lines;
+One member launches through POST /tasks (and a second cluster, which it purges), streams the job's output over SSE and sees its lines;
 another member and a viewer are refused (403, with the reason) when they act on it, the viewer
 reads it; the owner cancels it and the stream ends naming CANCELLED; an admin tears it down; the
 events stream filtered by type shows the job's JobQueued to its owner and not to another member;
@@ -45,6 +45,10 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
             res = api.http.post("/api/v1/tasks", headers=api.as_(alice),
                                 json={"task": TASK, "cluster": "ar", "overrides": {"infra": "local"}})
             assert res.status_code == 202, res.text
+            # A second cluster, to purge (spz down --purge's route) once it is up.
+            res = api.http.post("/api/v1/tasks", headers=api.as_(alice),
+                                json={"task": "run: sleep 300\n", "cluster": "pg", "overrides": {"infra": "local"}})
+            assert res.status_code == 202, res.text
             _wait_job(api, alice, "ar", "RUNNING")
 
             # The owner streams the output and sees its lines.
@@ -84,7 +88,7 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
                 out: list[dict] = []
                 try:  # nothing for 4 s: nothing to see (the stream itself never ends)
                     with api.http.stream("GET", "/api/v1/events", headers=api.as_(token), timeout=httpx.Timeout(20, read=4),
-                                         params={"type": "job_queued", "since": "0"}) as stream:
+                                         params={"type": "job_queued", "since": "0", "subject": "cluster/ar"}) as stream:
                         for event, data in sse_frames(stream, time.monotonic() + 4):
                             assert event == "job_queued"
                             out.append(data)
@@ -135,6 +139,15 @@ def test_launch_stream_cancel_down_with_roles_and_the_events_stream(tmp_path: Pa
             finally:
                 for s in opened:
                     s.__exit__(None, None, None)
+
+            # Purging drops a cluster from the records (its agents exit): the owner's to do, once.
+            _wait_job(api, alice, "pg", "RUNNING")
+            assert "alice's" in _problem(api.http.post("/api/v1/clusters/pg/purge", headers=api.as_(bob)), 403)["detail"]
+            res = api.http.post("/api/v1/clusters/pg/purge", headers=api.as_(alice))
+            assert res.status_code == 202 and res.json()["requested"] == "purge", res.text
+            assert api.http.get("/api/v1/clusters/pg", headers=api.as_(alice)).json()["status"] == "TERMINATED"
+            assert "nothing to purge" in _problem(api.http.post("/api/v1/clusters/pg/purge", headers=api.as_(alice)),
+                                                  409)["detail"]
 
             # An admin may act on anyone's cluster: the teardown is published, stamped, and done.
             res = api.http.post("/api/v1/clusters/ar/down", headers=api.as_(root))

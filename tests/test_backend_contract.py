@@ -1,4 +1,5 @@
-"""One contract, every backend: launch, idempotent relaunch, gang rollback, down, reconcile.
+"""One contract, every backend: launch, idempotent relaunch, gang rollback, down, reconcile, and
+on the backends whose nodes run processes, a job run, its logs read back and a second one exec'ed.
 
 Each backend runs against its real stand-in: `local` spawns real agent processes on a real
 nats-server, `aws` talks to moto_server over HTTP (tests/support/fakeaws.py), `kubernetes`
@@ -6,7 +7,8 @@ to the emulated API server (tests/support/kube_emulator.py) with the test as its
 
 Another backend joins by adding one rig factory to `RIGS`: a function of the pytest request
 that returns a `Rig` (its adapter, how a LaunchSpec for it looks, how to make the next gang
-fail, and the error that failure must raise).
+fail, and the error that failure must raise), declared with whether its nodes run the real node
+agent (`runs_processes`: AWS on moto starts no process, so the job test is not generated for it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ class Rig:
     gang_error: type[ProvisionError]  # what that launch raises
     region: str | None = None
     finalizers: list[Callable[[], None]] = field(default_factory=list)
+    # Where the nodes' real agents report: makes them run (a kubelet for pods) and returns the
+    # nats-server they reach. Only rigs declared `runs_processes` have one.
+    agents: Callable[[], Any] | None = None
+
+
+@dataclass(frozen=True)
+class RigKind:
+    build: Callable[[pytest.FixtureRequest], Rig]
+    runs_processes: bool = True  # its nodes run the real node agent: jobs, logs, exec
 
 
 # ---------------------------------------------------------------------- the rigs
@@ -60,7 +71,8 @@ def local_rig(request: pytest.FixtureRequest) -> Rig:
 
     # An agent with a setting it cannot use exits at once (exit 2): that node never comes up.
     return Rig("local", lambda: LocalAdapter(nats.url, STAGE, root, ready_timeout_s=30, kill_grace_s=1), spec,
-               lambda: mp.setenv("SKYPURZA_AGENT_HEARTBEAT_S", "not-a-number"), ProvisionError, "local")
+               lambda: mp.setenv("SKYPURZA_AGENT_HEARTBEAT_S", "not-a-number"), ProvisionError, "local",
+               agents=lambda: nats)
 
 
 def aws_rig(request: pytest.FixtureRequest) -> Rig:
@@ -77,7 +89,7 @@ def aws_rig(request: pytest.FixtureRequest) -> Rig:
 
 
 def kubernetes_rig(request: pytest.FixtureRequest) -> Rig:
-    from kube_emulator import KubeCluster, write_kubeconfig
+    from kube_emulator import Kubelet, KubeCluster, write_kubeconfig
 
     from skypurza.events.k8s_config import KubernetesSettings
     from skypurza.services.provisioner.k8s import KubernetesAdapter
@@ -102,8 +114,18 @@ def kubernetes_rig(request: pytest.FixtureRequest) -> Rig:
         cluster.stop()
         assert not rejected, rejected  # every manifest sent was valid for the newest Kubernetes
 
-    rig = Rig("kubernetes", lambda: KubernetesAdapter(settings, nats_url="nats://bus:4222", stage=STAGE, poll_s=0.02),
-              spec, lambda: broken.update(on=True), CapacityError, "ctx")
+    bus = {"url": "nats://bus:4222"}  # no agent runs unless the test asks (agents below)
+
+    def agents() -> Any:
+        # The test kubelet starts each Running pod's command, our real agent, as a local process.
+        nats = request.getfixturevalue("nats_server")
+        bus["url"] = nats.url
+        kubelet = Kubelet(cluster, tmp / "pods", env={"SKYPURZA_AGENT_HEARTBEAT_S": "1", "SKYPURZA_AGENT_SAMPLE_S": "0"})
+        rig.finalizers.insert(0, kubelet.stop)
+        return nats
+
+    rig = Rig("kubernetes", lambda: KubernetesAdapter(settings, nats_url=bus["url"], stage=STAGE, poll_s=0.02),
+              spec, lambda: broken.update(on=True), CapacityError, "ctx", agents=agents)
     rig.finalizers.append(finish)
     return rig
 
@@ -148,22 +170,35 @@ def slurm_rig(request: pytest.FixtureRequest) -> Rig:
 
     rig = Rig("slurm", lambda: SlurmAdapter(nats.url, STAGE, tmp / "slurm", config_path=config,
                                             pending_timeout_s=20),
-              spec, lambda: broken.update(on=True), CapacityError, CLUSTER)
+              spec, lambda: broken.update(on=True), CapacityError, CLUSTER, agents=lambda: nats)
     rig.finalizers.append(release)
     return rig
 
 
-RIGS: dict[str, Callable[[pytest.FixtureRequest], Rig]] = {
-    "local": local_rig, "aws": aws_rig, "kubernetes": kubernetes_rig, "slurm": slurm_rig,
+RIGS: dict[str, RigKind] = {
+    "local": RigKind(local_rig), "aws": RigKind(aws_rig, runs_processes=False),
+    "kubernetes": RigKind(kubernetes_rig), "slurm": RigKind(slurm_rig),
 }
+
+
+def _built(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    r = RIGS[request.param].build(request)
+    yield r
+    for fin in r.finalizers:
+        fin()
 
 
 @pytest.fixture(params=sorted(RIGS))
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    r = RIGS[request.param](request)
-    yield r
-    for fin in r.finalizers:
-        fin()
+    yield from _built(request)
+
+
+@pytest.fixture(params=sorted(name for name, kind in RIGS.items() if kind.runs_processes))
+def process_rig(request: pytest.FixtureRequest) -> Iterator[tuple[Rig, Any]]:
+    """A rig whose nodes run the real agent, and the nats-server those agents report to."""
+    for r in _built(request):
+        assert r.agents is not None, f"{r.infra} is declared to run processes but has no agents hook"
+        yield r, r.agents()
 
 
 def run(rig: Rig, body: Callable[[ComputeBackend], Any]) -> Any:
@@ -248,3 +283,49 @@ def test_reconcile_finds_an_orphan_and_terminates_only_it(rig: Rig) -> None:
     assert [o.instance_id for o in orphans] == [n.instance_id for n in stray] and not vanished
     assert done == [n.instance_id for n in stray]
     assert known_left == [n.instance_id for n in kept] and stray_left == []
+
+
+def test_a_job_runs_its_logs_are_read_back_and_a_second_job_is_execd(process_rig: tuple[Rig, Any]) -> None:
+    from agent_harness import job_end, rank_lines, wait_lines
+    from nats_fixtures import connect_bus
+
+    from skypurza.events.envelope import utcnow
+    from skypurza.events.jobqueue import queue_job
+    from skypurza.events.models import Candidate, ClusterProvisioned, NodeInfo as EventNode
+
+    rig, nats = process_rig
+
+    async def body(b: ComputeBackend):
+        bus = await connect_bus(nats)
+        try:
+            nodes = await b.launch(rig.spec("work", 2, "tok-j"))
+            try:
+                # What the provisioner publishes after a launch, then a job as `spz launch` queues it.
+                await bus.publish(ClusterProvisioned(
+                    cluster="work", task_id="t-work", placement_id="p-work",
+                    candidate=Candidate(infra=rig.infra, region=rig.region, num_nodes=2),
+                    nodes=[EventNode(rank=n.rank or 0, instance_id=n.instance_id, private_ip=n.private_ip)
+                           for n in nodes], hourly_price_micros=0, launched_at=utcnow()))
+                job, _ = await queue_job(bus, cluster="work", task_id="t-1", user="u", task={
+                    "num_nodes": 2, "run": 'echo "hello from rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"'})
+                first = await job_end(bus, "work", job.job_id, timeout=60)
+                logs = await wait_lines(bus, "work", job.job_id,
+                                        lambda ls: bool(rank_lines(ls, 0)) and bool(rank_lines(ls, 1)))
+                # `spz exec`: a second job on the same nodes, its setup not run again.
+                execd, _ = await queue_job(bus, cluster="work", task_id="t-2", user="u", run_setup=False, task={
+                    "setup": "echo setup-must-not-run", "run": "echo exec-on-$SKYPILOT_NODE_RANK"})
+                second = await job_end(bus, "work", execd.job_id, timeout=60)
+                exec_logs = await wait_lines(bus, "work", execd.job_id, lambda ls: bool(rank_lines(ls, 0)))
+            finally:
+                gone = await b.terminate(ref(rig, "work"))
+            return nodes, (job, first, logs), (execd, second, exec_logs), gone, await alive(b, "work")
+        finally:
+            await bus.close()
+
+    nodes, (job, first, logs), (execd, second, exec_logs), gone, left = run(rig, body)
+    assert first.EVENT_NAME == "job_succeeded", first
+    assert rank_lines(logs, 0) == ["hello from rank 0 of 2"] and rank_lines(logs, 1) == ["hello from rank 1 of 2"]
+    assert execd.job_id == job.job_id + 1 and second.EVENT_NAME == "job_succeeded", second
+    assert rank_lines(exec_logs, 0) == ["exec-on-0"]
+    assert not [x for x in exec_logs if "setup-must-not-run" in x["line"]]
+    assert sorted(gone) == sorted(n.instance_id for n in nodes) and left == []

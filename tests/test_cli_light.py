@@ -5,15 +5,26 @@ command imports what it needs inside itself; this checks a real `spz --help` pro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 HEAVY = ("nats", "duckdb", "pydantic", "aiohttp", "skypurza.events.taskspec", "skypurza.events.registry",
-         "skypurza.events.models", "skypurza.events.bus", "httpx")  # httpx: only once an API server is configured
+         "skypurza.events.models", "skypurza.events.bus", "httpx",  # httpx: only once an API server is configured
+         # asyncio (and the ssl it loads): only commands that talk to the bus; rich's markdown and
+         # traceback (markdown_it, pygments, attrs): typer's help renderer never uses them (cli/richlight.py)
+         "asyncio", "ssl", "markdown_it", "pygments", "attr", "rich.markdown", "rich.traceback", "yaml")
+# What reading a task file needs is the task-spec models and YAML: never the bus, the event
+# models, DuckDB, asyncio or the optimizer's event-driven half (`launch --dryrun` places in-process
+# with the pure placement: services/optimizer/placement.py, not decide.py).
+OFFLINE_HEAVY = ("nats", "duckdb", "aiohttp", "httpx", "asyncio", "ssl", "markdown_it", "pygments",
+                 "skypurza.events.registry", "skypurza.events.models", "skypurza.events.envelope",
+                 "skypurza.events.bus", "skypurza.services.optimizer.decide", "skypurza.services.optimizer.service")
+TASK = "name: hi\nresources:\n  cpus: 1+\nrun: echo hi\n"
 
 PROBE = """
 import json, runpy, sys
-sys.argv = ["spz", "--help"]
+sys.argv = ["spz", *sys.argv[1:]] if len(sys.argv) > 1 else ["spz", "--help"]
 try:
     runpy.run_module("skypurza.cli.main", run_name="__main__")
 except SystemExit as exc:
@@ -32,6 +43,38 @@ def test_help_imports_no_bus_no_duckdb_no_models() -> None:
     assert heavy == [], f"spz --help imported {heavy}"
 
 
+def _heavy(args: list[str], heavy: tuple[str, ...], tmp_path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": "light"}
+    env.pop("SKYPURZA_NATS_URL", None)
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60,
+                       env=env, cwd=tmp_path)
+    modules = json.loads(r.stderr.strip().splitlines()[-1])["modules"]
+    return r, sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in heavy))
+
+
+def test_check_yaml_and_dryrun_import_no_bus_no_event_models(tmp_path) -> None:
+    task = tmp_path / "hi.yaml"
+    task.write_text(TASK)
+    r, heavy = _heavy(["check-yaml", str(task)], OFFLINE_HEAVY + ("skypurza.services.optimizer",), tmp_path)
+    assert "valid" in r.stdout and heavy == [], (r.stdout, r.stderr[-500:], heavy)
+    r, heavy = _heavy(["launch", "--dryrun", "-o", "json", str(task)], OFFLINE_HEAVY, tmp_path)
+    assert json.loads(r.stdout[:r.stdout.rindex("}") + 1])["chosen"] is not None, r.stdout
+    assert heavy == [], f"spz launch --dryrun imported {heavy}"
+
+
+def test_typer_help_renderer_gets_the_real_rich_classes_when_it_uses_them() -> None:
+    """cli/richlight.py: the stand-ins typer's renderer holds build the real Markdown and
+    Traceback the first time one is used, and the real modules stay importable by anyone."""
+    probe = ("import sys, json; from skypurza.cli import richlight; richlight.install(); import typer.rich_utils as r; "
+             "before = ['rich.markdown' in sys.modules, 'markdown_it' in sys.modules]; "
+             "md = r.Markdown('# x'); import rich.markdown, rich.traceback; "
+             "tb = r.Traceback.from_exception(ValueError, ValueError('x'), None); "
+             "print(json.dumps(before + [isinstance(md, rich.markdown.Markdown), "
+             "isinstance(tb, rich.traceback.Traceback), rich.markdown.Markdown is not r.Markdown]))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert json.loads(r.stdout) == [False, False, True, True, True], r.stderr
+
+
 def test_the_bus_client_loads_without_aiohttp_which_stays_importable() -> None:
     """events/natslight.py: nats-py's websocket transport (the only user of aiohttp in it) is left
     out, 100+ ms of every command that talks to the bus; aiohttp itself still imports after
@@ -41,3 +84,15 @@ def test_the_bus_client_loads_without_aiohttp_which_stays_importable() -> None:
              "print(json.dumps([before, t.aiohttp is None, bool(aiohttp.ClientSession)]))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout) == [False, True, True], r.stderr
+
+
+def test_the_api_client_loads_without_trio_which_stays_importable() -> None:
+    """cli/httplight.py: httpcore's trio probe and httpx's own command line are left out (about
+    0.5 s of every command through an API server); trio still imports after, and the client
+    still talks to a real server (tests/test_cli_transport.py)."""
+    probe = ("import sys, json; import skypurza.cli.apitransport as a; "
+             "before = ['trio' in sys.modules, 'httpx._main' in sys.modules]; "
+             "c = a.httpx.Client(); import trio, httpcore._synchronization as s; "
+             "print(json.dumps([*before, s.trio is None, bool(trio.run)]))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert json.loads(r.stdout) == [False, False, True, True], r.stderr

@@ -10,6 +10,10 @@ SKYPURZA_API_TOKEN, so every verb goes over HTTP as alice; on `embedded` the OS 
 Through the server only (the refusals): another member acting on alice's cluster is refused
 naming the owner and the role needed, a wrong token is a 401 line, an unreachable server is one
 line and exit 1 within the connect bound; none shows a traceback.
+
+One cluster carries every cluster verb (a launch is a provisioning and a node agent: the
+costliest step), and each `spz` run asserts all it can: the suite is bounded by how many
+processes it starts.
 """
 
 from __future__ import annotations
@@ -54,13 +58,12 @@ def way(request: pytest.FixtureRequest, tmp_path: Path):
             yield Way("embedded", {**base, "SKYPURZA_USER": "alice"}, base)
             return
         base["SKYPURZA_USER"] = "carol"  # the plane's OS user: admin on the embedded server, not alice
-        _ok(spz(base, "api", "start"))
+        url = json.loads(_ok(spz(base, "api", "start", "-o", "json")).stdout)["api_url"]
         _ok(spz(base, "teams", "add", "ml"))
         tokens = {}
         for user in ("alice", "bob"):
             r = _ok(spz(base, "users", "add", user, "--team", "ml", "--role", "member", "-o", "json"))
             tokens[user] = json.loads(r.stdout)["token"]
-        url = json.loads(_ok(spz(base, "api", "status", "-o", "json")).stdout)["api_url"]
         yield Way("api", {**base, "SKYPURZA_API_SERVER": url, "SKYPURZA_API_TOKEN": tokens["alice"]}, base,
                   bob=tokens["bob"])
 
@@ -73,8 +76,6 @@ def _until(check, timeout: float = 30) -> None:
 
 
 def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way) -> None:
-    # One cluster carries the cluster verbs (each launch is a provisioning and a node agent):
-    # launch it, exec on it, launch onto it again, cancel there, take it down.
     env = way.env
     # ------------------------------------------------------------- launch streams the output
     r = _ok(spz(env, "launch", "-y", "-c", "t1", "--infra", "local", "--ports", "8080", "echo hello-1; echo hello-2"))
@@ -89,7 +90,6 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     rows = json.loads(_ok(spz(env, "status", "-u", "-o", "json")).stdout)
     assert [(c["name"], c["status"], c["infra"], c["num_nodes"], c["user"]) for c in rows] == [
         ("t1", "UP", "local", 1, "alice")]
-    assert _ok(spz(env, "status", "--ip", "t1")).stdout.strip() == "127.0.0.1"
     assert _ok(spz(env, "status", "--endpoints", "t1")).stdout.splitlines() == ["8080: 127.0.0.1:8080"]
     verbose = _ok(spz(env, "status", "-v")).stdout
     assert "HEAD IP" in verbose and "127.0.0.1" in verbose and "8080" in verbose
@@ -101,8 +101,6 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     err = _ok(spz(env, "exec", "t1", "--gpus", "H100:8", "echo x"), 1).stderr
     assert "the task asks for H100:8 per node; cluster t1 has no accelerators" in err
     assert len(err.strip().splitlines()) == 1, err
-    err = _ok(spz(env, "exec", "nope", "echo x"), 1).stderr
-    assert "cluster nope does not exist; launch it with spz launch -c nope" in err
 
     # ------------------------------------------------------------- launch onto it, -d, autostop, cancel
     r = _ok(spz(env, "launch", "-y", "-c", "t1", "--no-setup", "-d", "echo started; sleep 300"))
@@ -118,7 +116,7 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
         # Through the server another member may read alice's cluster, not act on it.
         as_bob = {**env, "SKYPURZA_API_TOKEN": way.bob}
         assert {c["name"] for c in json.loads(_ok(spz(as_bob, "status", "-u", "-o", "json")).stdout)} == {"t1"}
-        for args in (("cancel", "-y", "t1", "3"), ("down", "-y", "t1"), ("exec", "t1", "echo bob")):
+        for args in (("down", "-y", "t1"), ("exec", "t1", "echo bob")):  # refused by the CLI, by the server
             err = _ok(spz(as_bob, *args), 1).stderr
             assert "not allowed" in err and "alice's" in err and "admins" in err, (args, err)
             assert len(err.strip().splitlines()) == 1, err
@@ -126,12 +124,13 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
         assert "refused the token (401)" in err and "spz_wrong_token" not in err
     r = _ok(spz(env, "cancel", "-y", "t1", "3"))
     assert "Job 3: CANCELLED" in r.stdout
-    assert _ok(spz(env, "logs", "t1", "3", "--status"), 103).stdout.strip() == "Job 3: CANCELLED"
 
-    # ------------------------------------------------------------- down
-    r = _ok(spz(env, "down", "-y", "t1"))
+    # ------------------------------------------------------------- down --graceful: its jobs first
+    r = _ok(spz(env, "exec", "t1", "-d", "sleep 300"))
+    assert "Job 4 queued on cluster t1." in r.stderr and "spz logs t1 4" in r.stderr
+    r = _ok(spz(env, "down", "-y", "--graceful", "t1"))
+    assert "Cluster t1: cancelling job(s) 4 first (--graceful)." in r.stdout
     assert "Cluster t1: TERMINATED." in r.stderr
-    assert json.loads(_ok(spz(env, "status", "-o", "json")).stdout) == []
     assert "no cluster named t1 (it was terminated)" in _ok(spz(env, "down", "-y", "t1"), 1).stderr
 
     # ------------------------------------------------------------- managed jobs, the cost report
@@ -140,7 +139,6 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     assert "Managed job 1: SUCCEEDED" in r.stderr
     jobs = json.loads(_ok(spz(env, "jobs", "queue", "-r", "--infra", "local", "-o", "json")).stdout)
     assert [(j["id"], j["name"], j["status"], j["user"]) for j in jobs] == [(1, "mj", "SUCCEEDED", "alice")]
-    assert json.loads(_ok(spz(env, "jobs", "queue", "--infra", "aws", "-o", "json")).stdout) == []
     assert "managed-hi" in _ok(spz(env, "jobs", "logs", "1", "--no-follow")).stdout.splitlines()
     assert _ok(spz(env, "jobs", "cancel", "-y", "1")).stdout.splitlines() == [
         "Managed job 1 already ended (SUCCEEDED).", "Nothing to cancel."]

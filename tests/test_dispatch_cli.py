@@ -241,3 +241,40 @@ def test_a_higher_priority_task_preempts_a_running_job_of_its_queue(tmp_path: Pa
         assert "preempted by" in events.stdout and "(priority 10) in team-z" in events.stdout
         for c in ("zlow", "zhigh"):
             assert spz(env, "down", "-y", c, timeout=120).returncode == 0
+
+
+def test_a_preempted_managed_job_is_recovered_and_waits_for_admission(tmp_path: Path) -> None:
+    """Real agents: a low-priority managed job runs; a high-priority launch of its queue
+    preempts it; the recovery service takes its cluster down and launches it again, and that
+    launch waits (held) while the high task runs."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(PREEMPT_POLICY)
+    low, high = tmp_path / "low.yaml", tmp_path / "high.yaml"
+    low.write_text("resources:\n  infra: local\n  cpus: 1\n  priority_class: low\n  labels: {team: team-z}\n"
+                   "run: echo managed-low; sleep 300\n")
+    high.write_text("resources:\n  infra: local\n  cpus: 1\n  priority_class: high\n  labels: {team: team-z}\n"
+                    "run: echo high-ran; sleep 5\n")
+    with local_cli(tmp_path, "dmpre") as env:
+        r = spz(env, "dispatch", "policy", "apply", str(policy), timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = spz(env, "jobs", "launch", "-y", "--async", "-n", "mlow", str(low))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+        def managed() -> dict:
+            rows = json.loads(spz(env, "jobs", "queue", "-o", "json").stdout or "[]")
+            return rows[0] if rows else {}
+        _until(lambda: managed().get("status") == "RUNNING", "the managed job runs", 180)
+        r = spz(env, "launch", "-y", "--async", "-c", "zhigh", str(high))
+        assert r.returncode == 0, r.stdout + r.stderr
+        job = _until(lambda: (m := managed()) and m.get("recoveries", 0) >= 1 and m, "the managed job recovered", 180)
+        assert job["status"] in ("RECOVERING", "STARTING", "PENDING"), job
+        # its new launch waits behind the high task (held for quota), and nothing cancelled the job itself
+        queue = _until(lambda: [p for p in json.loads(spz(env, "dispatch", "queue", "-o", "json").stdout)["pending"]
+                                if p["kind"] == "quota"], "the relaunch is held", 120)
+        assert queue[0]["team"] == "team-z"
+        events = spz(env, "events", "replay", "--type", "task_preempted", "-o", "json").stdout
+        import re
+
+        assert "preempted by" in events and re.search(r'"managed_job_id":\s*%d\b' % job["id"], events), events
+        assert spz(env, "jobs", "cancel", "-y", str(job["id"])).returncode == 0
+        assert spz(env, "down", "-y", "zhigh", timeout=120).returncode == 0

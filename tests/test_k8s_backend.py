@@ -306,3 +306,124 @@ def test_the_tasks_own_pod_config_and_timeout_reach_the_pods(kube, tmp_path) -> 
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert pod["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "2"  # ours, after the merge
+
+
+def test_the_agent_settings_reach_the_pod_env_and_pod_config_still_overrides_them(tmp_path, monkeypatch) -> None:
+    from kubernetes_validate import latest_version, validate
+
+    from skypurza.events.agentspec import AGENT_SETTING_VARS, agent_settings_env
+    from skypurza.services.provisioner.backends import Backends
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    # What the provisioner's environment has is what its pods get (as local agents inherit it).
+    monkeypatch.setenv("SKYPURZA_AGENT_HEARTBEAT_S", "2")
+    monkeypatch.setenv("SKYPURZA_AGENT_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("SKYPURZA_AGENT_SAMPLE_S", "")  # empty is unset, as the agent reads it
+    monkeypatch.setenv("SKYPURZA_AGENT_NATS_URL", "nats://bus.example:4222")  # the provisioner's, not the agent's
+    monkeypatch.setenv("SKYPURZA_KUBECONFIG", str(tmp_path / "kubeconfig"))
+    made = Backends(ProvisionerSettings.load(), stage="test", nats_url="nats://cp:4222").get("kubernetes")
+    assert made.agent_env == {"SKYPURZA_AGENT_HEARTBEAT_S": "2", "SKYPURZA_AGENT_LOG_LEVEL": "DEBUG"}
+    assert made.nats_url == "nats://bus.example:4222"
+    override = [{"name": "SKYPURZA_AGENT_LOG_LEVEL", "value": "WARNING"},
+                {"name": "SKYPURZA_AGENT_HEARTBEAT_S", "valueFrom": {"configMapKeyRef": {"name": "agent", "key": "hb"}}},
+                {"name": "EXTRA", "value": "x"}]
+    plan = k8s_manifest.PodPlan(stage="test", cluster="c", namespace="ns", launch_token="t", num_nodes=1,
+                                size=PodSize(2, 4), image="img", nats_url="nats://x:4222", context="ctx",
+                                env=made.agent_env, pod_config={"spec": {"containers": [{"env": override}]}})
+    pod = k8s_manifest.pod_manifest(plan, 0)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["SKYPURZA_AGENT_LOG_LEVEL"] == {"name": "SKYPURZA_AGENT_LOG_LEVEL", "value": "WARNING"}
+    assert env["SKYPURZA_AGENT_HEARTBEAT_S"] == override[1]  # replaced whole: never value and valueFrom both
+    assert env["EXTRA"]["value"] == "x" and env["PYTHONUNBUFFERED"]["value"] == "1" and "SKYPURZA_POD_IP" in env
+    assert "SKYPURZA_AGENT_NATS_URL" not in env
+    validate(pod, latest_version(), strict=True)
+    # Without pod_config the settings are there as given.
+    plain = k8s_manifest.pod_manifest(k8s_manifest.PodPlan(**{**plan.__dict__, "pod_config": {}}), 0)
+    assert {"name": "SKYPURZA_AGENT_HEARTBEAT_S", "value": "2"} in plain["spec"]["containers"][0]["env"]
+    # The list names every setting the agent reads, and nothing it does not.
+    import re
+
+    from skypurza.services.agent import settings as agent_settings
+
+    read = set(re.findall(r'"(SKYPURZA_[A-Z_]+)"', Path(agent_settings.__file__).read_text()))
+    assert set(AGENT_SETTING_VARS) == read
+    assert agent_settings_env({"SKYPURZA_BUCKET_STORE": "dir", "OTHER": "1"}) == {"SKYPURZA_BUCKET_STORE": "dir"}
+
+
+def test_one_context_away_does_not_stop_reconciling_the_others(tmp_path, nats_server) -> None:
+    import socket
+    from datetime import timedelta
+
+    from nats_fixtures import connect_bus
+
+    from skypurza.events.envelope import utcnow
+    from skypurza.events.models import Candidate, ClusterProvisioned, ClusterTerminated, NodeInfo as EventNode
+    from skypurza.services.provisioner.adapter import PartialListing
+    from skypurza.services.provisioner.backends import Backends
+    from skypurza.services.provisioner.reconcile import reconcile
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    class Dead:  # a context whose API server nobody answers
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    here = KubeCluster("here").start()
+    here.add_node("n0", cpus=32, memory_gib=128)
+    sched = here.schedule(lambda pod: None)
+    write_kubeconfig(tmp_path / "kubeconfig", {"here": here, "gone": Dead()})  # type: ignore[dict-item]
+    settings = KubernetesSettings.load(env={"SKYPURZA_KUBECONFIG": str(tmp_path / "kubeconfig"),
+                                            "SKYPURZA_K8S_CONTEXTS": "gone,here"}, config={})
+
+    def made() -> KubernetesAdapter:
+        return KubernetesAdapter(settings, nats_url="nats://x:4222", stage="test", poll_s=0.02)
+
+    def provisioned(cluster: str, context: str, pods: list[str]) -> ClusterProvisioned:
+        return ClusterProvisioned(cluster=cluster, task_id=f"t-{cluster}", placement_id=f"p-{cluster}",
+                                  candidate=Candidate(infra="kubernetes", region=context, num_nodes=len(pods)),
+                                  nodes=[EventNode(rank=i, instance_id=p) for i, p in enumerate(pods)],
+                                  hourly_price_micros=0, launched_at=utcnow() - timedelta(hours=1))
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        a = made()
+        try:
+            near = await a.launch(LaunchSpec(stage="test", cluster="near", launch_token="t-n", instance_type="2CPU--4GB",
+                                             region="here", infra="kubernetes"))
+            stray = await a.launch(LaunchSpec(stage="test", cluster="stray", launch_token="t-s",
+                                              instance_type="2CPU--4GB", region="here", infra="kubernetes"))
+            with pytest.raises(PartialListing) as partial:
+                await a.list_owned("test")
+        finally:
+            await a.close()
+        # The log: "near" lives here; "far" lives in the context that does not answer.
+        await bus.publish(provisioned("near", "here", [n.instance_id for n in near]))
+        await bus.publish(provisioned("far", "gone", [naming.k8s_pod("test", "far", 0)]))
+        backends = Backends(ProvisionerSettings.load(env={}, config={}), stage="test", overrides={"kubernetes": made()})
+        try:
+            report = await reconcile(bus, backends, terminate=True, grace_s=0, infras=["kubernetes"])
+        finally:
+            await backends.close()
+        ended = [s async for s in bus.replay(filter_subject=naming.event_subject(
+            "test", "cluster", "far", ClusterTerminated.EVENT_NAME))]
+        await bus.close()
+        return near, stray, partial.value, report, ended
+
+    try:
+        near, stray, partial, report, ended = asyncio.run(main())
+        left = sorted(p["metadata"]["name"] for p in here.pods())
+    finally:
+        sched.stop()
+        rejected = here.rejected()
+        here.stop()
+    assert not rejected, rejected
+    # The adapter lists the context that answers and names the one that did not.
+    assert sorted(n.instance_id for n in partial.nodes) == sorted(n.instance_id for n in near + stray)
+    assert list(partial.unreachable) == ["gone"] and "gone" in partial.unreachable["gone"]
+    # One pass: the unreachable context reported, the orphan in the other found and deleted, and
+    # the cluster of the unreachable context neither vanished nor ended.
+    assert list(report.errors) == ["kubernetes/gone"], report.errors
+    assert [o.instance_id for o in report.orphans] == [n.instance_id for n in stray]
+    assert report.terminated == [n.instance_id for n in stray]
+    assert report.vanished == {} and report.ended == [] and ended == []
+    assert left == [n.instance_id for n in near]

@@ -81,3 +81,72 @@ def test_kubernetes_is_enabled_by_a_kubeconfig_and_keeps_local_out() -> None:
     assert decide.enabled_infras(None, False, kubernetes_configured=True) == frozenset({"kubernetes"})
     assert decide.enabled_infras(None, True, kubernetes_configured=True) == frozenset({"aws", "kubernetes"})
     assert decide.enabled_infras(None, False) == frozenset({"local"})
+
+
+# ---------------------------------------------------------------------- kubernetes.placement
+
+
+def test_placement_before_or_after_the_cloud_wins_over_price(cat) -> None:
+    pricey = ctx("a", gpu_hourly_usd=1000.0, placement="before_cloud")  # dearer than any AWS H100
+    plan = place([R(accelerator="H100", accelerator_count=8)], 1, cat, enabled_infras=("aws", "kubernetes"),
+                 kubernetes=(pricey,))
+    assert plan.chosen.infra == "kubernetes" and all(c.infra == "aws" for c in plan.candidates[1:])
+    free_but_last = ctx("a", placement="after_cloud")  # $0, cheaper than everything
+    plan = place([R(accelerator="H100", accelerator_count=8)], 1, cat, enabled_infras=("aws", "kubernetes"),
+                 kubernetes=(free_but_last,))
+    infras = [c.infra for c in plan.candidates]
+    assert infras[-1] == "kubernetes" and set(infras[:-1]) == {"aws"} and len(infras) > 1
+    by_price = place([R(accelerator="H100", accelerator_count=8)], 1, cat, enabled_infras=("aws", "kubernetes"),
+                     kubernetes=(ctx("a", placement="by_price"),))
+    assert by_price.chosen.infra == "kubernetes"  # today's behaviour: $0 ranks first
+
+
+def test_an_ordered_list_still_wins_over_the_placement_setting(cat) -> None:
+    reqs = [R(cloud="aws", accelerator="H100", accelerator_count=8, order=0),
+            R(cloud="kubernetes", accelerator="H100", accelerator_count=8, order=1)]
+    plan = place(reqs, 1, cat, enabled_infras=("aws", "kubernetes"), kubernetes=(ctx("a", placement="before_cloud"),))
+    assert plan.chosen.infra == "aws" and plan.candidates[-1].infra == "kubernetes"
+
+
+def test_after_cloud_fails_over_to_kubernetes_once_the_cloud_is_blocked(cat) -> None:
+    from skypurza.events.models import CapacityError, TaskSubmitted
+
+    world = decide.World(cat, frozenset({"aws", "kubernetes"}), None, max_attempts=3,
+                         kubernetes=(ctx("a", placement="after_cloud"),))
+    sub = TaskSubmitted(task_id="t", cluster="c", num_nodes=1, user="u",
+                        task={"run": "x", "resources": {"accelerators": "H100:8"}})
+    first = decide.first_placement(sub, world)
+    assert first.candidate.infra == "aws"
+    # AWS refuses the whole infra (a quota, say): the next try is the context behind the cloud.
+    err = CapacityError(task_id="t", cluster="c", placement_id="p1", attempt=1, candidate=first.candidate,
+                        error_class="auth", code="AuthFailure", message="not authorized")
+    second = decide.after_capacity_error(sub, [err], world)
+    assert (second.candidate.infra, second.candidate.region) == ("kubernetes", "a")
+
+
+def test_the_placement_setting_is_read_and_checked_at_the_edge(tmp_path, monkeypatch) -> None:
+    from skypurza.events.k8s_config import KubernetesSettings, read_all_capacity
+    from skypurza.events.settings import SettingsError
+
+    assert KubernetesSettings.load(env={}, config={}).placement == "by_price"
+    assert KubernetesSettings.load(env={"SKYPURZA_K8S_PLACEMENT": "After_Cloud"}, config={}).placement == "after_cloud"
+    with pytest.raises(SettingsError, match=r"^SKYPURZA_K8S_PLACEMENT='first': expected one of by_price, "
+                                            r"before_cloud, after_cloud$"):
+        KubernetesSettings.load(env={"SKYPURZA_K8S_PLACEMENT": "first"}, config={})
+    # From the file: the error points at the value's line and column, to fix it in an editor.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("stage: dev\nkubernetes:\n  namespace: ml\n  placement: [before_cloud]\n")
+    monkeypatch.setenv("SKYPURZA_HOME", str(home))
+    with pytest.raises(SettingsError) as info:
+        KubernetesSettings.load(env={})
+    assert str(info.value) == (f"{home / 'config.yaml'}:4:14: kubernetes.placement=['before_cloud']: "
+                               "expected one of by_price, before_cloud, after_cloud")
+    # Every context read carries it to the optimizer (an unreachable one as well).
+    (home / "config.yaml").write_text("kubernetes:\n  placement: before_cloud\n")
+    (tmp_path / "kubeconfig").write_text("contexts: [{name: x, context: {cluster: x, user: u}}]\ncurrent-context: x\n"
+                                         "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                                         "users: [{name: u, user: {token: t}}]\n")
+    settings = KubernetesSettings.load(env={"SKYPURZA_KUBECONFIG": str(tmp_path / "kubeconfig")})
+    (cap,) = read_all_capacity(settings)
+    assert settings.placement == "before_cloud" and cap.placement == "before_cloud" and not cap.reachable

@@ -59,7 +59,7 @@ def test_scripted_history_projects_every_table(nats_server, tmp_path):
     # what the meter needs of the fleet, in the ledger's own tables: c2 never came up and c3's
     # launch failed (no record); attribution from the task's labels
     clusters = {r[0]: r[1:] for r in _rows(f, "SELECT name, status, team, project, hourly_price_micros FROM clusters")}
-    assert set(clusters) == {"c1", "mj-1", "c5"}
+    assert set(clusters) == {"c1", "mj-1", "c5", "sl6"}
     assert clusters["c1"] == ("TERMINATED", "ml", "llm", 1_100_000)
     tables = {r[0] for r in _rows(f, "SELECT table_name FROM information_schema.tables")}
     assert not tables & {"jobs", "managed_jobs", "attempts"}  # accounting only
@@ -83,12 +83,13 @@ def test_placements_meters_and_skipped_rows(nats_server, tmp_path):
     f = tmp_path / "r.duckdb"
     placements = dict(_rows(f, "SELECT task_id, status FROM placements"))
     assert placements == {"t1": "PROVISIONED", "t2": "FAILED", "t3": "FAILED", "t4": "PROVISIONED",
-                          "t5": "PROVISIONED"}
+                          "t5": "PROVISIONED", "t6": "PROVISIONED"}
     skipped = _rows(f, "SELECT type, status FROM skipped ORDER BY seq")
     assert skipped == [("io.skypurza.future_thing.v1", "unknown"), ("io.skypurza.job_started.v1", "poison")]
     # node runs for the meter: c1 ran twice (stop/start), mj-1 was preempted (its run ends then)
     meters = _rows(f, "SELECT cluster, rank, lifetime_start, stop_at FROM meters ORDER BY cluster, rank, lifetime_start")
-    assert [(m[0], m[1]) for m in meters] == [("c1", 0), ("c1", 0), ("c1", 1), ("c1", 1), ("c5", 0), ("mj-1", 0)]
+    assert [(m[0], m[1]) for m in meters] == [("c1", 0), ("c1", 0), ("c1", 1), ("c1", 1), ("c5", 0), ("mj-1", 0),
+                                                 ("sl6", 0)]
     assert all(m[3] is not None for m in meters if m[0] != "c5")
     mj_run = [m for m in meters if m[0] == "mj-1"][0]
     assert (mj_run[3] - mj_run[2]).total_seconds() == 70 * 60  # billed until the preemption
@@ -196,7 +197,7 @@ def test_the_ledger_continues_after_a_nats_server_restart(tmp_path):
     pos = asyncio.run(main())
     assert pos["checkpoint"] == len(scripted().envs)
     assert dict(_rows(tmp_path / "live.duckdb", "SELECT name, status FROM clusters")) == {
-        "c1": "TERMINATED", "mj-1": "TERMINATED", "c5": "INIT"}
+        "c1": "TERMINATED", "mj-1": "TERMINATED", "c5": "INIT", "sl6": "TERMINATED"}
 
 
 def test_both_log_transports_read_the_same_batches(nats_server):

@@ -196,3 +196,16 @@ def test_spz_billing_of_a_real_allocation_equals_saccts(slurm_accounted_rig, tmp
                 break
             subprocess.run(["sleep", "0.5"])
         assert [ln["billing_seconds"] for ln in report["lines"] if ln["key"] == "bl"] == [billing * elapsed], report
+        # From sacct (not our own times), with the partition's weights as the event carried them.
+        replayed = tmp_path / "replayed.duckdb"
+        rep = spz(env, "events", "replay", "--into", str(replayed))
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+    import duckdb
+
+    con = duckdb.connect(str(replayed), read_only=True)
+    try:
+        row = con.execute("SELECT source, slurm_billing, billing_int, elapsed_s, billing_weights, billed "
+                          "FROM slurm_allocations WHERE slurm_job_id = ?", [int(job)]).fetchone()
+    finally:
+        con.close()
+    assert row == ("sacct", billing, billing, elapsed, rig.gpu_weights, True), row

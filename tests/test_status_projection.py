@@ -75,7 +75,7 @@ def test_scripted_history_answers_status_queue_and_jobs_queue(nats_server, tmp_p
     assert pos["checkpoint"] == last and pos["halted"] is None and pos["parked"] == 0
     assert pos["file"] == str(tmp_path / "status.duckdb")
     # clusters: c2 never came up and c3's launch failed: no record (as in SkyPilot)
-    assert set(status) == {"c1", "mj-1", "c5"} and live == {"c5"}
+    assert set(status) == {"c1", "mj-1", "c5", "sl6"} and live == {"c5"}
     c1 = status["c1"]
     assert c1["status"] == "TERMINATED" and c1["region"] == "us-east-2" and c1["zone"] == "us-east-2b"
     assert c1["team"] == "ml" and c1["project"] == "llm"  # from the task's labels
@@ -119,14 +119,17 @@ def test_attempts_placements_node_runs_and_skipped_rows(nats_server, tmp_path):
         ("t3", 1, "us-east-1", "provision_failed", "UnauthorizedOperation"),
         ("t4", 1, "us-east-1", "provisioned", None),
         ("t5", 1, "us-east-1", "provisioned", None),
+        ("t6", 1, "hpc", "provisioned", None),
     ]
     assert dict(_rows(f, "SELECT task_id, status FROM placements")) == {
-        "t1": "PROVISIONED", "t2": "FAILED", "t3": "FAILED", "t4": "PROVISIONED", "t5": "PROVISIONED"}
+        "t1": "PROVISIONED", "t2": "FAILED", "t3": "FAILED", "t4": "PROVISIONED", "t5": "PROVISIONED",
+        "t6": "PROVISIONED"}
     assert _rows(f, "SELECT type, status FROM skipped ORDER BY seq") == [
         ("io.skypurza.future_thing.v1", "unknown"), ("io.skypurza.job_started.v1", "poison")]
     runs = _rows(f, "SELECT cluster, rank, lifetime_start, stop_at FROM node_runs "
                     "ORDER BY cluster, rank, lifetime_start")
-    assert [(r[0], r[1]) for r in runs] == [("c1", 0), ("c1", 0), ("c1", 1), ("c1", 1), ("c5", 0), ("mj-1", 0)]
+    assert [(r[0], r[1]) for r in runs] == [("c1", 0), ("c1", 0), ("c1", 1), ("c1", 1), ("c5", 0), ("mj-1", 0),
+                                            ("sl6", 0)]
     mj_run = [r for r in runs if r[0] == "mj-1"][0]
     assert (mj_run[3] - mj_run[2]).total_seconds() == 70 * 60  # ran until the preemption
     tables = {r[0] for r in _rows(f, "SELECT table_name FROM information_schema.tables")}

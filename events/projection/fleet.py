@@ -207,9 +207,12 @@ def _task_submitted(state: FleetState, rec: Record, ev: TaskSubmitted) -> None:
     if state.get("placements", ev.task_id) is not None:
         return
     labels = ev.task.labels()
+    # The API server's stamp is who submitted it; a task's labels name a team only on the
+    # embedded bus (one person's plane, where the CLI chose the team the same way).
+    user, team = rec.principal or (ev.user, ev.team or labels.get("team"))
     state.put("placements", ev.task_id, new_row(
-        PLACEMENTS, task_id=ev.task_id, kind=ev.kind, cluster=ev.cluster, user=ev.user,
-        team=ev.team or labels.get("team"), project=ev.project or labels.get("project"),
+        PLACEMENTS, task_id=ev.task_id, kind=ev.kind, cluster=ev.cluster, user=user,
+        team=team, project=ev.project or labels.get("project"),
         labels=json_text(labels) if labels else None, managed_job_id=ev.managed_job_id,
         task_index=ev.task_index, num_nodes=ev.num_nodes, submitted_at=utc(rec.time),
         status="SUBMITTED", attempts=0, last_event_seq=rec.seq))
@@ -282,8 +285,8 @@ def _cluster_provisioned(state: FleetState, rec: Record, ev: ClusterProvisioned)
         CLUSTERS, name=ev.cluster, status="UP", accelerators=json_text(ev.candidate.accelerators),
         num_nodes=len(ev.nodes) or ev.candidate.num_nodes, hourly_price_micros=ev.hourly_price_micros,
         task_id=ev.task_id, placement_id=ev.placement_id, provisioned_event_id=rec.id,
-        launched_at=launched, started_at=launched, user=ev.user or p.get("user") or "",
-        team=ev.team or p.get("team") or labels.get("team"),
+        launched_at=launched, started_at=launched, user=p.get("user") or ev.user or "",
+        team=p.get("team") or ev.team or labels.get("team"),
         project=ev.project or p.get("project") or labels.get("project"),
         managed_job_id=ev.managed_job_id if ev.managed_job_id is not None else p.get("managed_job_id"),
         autostop_minutes=ev.idle_minutes, autostop_down=ev.down_when_idle, down_after_job=ev.down_after_job,

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from skypurza.events import models as _models  # noqa: F401  (fills the registry)
 from skypurza.events.envelope import Event, PoisonEvent, decode, split_type
+from skypurza.events.principal import stamped_principal
 
 
 @dataclass(slots=True)
@@ -24,6 +25,9 @@ class Record:
     event: Event | None
     status: str  # "ok", "unknown", "newer", "poison"
     reason: str = ""
+    # (user, team) an API server stamped on the envelope (events/principal.py), None on the
+    # embedded bus: the projection attributes work by it, never by what the task claims.
+    principal: tuple[str, str] | None = None
 
 
 def decode_record(payload: bytes, seq: int) -> Record:
@@ -36,7 +40,8 @@ def decode_record(payload: bytes, seq: int) -> Record:
         return Record(seq, event_id, type_name, split_type(type_name)[0], None, None, "poison", str(exc))
     env = d.envelope
     assert env is not None
-    return Record(seq, env.id, env.type, env.event_name, env.time, d.event, d.status, d.reason)
+    return Record(seq, env.id, env.type, env.event_name, env.time, d.event, d.status, d.reason,
+                  stamped_principal(env) if env.model_extra else None)
 
 
 def salvage_id_and_type(payload: bytes) -> tuple[str, str]:

@@ -44,15 +44,17 @@ from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
 from . import (routes_clusterjobs, routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs,
-               routes_metrics, routes_streams, timetravel)
+               routes_metrics, routes_streams, timetravel, workspaces)
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
+from .extensions import (ADMISSION_POLICIES, AUTHENTICATORS, AuthRefused, Credentials, Plugin, admitted_task,
+                         authenticate_plugins, load_group)
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
 from .sse import StreamSlots
-from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission
+from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission, load_task
 
 log = logging.getLogger("skypurza.api")
 
@@ -68,6 +70,9 @@ class ApiSettings:
     local_admin: Principal | None = None
     # A scrape-only secret for `GET /metrics` (routes_metrics.py); None: admins only.
     metrics_token: str | None = None
+    # The extension points (services/api/extensions.py); None: loaded from their entry points.
+    authenticators: tuple[Plugin, ...] | None = None
+    admission_policies: tuple[Plugin, ...] | None = None
 
 
 def _unauthorized(detail: str, error: str | None = None) -> Problem:
@@ -126,6 +131,9 @@ def _validation_detail(exc: RequestValidationError) -> tuple[str, list[dict[str,
 
 def create_app(settings: ApiSettings) -> FastAPI:
     state: dict[str, Any] = {}
+    plugins = settings.authenticators if settings.authenticators is not None else load_group(AUTHENTICATORS)
+    policies = (settings.admission_policies if settings.admission_policies is not None
+                else load_group(ADMISSION_POLICIES))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -196,17 +204,32 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return settings.local_admin if client in ("127.0.0.1", "::1") else None
 
     async def principal(request: Request) -> Principal:
-        token = presented_token(request)
+        malformed: Problem | None = None
+        try:
+            token = presented_token(request)
+        except Problem as exc:  # not a Bearer token: an authenticator plug-in may know the scheme
+            if not plugins:
+                raise
+            token, malformed = None, exc
+        if token is not None and (who := authenticate(await directory(), token)) is not None:
+            return who
+        if plugins:
+            creds = Credentials(dict(request.headers), request.client.host if request.client else "")
+            try:
+                found = await authenticate_plugins(plugins, creds, await directory())
+            except AuthRefused as exc:
+                raise _unauthorized(exc.reason[:500], "invalid_token")
+            if found is not None:
+                return found
+        if malformed is not None:
+            raise malformed
         if token is None and local_caller(request) is not None:
             return local_caller(request)  # type: ignore[return-value]
         if token is None:
             raise _unauthorized("this needs a token: send 'Authorization: Bearer <token>' (an admin makes one with "
                                 "spz users add NAME --team TEAM --role ROLE, or spz users token NAME)")
-        who = authenticate(await directory(), token)
-        if who is None:
-            raise _unauthorized("the token is not valid: unknown, revoked, or its user was removed; ask an admin "
-                                "for a new one (spz users token NAME)", "invalid_token")
-        return who
+        raise _unauthorized("the token is not valid: unknown, revoked, or its user was removed; ask an admin "
+                            "for a new one (spz users token NAME)", "invalid_token")
 
     def bus() -> Bus:
         return state["bus"]
@@ -264,7 +287,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
             raise Problem(403, "forbidden", "Forbidden", decision.reason)
         task_id = str(uuid.uuid4())
         try:
-            submission = build_submission(body, who, task_id)
+            task = load_task(body)
+        except Refused as exc:
+            raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
+        who, defaults = workspaces.resolve(who, body.workspace, await directory())
+        task = await admitted_task(policies, "task", who, task, body.cluster)
+        try:
+            submission = build_submission(body, who, task_id, task, defaults)
         except Refused as exc:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
         b = bus()
@@ -278,7 +307,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 "team": who.team, "status": "SUBMITTED"}
 
     # The route families (one module each); they reach the caller and the bus through `deps`.
-    deps = ApiDeps(principal=principal, bus=bus)
+    deps = ApiDeps(principal=principal, bus=bus, admission=policies, directory=directory)
     app.include_router(routes_clusters.router(deps))
     app.include_router(routes_clusterjobs.router(deps))
     slots = StreamSlots()  # one bound on a caller's streams, whichever family they are of

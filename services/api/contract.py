@@ -9,6 +9,7 @@ from __future__ import annotations
 from skypurza.events.contract import BusAccess, Contract
 from skypurza.events.identity_events import (
     TeamAdded,
+    TeamUpdated,
     TeamRemoved,
     TokenIssued,
     TokenRevoked,
@@ -30,9 +31,9 @@ from skypurza.events.dispatch_events import DispatchPolicyApplied
 CONTRACT = Contract(
     name="api",
     emits=(TaskSubmitted, JobQueued, StopRequested, StartRequested, DownRequested, ClusterTerminated, AutostopSet,
-           CancelRequested, ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, UserAdded,
+           CancelRequested, ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, TeamUpdated, UserAdded,
            UserRemoved, TokenIssued, TokenRevoked, DispatchPolicyApplied),
-    consumes=(TeamAdded, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
+    consumes=(TeamAdded, TeamUpdated, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
                 JobQueued: "`POST /api/v1/clusters/{name}/jobs` (spz exec, spz launch -c on a cluster that is up): the "
                            "next job id by optimistic concurrency, stamped",
@@ -51,9 +52,10 @@ CONTRACT = Contract(
                 TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one) and "
                               "`DELETE /api/v1/users/{name}/tokens/{id}`, admins only",
                 TeamAdded: "`POST /api/v1/teams`, admins only", TeamRemoved: "`DELETE /api/v1/teams/{name}`, admins only",
+                TeamUpdated: "`PATCH /api/v1/teams/{name}`, admins only",
                 DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
-                   TeamAdded: "teams"},
+                   TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels"},
     # The status, ledger and metrics queries it answers requests with, jobs' output (SSE), a task's
     # secrets and uploads (the secured bus's grants).
     bus=BusAccess(asks=("status", "ledger", "observability"), logs="read", secrets="write", objects="write"),

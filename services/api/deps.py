@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from typing import Annotated
 
 from fastapi import Path
@@ -26,3 +27,5 @@ JobId = Annotated[int, Path(ge=1, le=limits.MAX_JOB_ID, description="The job's i
 class ApiDeps:
     principal: Callable[..., Awaitable[Principal]]  # a FastAPI dependency: the authenticated caller
     bus: Callable[[], Bus]  # the declared bus: publishes are checked against the API's contract
+    admission: tuple[Any, ...] = ()  # the admission policies (services/api/extensions.py), asked before a submit
+    directory: Callable[[], Awaitable[Any]] | None = None  # the identity directory now (teams: workspaces)

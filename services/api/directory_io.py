@@ -19,6 +19,7 @@ from skypurza.events.identity_events import (
     Role,
     TeamAdded,
     TeamRemoved,
+    TeamUpdated,
     TokenIssued,
     TokenRevoked,
     UserAdded,
@@ -79,6 +80,20 @@ async def add_team(bus: Bus, team: str, allowed_infras: list[str], labels: dict[
         return _Change([TeamAdded(team=team, allowed_infras=allowed_infras, labels=labels)])
 
     await _change(bus, "team", team, decide)
+
+
+async def update_team(bus: Bus, team: str, allowed_infras: list[str] | None = None,
+                      labels: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The team's allowed infras and/or labels replaced (None: kept); returns both as they now are."""
+    def decide(d: Directory) -> _Change:
+        if team not in d.teams:
+            raise IdentityError(f"no team {team} (spz teams list)")
+        t = d.teams[team]
+        infras = list(t.allowed_infras) if allowed_infras is None else allowed_infras
+        new_labels = dict(t.labels) if labels is None else labels
+        return _Change([TeamUpdated(team=team, allowed_infras=infras, labels=new_labels)], (infras, new_labels))
+
+    return await _change(bus, "team", team, decide)
 
 
 async def remove_team(bus: Bus, team: str) -> None:

@@ -27,6 +27,7 @@ from skypurza.events.identity_events import (
     Role,
     TeamAdded,
     TeamRemoved,
+    TeamUpdated,
     TokenIssued,
     TokenRevoked,
     UserAdded,
@@ -112,7 +113,9 @@ class Directory:
         key = (event.AGGREGATE, event.aggregate_id())
         self.subject_seq[key] = max(seq, self.subject_seq.get(key, 0))
         self.applied[event.AGGREGATE] = max(seq, self.applied.get(event.AGGREGATE, 0))
-        if isinstance(event, TeamAdded):
+        if isinstance(event, (TeamAdded, TeamUpdated)):
+            if isinstance(event, TeamUpdated) and event.team not in self.teams:
+                return  # an update of a team removed meanwhile does not bring it back
             self.teams[event.team] = Team(event.team, tuple(event.allowed_infras), tuple(sorted(event.labels.items())))
         elif isinstance(event, TeamRemoved):
             self.teams.pop(event.team, None)

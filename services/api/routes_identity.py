@@ -24,7 +24,8 @@ _NAME = naming.PRINCIPAL_NAME_PATTERN  # the CLI's rule: every name it made can 
 Name = Annotated[str, Path(min_length=1, max_length=63, pattern=_NAME,
                            description="A user's or team's name (lower-case letters, digits, - _).")]
 _BodyName = Annotated[str, Field(min_length=1, max_length=63, pattern=_NAME)]
-_Infra = Annotated[str, Field(min_length=1, max_length=200)]
+# An infra like aws, aws/us-east-1 or local (the CLI's rule, cli/cmd_identity.py): no subject metacharacter.
+_Infra = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_./-]{0,127}$")]
 
 
 class UserRequest(BaseModel):
@@ -40,6 +41,15 @@ class TeamRequest(BaseModel):
     allowed_infras: list[_Infra] = Field(default_factory=list, max_length=100)
     labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=64)
+
+
+class TeamUpdate(BaseModel):
+    """What `PATCH /api/v1/teams/{name}` replaces; a field left out is kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    allowed_infras: list[_Infra] | None = Field(default=None, max_length=100)
+    labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] | None = Field(
+        default=None, max_length=64)
 
 
 def _refused(exc: directory_io.IdentityError) -> Problem:
@@ -105,6 +115,16 @@ def router(deps: ApiDeps) -> APIRouter:
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         return {"name": body.name, "allowed_infras": list(body.allowed_infras), "labels": dict(body.labels)}
+
+    @r.patch("/teams/{name}", summary="Replace a team's allowed infras and/or labels (spz teams update)")
+    async def update_team(name: Name, body: TeamUpdate, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            infras, labels = await directory_io.update_team(
+                deps.bus(), name, None if body.allowed_infras is None else list(body.allowed_infras),
+                None if body.labels is None else dict(body.labels))
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"name": name, "allowed_infras": infras, "labels": labels}
 
     @r.delete("/teams/{name}", summary="Remove a team without users (spz teams remove)")
     async def remove_team(name: Name, who: Principal = only_admin) -> dict[str, Any]:

@@ -33,11 +33,13 @@ from skypurza.events.principal import stamp
 
 from .clusterview import read_view
 from .deps import STATUS_TIMEOUT_S, ApiDeps
+from . import workspaces
+from .extensions import admitted_task
 from .identity import Principal, authorize, visible
 from .problems import Problem, conflict, forbidden, not_found, unavailable
 from .routes_streams import MAX_TAIL, job_lines
 from .sse import KEEPALIVE, SseResponse, StreamSlots, frame
-from .tasks import Refused, TaskOverrides, TaskRequest, load_task
+from .tasks import WORKSPACE_DESCRIPTION, Refused, TaskOverrides, TaskRequest, Workspace, load_task
 
 log = logging.getLogger("skypurza.api")
 
@@ -58,6 +60,7 @@ class JobRequest(BaseModel):
     name: Optional[Annotated[str, Field(min_length=1, max_length=limits.MAX_TASK_NAME_CHARS)]] = Field(
         None, description="The managed job's name (-n); the task's name when left out.")
     overrides: TaskOverrides = TaskOverrides()
+    workspace: Optional[Workspace] = Field(None, description=WORKSPACE_DESCRIPTION)
 
 
 async def _jobs(deps: ApiDeps, **kw: Any) -> list[dict[str, Any]]:
@@ -145,9 +148,13 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
             task = load_task(TaskRequest(task=body.task, overrides=body.overrides))
         except Refused as exc:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
+        who, defaults = workspaces.resolve(who, body.workspace, await deps.directory())
+        task = await admitted_task(deps.admission, "managed_job", who, task)
         labels = dict(task.resources.labels or {}) if task.resources is not None and task.resources.labels else {}
+        labels = {**defaults, **labels}
         name = body.name or task.name or "sky-managed"
-        job = await submit_managed_job(deps.bus(), name=name, tasks=[task.public_dict()], user=who.user,
+        public = workspaces.with_default_labels(task.public_dict(), defaults)
+        job = await submit_managed_job(deps.bus(), name=name, tasks=[public], user=who.user,
                                        team=who.team, project=labels.get("project"),
                                        secrets=[task.secret_values()], stamped=(who.user, who.team))
         log.info("managed job %s (%s) submitted by %s (team %s)", job.managed_job_id, name, who.user, who.team)

@@ -126,7 +126,7 @@ async def job_lines(bus: Bus, name: str, job_id: int, follow: bool, tail: int, s
             if line.seq > last and chunks.fresh(line):
                 last = line.seq
                 yield frame("line", _chunk(line), line.seq)
-    outcome.update(status=job.status, exit_code=job.exit_code, cluster_status=status)
+    outcome.update(status=job.status, exit_code=job.exit_code, cluster_status=status, reason=job.reason or None)
 
 
 async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any) -> AsyncIterator[bytes]:

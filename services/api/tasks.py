@@ -32,6 +32,11 @@ _Vars = Annotated[dict[Annotated[str, Field(max_length=limits.MAX_ENV_NAME_CHARS
                   Field(max_length=limits.MAX_ENV_VARS)]
 
 
+Workspace = Annotated[str, Field(min_length=1, max_length=63, pattern=naming.PRINCIPAL_NAME_PATTERN)]
+WORKSPACE_DESCRIPTION = ("The workspace (team) to run in (-w): a member's own team (the default); an admin's any "
+                         "team. Its allowed infras confine the placement; its labels are the task's defaults.")
+
+
 class TaskOverrides(BaseModel):
     """The overrides of `spz launch` (`sky launch`), by the flag's name; the task spec checks values."""
 
@@ -71,6 +76,7 @@ class TaskRequest(BaseModel):
     down: bool = Field(False, description="Tear the cluster down when the job ends (--down).")
     idle_minutes: Optional[Annotated[int, Field(ge=0, le=limits.MAX_IDLE_MINUTES)]] = Field(
         None, description="Stop the cluster after this many idle minutes (-i).")
+    workspace: Optional[Workspace] = Field(None, description=WORKSPACE_DESCRIPTION)
 
 
 class Refused(Exception):
@@ -157,17 +163,24 @@ def _refuse_local_paths(task: Any) -> None:
                       "use a git workdir (overrides.git_url) or a bucket URL (s3://...)")
 
 
-def build_submission(request: TaskRequest, principal: Principal, task_id: str) -> Submission:
-    """The TaskSubmitted for `request` by `principal`: the caller's user and team, whatever the task claims."""
-    task = load_task(request)
+def build_submission(request: TaskRequest, principal: Principal, task_id: str, task: Any = None,
+                     default_labels: dict[str, str] | None = None) -> Submission:
+    """The TaskSubmitted for `request` by `principal`: the caller's user and team, whatever the task claims.
+    `task`: the request's task loaded already (and admitted: services/api/extensions.py);
+    `default_labels`: the workspace's (services/api/workspaces.py), under the task's own."""
+    from .workspaces import with_default_labels
+
+    task = load_task(request) if task is None else task
     cluster = cluster_name(request.cluster, principal.user)
     autostop = task.autostop()
     enabled = autostop is not None and autostop.enabled
     idle = request.idle_minutes if request.idle_minutes is not None else (autostop.idle_minutes if enabled else None)
     down = request.down or bool(enabled and autostop.down and request.idle_minutes is None)
     labels = dict(task.resources.labels or {}) if task.resources is not None and task.resources.labels else {}
+    labels = {**(default_labels or {}), **labels}
     secret_values = task.secret_values()
-    event = TaskSubmitted(task_id=task_id, cluster=cluster, task=task.public_dict(), num_nodes=task.num_nodes or 1,
+    public = with_default_labels(task.public_dict(), default_labels or {})
+    event = TaskSubmitted(task_id=task_id, cluster=cluster, task=public, num_nodes=task.num_nodes or 1,
                           user=principal.user, team=principal.team, project=labels.get("project"),
                           secrets_key=task_id if secret_values else None, down=down, idle_minutes=idle)
     return Submission(event, secret_values)

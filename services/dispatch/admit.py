@@ -57,7 +57,7 @@ class Book:
     priority: int = 0  # static (preempt.static_priority): what preemption compares
     submitted_seq: int = 0
     order: int = 0  # admission order: "most recently admitted" is the highest
-    managed: bool = False  # a managed job's launch (not preempted yet: docs/dispatch.md)
+    managed_job_id: int | None = None  # a managed job's launch: recovery relaunches it when preempted
 
 
 def charge(usage: dict[str, dict[quota.Key, float]], users: UserUsage, book: Book, sign: float = 1.0) -> None:

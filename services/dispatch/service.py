@@ -123,10 +123,13 @@ class DispatchService:
                 cluster, job_id = state.job_of[v.task_id]
                 book = state.admitted[v.task_id]
                 ev = TaskPreempted(task_id=v.task_id, cluster=cluster, submitted_seq=book.submitted_seq,
-                                   queue=v.queue, by_task=d.task_id, job_id=job_id, reason=plan.reason)
+                                   managed_job_id=book.managed_job_id, queue=v.queue, by_task=d.task_id, job_id=job_id,
+                                   reason=plan.reason)
                 state.preempted.add(v.task_id)
                 state.preempting.setdefault(d.task_id, set()).add(v.task_id)
                 out.append(Emit(ev, key=f"preempt-{v.task_id}"))
+                if book.managed_job_id is not None:
+                    continue  # the recovery service takes the cluster down and launches it again
                 out.append(Emit(CancelRequested(cluster=cluster, job_id=job_id, requested_by=f"dispatch: {plan.reason}"),
                                 key=f"preempt-cancel-{v.task_id}"))
             return out

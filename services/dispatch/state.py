@@ -174,7 +174,7 @@ class DispatchState:
         self.admit_count += 1
         book = admit.Book(ev.queue, ev.flavor, p.team, p.user, p.request,
                           priority=preempt.static_priority(self.policy, p) if self.policy is not None else 0,
-                          submitted_seq=p.seq, order=self.admit_count, managed=p.managed_job_id is not None)
+                          submitted_seq=p.seq, order=self.admit_count, managed_job_id=p.managed_job_id)
         self.admitted[ev.task_id] = book
         self.cluster_of[ev.task_id] = p.cluster
         admit.charge(self.usage, self.users, book)
@@ -249,11 +249,11 @@ class DispatchState:
         return admit.decide(self.policy, pending, self.usage, self.users, self.spend, now, self.tree, self.walk)
 
     def preemptable(self) -> list[preempt.Admitted]:
-        """Admitted tasks preemption may pick: a cluster job running (it is what gets cancelled),
-        not already preempted, not a managed job's launch (not preempted yet)."""
+        """Admitted tasks preemption may pick: with a job queued (a cluster job is cancelled, a
+        managed job's launch is recovered by the recovery service), not already preempted."""
         out = []
         for task, b in self.admitted.items():
-            if task in self.job_of and task not in self.preempted and not b.managed and b.queue and b.flavor:
+            if task in self.job_of and task not in self.preempted and b.queue and b.flavor:
                 out.append(preempt.Admitted(task, b.queue, b.flavor, b.request, b.priority, b.submitted_seq, b.order))
         return out
 

@@ -29,6 +29,7 @@ from skypurza.events.types import Candidate as EventCandidate
 from skypurza.events.k8s_capacity import ContextCapacity
 from skypurza.events.slurm_discovery import SlurmCluster
 
+from . import workspace
 from .catalog import Catalog
 from .local import LocalResources
 from .settings import DEFAULT_MAX_ATTEMPTS  # SKYPURZA_MAX_PLACEMENT_ATTEMPTS sets World.max_attempts
@@ -108,9 +109,10 @@ def initial_blocks(submitted: TaskSubmitted) -> list[Block]:
             for b in submitted.initial_blocks]
 
 
-def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> _Planned:
+def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None,
+             limit: int | None = PLAN_LIMIT) -> _Planned:
     blocks = initial_blocks(submitted) if blocks is None else list(blocks)
-    key = plan_key(submitted, world, blocks)
+    key = plan_key(submitted, world, blocks) + ((limit,) if limit != PLAN_LIMIT else ())
     hit = _PLAN_CACHE.get(key)
     if hit is not None:
         _PLAN_CACHE.move_to_end(key)
@@ -119,19 +121,46 @@ def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | N
 
     task = Task.from_public_dict(submitted.task.to_dict())
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
-                 world.local, limit=PLAN_LIMIT, kubernetes=world.kubernetes, slurm=world.slurm)
+                 world.local, limit=limit, kubernetes=world.kubernetes, slurm=world.slurm)
     entry = _PLAN_CACHE[key] = _Planned(plan)
     if len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
         _PLAN_CACHE.popitem(last=False)
     return entry
 
 
-def plan_for(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None) -> PlacementPlan:
+def plan_for(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None,
+             limit: int | None = PLAN_LIMIT) -> PlacementPlan:
     """The ranked plan for a task, with `blocks` (default: the task's initial blocks) applied."""
-    return _planned(submitted, world, blocks).plan
+    return _planned(submitted, world, blocks, limit).plan
 
 
-def first_placement(submitted: TaskSubmitted, world: World) -> PlacementChosen | PlacementFailed:
+# ---------------------------------------------------------------- a team's workspace
+# A team's allowed infras (services/optimizer/workspace.py) narrow the World before ranking (an
+# infra) and the candidates after it (a region or zone: then the plan is ranked whole, so a
+# region-limited team still gets the cheapest place it may use). No entries: exactly as before.
+
+def workspace_world(world: World, entries: Sequence[workspace.Entry]) -> World | None:
+    """The World narrowed to the team's infras; None when none of them is enabled here."""
+    if not entries:
+        return world
+    allowed = workspace.infras_of(entries)
+    enabled = frozenset(e for e in world.enabled_infras if workspace.normalize_infra(e) in allowed)
+    return dataclasses.replace(world, enabled_infras=enabled) if enabled else None
+
+
+def _in_workspace(plan: PlacementPlan, entries: Sequence[workspace.Entry]) -> list[Candidate]:
+    return [c2 for c in plan.candidates if (c2 := workspace.restrict(entries, c)) is not None]
+
+
+def _workspace_limit(entries: Sequence[workspace.Entry]) -> int | None:
+    return None if workspace.narrows_by_place(entries) else PLAN_LIMIT
+
+
+def first_placement(submitted: TaskSubmitted, world: World, team: str | None = None,
+                    entries: Sequence[workspace.Entry] = ()) -> PlacementChosen | PlacementFailed:
+    """The first placement; `entries` (the allowed infras of the submitter's `team`) confine it."""
+    if entries:
+        return _first_in_workspace(submitted, world, team or "", entries)
     entry = _planned(submitted, world)
     if entry.plan.chosen is None:
         return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
@@ -140,6 +169,22 @@ def first_placement(submitted: TaskSubmitted, world: World) -> PlacementChosen |
     if entry.head is None:
         entry.head = _event_candidates(entry.plan)
     return _chosen(submitted, entry.head, attempt=1)
+
+
+def _first_in_workspace(submitted: TaskSubmitted, world: World, team: str,
+                        entries: Sequence[workspace.Entry]) -> PlacementChosen | PlacementFailed:
+    narrowed = workspace_world(world, entries)
+    if narrowed is None:
+        why = f"none of them is enabled here (enabled: {', '.join(sorted(world.enabled_infras)) or 'none'})"
+        return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
+                               reason=workspace.refusal(team, entries, why), managed_job_id=submitted.managed_job_id)
+    plan = _planned(submitted, narrowed, limit=_workspace_limit(entries)).plan
+    cands = _in_workspace(plan, entries)
+    if not cands:
+        why = plan.reason or "no place there fits the task"
+        return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
+                               reason=workspace.refusal(team, entries, why), managed_job_id=submitted.managed_job_id)
+    return _chosen(submitted, [to_event_candidate(c) for c in cands[:REMAINING_SHOWN + 1]], attempt=1)
 
 
 def _event_candidates(plan: PlacementPlan) -> list[EventCandidate]:
@@ -158,16 +203,29 @@ def block_of(error: CapacityError) -> Block:
     return block_for_error(from_event_candidate(error.candidate), error.error_class, zone=error.candidate.zone)
 
 
-def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityError], world: World
+def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityError], world: World,
+                         team: str | None = None, entries: Sequence[workspace.Entry] = ()
                          ) -> PlacementChosen | PlacementFailed:
-    """The next placement after the newest of `errors` (all the task's errors so far, in order)."""
+    """The next placement after the newest of `errors` (all the task's errors so far, in order),
+    within the team's workspace (`entries`) as the first one was."""
     last = errors[-1]
     attempts = [Attempt(candidate=e.candidate, error_class=e.error_class, code=e.code, message=e.message)
                 for e in errors]
     if last.attempt >= world.max_attempts:
         return _failed(submitted, attempts, f"gave up after {last.attempt} attempts")
+    narrowed = workspace_world(world, entries)
+    if narrowed is None:
+        return _failed(submitted, attempts, workspace.refusal(team or "", entries, "none of them is enabled here"))
     blocks = initial_blocks(submitted) + [block_of(e) for e in errors]
-    plan = next_placement(plan_for(submitted, world, blocks), blocks, last=from_event_candidate(last.candidate))
+    plan = next_placement(plan_for(submitted, narrowed, blocks, _workspace_limit(entries)), blocks,
+                          last=from_event_candidate(last.candidate))
+    if entries:
+        cands = _in_workspace(plan, entries)
+        if not cands:
+            return _failed(submitted, attempts, workspace.refusal(team or "", entries,
+                                                                  plan.reason or "every place there was tried"))
+        return _chosen(submitted, [to_event_candidate(c) for c in cands[:REMAINING_SHOWN + 1]],
+                       attempt=last.attempt + 1)
     if plan.chosen is None:
         return _failed(submitted, attempts, plan.reason or "every candidate was tried")
     return _chosen(submitted, _event_candidates(plan), attempt=last.attempt + 1)

@@ -10,6 +10,9 @@ Ranking (see docs/optimizer.md):
   is the request's position in an `ordered` list (or 0), so `ordered` keeps the user's order
   and everything else (any_of, accelerator sets, spot and on-demand alike) interleaves by price.
 - `local` costs 0, so it ranks first whenever it is enabled and the request fits.
+- Kubernetes contexts rank by price too (`kubernetes.placement: by_price`, $0 by default), or,
+  with `before_cloud` / `after_cloud`, ahead of / behind every other infra's candidates of the
+  same `order` group whatever the prices (`rank_key`).
 
 Blocks remove what failed: `block_for_error` maps the provisioner's error class to a scope,
 and `next_placement` picks the next candidate: other zones of the same region first, then
@@ -338,7 +341,8 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
             cands.extend(got)
         else:
             failures.append((i, why))
-    cands.sort(key=Candidate.sort_key)
+    tiers = {ctx.context: K8S_PLACEMENT_TIER.get(ctx.placement, 0) for ctx in kubernetes}
+    cands.sort(key=lambda c: rank_key(c, tiers))
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for c in cands:
@@ -352,6 +356,18 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
     if len(reqs) == 1:
         return PlacementPlan((), num_nodes, failures[0][1], notes)
     return PlacementPlan((), num_nodes, "no alternative is feasible: " + "; ".join(notes), notes)
+
+
+# kubernetes.placement -> where a context's candidates go among the others of their order group.
+K8S_PLACEMENT_TIER = {"before_cloud": -1, "by_price": 0, "after_cloud": 1}
+
+
+def rank_key(c: Candidate, k8s_tiers: dict[str, int]) -> tuple[Any, ...]:
+    """`Candidate.sort_key` with the Kubernetes placement tier between the order group and the
+    price: `ordered` still wins, and within a tier price ranks as before."""
+    tier = k8s_tiers.get(c.region or "", 0) if c.infra == "kubernetes" else 0
+    order, *rest = c.sort_key()
+    return (order, tier, *rest)
 
 
 def describe_request(req: ResourceRequest) -> str:

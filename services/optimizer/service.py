@@ -4,6 +4,8 @@ Eats:  TaskSubmitted            -> PlacementChosen (attempt 1) | PlacementFailed
        CapacityError            -> PlacementChosen (attempt n+1) | PlacementFailed (every attempt listed)
        DispatchPolicyApplied    -> (folded: while a policy is active, a TaskSubmitted waits ...)
        TaskAdmitted             -> ... for this, then PlacementChosen (attempt 1) | PlacementFailed
+       TeamAdded/Updated/Removed -> (folded: a team's allowed infras confine its tasks' placements,
+                                   the team being the API server's stamp: workspace.py)
 Emits: PlacementChosen, PlacementFailed, as `CONTRACT` declares (the runner refuses anything
        else); ids derived from the cause: a redelivered cause republishes the same ids and
        JetStream drops the copies.
@@ -30,11 +32,14 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.models import (
-    CapacityError, DispatchPolicyApplied, PlacementChosen, PlacementFailed, TaskAdmitted, TaskSubmitted,
+    CapacityError, DispatchPolicyApplied, PlacementChosen, PlacementFailed, TaskAdmitted, TaskSubmitted, TeamAdded,
+    TeamRemoved, TeamUpdated,
 )
+from skypurza.events.principal import principal_of
 from skypurza.events.service import EmitContext, Emit, Pipelined, Reactions, ServiceContract, handles
 
 from . import decide
+from .workspace import TeamInfras
 from .catalog import Catalog
 from .settings import OptimizerSettings
 from .world import kubernetes_contexts, load_world
@@ -46,14 +51,16 @@ KUBE_REFRESH_TTL_S = 5.0
 
 CONTRACT = ServiceContract(
     name="optimizer",
-    consumes=(TaskSubmitted, CapacityError, DispatchPolicyApplied, TaskAdmitted),
+    consumes=(TaskSubmitted, CapacityError, DispatchPolicyApplied, TaskAdmitted, TeamAdded, TeamUpdated, TeamRemoved),
     emits=(PlacementChosen, PlacementFailed),
     # Decisions take well under a millisecond and read only the task's own inputs: handle a
     # fetched batch in order and publish the placements pipelined (see ServiceRunner).
     delivery=Pipelined(),
     consume_notes={TaskSubmitted: "first placement (with no dispatch policy active)",
                    CapacityError: "next placement", DispatchPolicyApplied: "whether submissions wait for admission",
-                   TaskAdmitted: "first placement (while a dispatch policy is active)"},
+                   TaskAdmitted: "first placement (while a dispatch policy is active)",
+                   TeamAdded: "a team's allowed infras (where its tasks may be placed)",
+                   TeamUpdated: "a team's allowed infras", TeamRemoved: "a team's allowed infras"},
     emit_notes={PlacementFailed: "every attempt listed"},
 )
 
@@ -75,6 +82,8 @@ class OptimizerService:
         self.world: decide.World | None = None
         self.bus: Bus | None = None
         self.policy_changes: list[tuple[int, bool]] = []  # decide.awaits_admission reads them
+        self.teams = TeamInfras()  # each team's allowed infras, folded from the log
+        self._team_seq = 0  # the newest team event folded
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
@@ -83,6 +92,12 @@ class OptimizerService:
         async for s in bus.replay(filter_subject=naming.event_filter(bus.stage, DispatchPolicyApplied.AGGREGATE,
                                                                      DispatchPolicyApplied.EVENT_NAME)):
             self._policy_changed(s)
+        stored = []
+        for subject in (naming.event_filter(bus.stage, "team", name)
+                        for name in (TeamAdded.EVENT_NAME, TeamUpdated.EVENT_NAME, TeamRemoved.EVENT_NAME)):
+            stored += [s async for s in bus.replay(filter_subject=subject)]
+        for s in sorted(stored, key=lambda s: s.seq):
+            self._team_changed(s)
         log.info("optimizer: infras enabled: %s", ", ".join(sorted(enabled)))
 
     async def close(self) -> None:
@@ -97,7 +112,23 @@ class OptimizerService:
         if self._live_spot and "aws" in self.world.enabled_infras:
             await self._refresh_spot(ev)
         await self._refresh_kubernetes()
-        return [Emit(decide.first_placement(ev, self.world), key="attempt-1")]
+        team = self._team(stored)
+        return [Emit(decide.first_placement(ev, self.world, team, self.teams.of(team)), key="attempt-1")]
+
+    def _team(self, stored: Stored) -> str | None:
+        """Whose workspace confines the task: the API server's stamp, else the event's own team."""
+        return principal_of(stored.envelope, stored.event)[1]
+
+    def _team_changed(self, stored: Stored) -> None:
+        # Replayed at start and then consumed: a team event is folded once, in log order.
+        if stored.event is not None and stored.seq > self._team_seq:
+            self._team_seq = stored.seq
+            self.teams.apply(stored.event)
+
+    @handles(TeamAdded, TeamUpdated, TeamRemoved)
+    async def on_team(self, stored: Stored, ctx: EmitContext) -> Reactions:
+        self._team_changed(stored)
+        return []
 
     def _policy_changed(self, stored: Stored) -> None:
         if isinstance(stored.event, DispatchPolicyApplied) and all(seq != stored.seq for seq, _ in self.policy_changes):
@@ -114,37 +145,40 @@ class OptimizerService:
         ev = stored.event
         if not decide.awaits_admission(self.policy_changes, ev.submitted_seq):
             return []  # submitted with no policy active: placed when it was submitted
-        submitted, _ = await self._history(ev.task_id, stored.seq)
+        submitted, _, team = await self._task_history(ev.task_id, stored.seq)
         if submitted is None:
             log.warning("admission of unknown task %s ignored", ev.task_id)
             return []
-        return [Emit(decide.first_placement(submitted, decide.admitted_world(self.world, ev.infra)),
-                     key="attempt-1")]
+        return [Emit(decide.first_placement(submitted, decide.admitted_world(self.world, ev.infra), team,
+                                            self.teams.of(team)), key="attempt-1")]
 
     @handles(CapacityError)
     async def on_capacity_error(self, stored: Stored, ctx: EmitContext) -> Reactions:
         assert self.world is not None and isinstance(stored.event, CapacityError)
         ev = stored.event
-        submitted, errors = await self._history(ev.task_id, stored.seq)
+        submitted, errors, team = await self._task_history(ev.task_id, stored.seq)
         if submitted is None:
             log.warning("capacity error for unknown task %s ignored", ev.task_id)
             return []
         await self._refresh_kubernetes()
-        return [Emit(decide.after_capacity_error(submitted, errors, self.world), key=f"attempt-{ev.attempt + 1}")]
+        return [Emit(decide.after_capacity_error(submitted, errors, self.world, team, self.teams.of(team)),
+                     key=f"attempt-{ev.attempt + 1}")]
 
-    async def _history(self, task_id: str, until_seq: int) -> tuple[TaskSubmitted | None, list[CapacityError]]:
+    async def _task_history(self, task_id: str, until_seq: int
+                            ) -> tuple[TaskSubmitted | None, list[CapacityError], str | None]:
         assert self.bus is not None
         submitted: TaskSubmitted | None = None
+        team: str | None = None
         errors: list[CapacityError] = []
         seen: set[int] = set()
         async for s in self.bus.replay(filter_subject=naming.aggregate_subjects(self.bus.stage, "task", task_id),
                                        until_seq=until_seq):
             if isinstance(s.event, TaskSubmitted) and submitted is None:
-                submitted = s.event
+                submitted, team = s.event, self._team(s)
             elif isinstance(s.event, CapacityError) and s.event.attempt not in seen:
                 seen.add(s.event.attempt)
                 errors.append(s.event)
-        return submitted, errors
+        return submitted, errors, team
 
     async def _refresh_kubernetes(self) -> None:
         """Pods come and go: each context's free capacity is read again when older than a TTL

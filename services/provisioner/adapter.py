@@ -104,6 +104,18 @@ class ProvisionError(Exception):
         return self.failure.code
 
 
+class PartialListing(Exception):
+    """`list_owned` answered for some regions and not for others: the nodes it found, and why
+    each other region could not be listed. A caller that does not know it sees a failure, as
+    before; reconciliation uses the nodes found and leaves the unlisted regions' clusters alone
+    (not seen is not vanished)."""
+
+    def __init__(self, nodes: Sequence["NodeInfo"], unreachable: Mapping[str, str]) -> None:
+        super().__init__("; ".join(f"{region}: {why}" for region, why in sorted(unreachable.items())))
+        self.nodes = list(nodes)
+        self.unreachable = dict(unreachable)
+
+
 class CapacityError(ProvisionError):
     """Capacity, spot capacity, quota or unsupported configuration: fail over elsewhere."""
 
@@ -168,6 +180,7 @@ class LaunchSpec:
     user_data: str | None = None  # bootstrap script: starts the node agent
     ports: tuple[str, ...] = ()  # "8080" or "8000-8010", opened to the world
     labels: Mapping[str, str] = field(default_factory=dict)  # extra tags
+    user: str = ""  # the submission's spz user (Slurm's submit_as_user maps it to a Unix account)
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:

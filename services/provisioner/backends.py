@@ -62,13 +62,17 @@ class Backends:
             root = Path(s.local_root) if s.local_root else None
             return LocalAdapter(self.nats_url, self.stage, root)  # type: ignore[no-any-return]
         if infra in ("kubernetes", "k8s"):
+            import os
+
+            from skypurza.events.agentspec import agent_settings_env
             from skypurza.events.k8s_config import KubernetesSettings
 
             from .k8s import KubernetesAdapter
 
-            # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do.
+            # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do, and
+            # get the agent settings local agents inherit (pod_config's env still wins).
             return KubernetesAdapter(KubernetesSettings.load(), nats_url=s.agent_nats_url or self.nats_url,
-                                     stage=self.stage)
+                                     stage=self.stage, agent_env=agent_settings_env(os.environ))
         if infra == "slurm":
             from skypurza.events.config import ConfigError, load_config
             from skypurza.events.slurm_config import SlurmConfigError, parse_user_config

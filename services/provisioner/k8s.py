@@ -13,7 +13,8 @@ pods look like is k8s_manifest.py; what fits where is events/k8s_capacity.py.
   tries run out).
 - stop/start: pods cannot be stopped (as in SkyPilot): refused as unsupported; `down` deletes.
 - terminate: every object labelled with the cluster, waited for until gone (bounded).
-- list_owned: every pod labelled with the stage, in every enabled context (reconciliation).
+- list_owned: every pod labelled with the stage, in every enabled context (reconciliation); a
+  context that does not answer is reported (PartialListing) and the others are still listed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .adapter import (
     LaunchSpec,
     NodeInfo,
     NodeState,
+    PartialListing,
     ProvisionError,
     ReleaseReport,
     provision_error,
@@ -249,10 +251,18 @@ class KubernetesAdapter:
         return ReleaseReport()  # the Service goes with its cluster: nothing is shared between clusters
 
     async def list_owned(self, stage: str, regions: Sequence[str] | None = None) -> list[NodeInfo]:
+        """Every context is listed, even after one that does not answer: then PartialListing
+        carries the pods of the others and why each unanswered one failed."""
         out: list[NodeInfo] = []
+        unreachable: dict[str, str] = {}
         contexts = self.contexts()
         for context in contexts + sorted(set(regions or ()) - set(contexts)):
-            out.extend(self._nodes(context, await self._pods(context, {naming.K8S_LABEL_STAGE: stage})))
+            try:
+                out.extend(self._nodes(context, await self._pods(context, {naming.K8S_LABEL_STAGE: stage})))
+            except Exception as exc:  # away, or gone from the kubeconfig: its pods unknown, not the others'
+                unreachable[context] = str(exc) or type(exc).__name__
+        if unreachable:
+            raise PartialListing(out, unreachable)
         return out
 
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:

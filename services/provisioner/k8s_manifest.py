@@ -11,7 +11,8 @@ subdomain, so `<pod>.<service>` resolves to a node's IP. Each pod:
   over every label value of that GPU in the context: NVIDIA's, GKE's, Karpenter's, EKS's), and
   tolerates GPU taints;
 - runs the node agent as its container's command (`python -m skypurza.services.agent ...`,
-  the AgentSpec contract) with the bus URL the deployment configures;
+  the AgentSpec contract) with the bus URL the deployment configures, and the agent settings
+  the provisioner has (`PodPlan.env`: events/agentspec.py `agent_settings_env`) in its env;
 - then gets the user's `pod_config` merged over it the way SkyPilot merges it (`merge_pod_config`).
 """
 
@@ -167,8 +168,8 @@ def pod_manifests(plan: PodPlan) -> list[dict[str, Any]]:
 def merge_pod_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """SkyPilot's `merge_k8s_configs`: mappings merge key by key; `containers` (and
     `imagePullSecrets`) merge their first item into our first; `volumes`, `volumeMounts`, `env`
-    merge items of the same `name` and append the others; any other list is appended; a scalar
-    replaces. Returns a new dict; neither input is changed."""
+    merge items of the same `name` and append the others (an `env` item of the same name replaces
+    ours whole: it is one value); any other list is appended; a scalar replaces. Returns a new dict; neither input is changed."""
     out = copy.deepcopy(dict(base))
     _merge(out, override)
     return out
@@ -192,7 +193,11 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> None:
                 for item in value:
                     same = next((b for b in base[key] if isinstance(b, dict) and isinstance(item, Mapping)
                                  and item.get("name") is not None and b.get("name") == item.get("name")), None)
-                    if same is not None:
+                    if same is not None and key == "env":
+                        # A variable is one value, `value` or `valueFrom`: the override replaces it
+                        # whole (merged, `valueFrom` beside our `value` is refused by the API server).
+                        base[key][base[key].index(same)] = copy.deepcopy(dict(item))
+                    elif same is not None:
                         _merge(same, item)
                     else:
                         base[key].append(copy.deepcopy(item))

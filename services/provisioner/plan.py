@@ -128,6 +128,7 @@ def launch_spec(
         user_data=user_data,
         ports=tuple(str(p) for p in (request.ports if request else ())),
         labels={**(request.labels if request else {}), **(labels or {})},
+        user=submitted.user if submitted is not None else "",
     )
 
 

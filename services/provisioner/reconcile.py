@@ -2,7 +2,10 @@
 
 - Live clusters come from the log (ClusterProvisioned minus ClusterTerminated), never from memory.
 - Each backend lists what it holds for the stage (`list_owned`; for AWS, every enabled region
-  plus the regions of live clusters), and `adapter.find_orphans` compares.
+  plus the regions of live clusters), and `adapter.find_orphans` compares. A backend that lists
+  some regions and not others (a Kubernetes context away) says so (`PartialListing`): each
+  unlisted region is an error of its own (`errors["kubernetes/<context>"]`), the others'
+  orphans are found in the same pass, and no cluster of an unlisted region is called vanished.
 - An orphan (a node no live cluster accounts for) becomes an OrphanFound event, so it is audited;
   with `terminate=True` it is terminated (only nodes tagged with this stage are ever touched) and
   a second OrphanFound with action "terminated" records it. Each (node, action) is recorded once.
@@ -34,7 +37,7 @@ from skypurza.events.models import ClusterProvisioned, ClusterTerminated, Orphan
 
 from . import cleanup
 
-from .adapter import NodeInfo, find_orphans
+from .adapter import NodeInfo, PartialListing, find_orphans
 from .backends import Backends, UnsupportedInfra
 from .state import find_event, live_clusters
 
@@ -93,6 +96,14 @@ def ended_clusters(vanished: dict[str, tuple[str, ...]], live: dict[str, Cluster
     return sorted(out)
 
 
+def unseen_kept(vanished: dict[str, tuple[str, ...]], live: dict[str, ClusterProvisioned],
+                unlisted: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """Pure: `vanished` without the clusters of regions that could not be listed: their nodes
+    were not seen, which says nothing about whether they are gone."""
+    return {c: ids for c, ids in vanished.items()
+            if c not in live or live[c].candidate.region not in unlisted}
+
+
 def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
                    launching: Collection[str] = ()) -> dict[str, list[str]]:
     """Pure: cluster -> node ids the log knows, for one infra (launching clusters: any node)."""
@@ -134,7 +145,14 @@ async def reconcile(
                 # which must not read as a vanished cluster (the backend adds its enabled contexts).
                 regions = sorted({ev.candidate.region for ev in live.values()
                                   if ev.candidate.infra == infra and ev.candidate.region})
-            owned = await backend.list_owned(bus.stage, regions)
+            unlisted: set[str] = set()
+            try:
+                owned = await backend.list_owned(bus.stage, regions)
+            except PartialListing as part:  # one region away hides nothing of the others
+                owned, unlisted = part.nodes, set(part.unreachable)
+                for region, why in sorted(part.unreachable.items()):
+                    log.warning("reconcile: listing %s/%s failed: %s", infra, region, why)
+                    report.errors[f"{infra}/{region}"] = why
         except UnsupportedInfra as exc:
             report.errors[infra] = str(exc)
             continue
@@ -142,8 +160,9 @@ async def reconcile(
             log.warning("reconcile: listing %s failed: %s", infra, exc)
             report.errors[infra] = f"{type(exc).__name__}: {exc}"
             continue
-        report.checked[infra] = regions or []
+        report.checked[infra] = [r for r in regions or [] if r not in unlisted]
         orphans, vanished = find_orphans(owned, expected_nodes(live, infra, launching))
+        vanished = unseen_kept(vanished, live, unlisted)
         orphans = old_enough(orphans, now, grace_s)
         report.vanished.update(vanished)
         for cluster, ids in vanished.items():

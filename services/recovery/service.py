@@ -73,6 +73,7 @@ from skypurza.events.models import (
     TaskSubmitted,
 )
 from skypurza.events.contract import BusAccess
+from skypurza.events.dispatch_events import TaskPreempted
 from skypurza.events.service import EmitContext, Reactions, ServiceContract, handles
 
 from . import buckets, machine
@@ -94,7 +95,7 @@ CONTRACT = ServiceContract(
     consumes=(ManagedJobSubmitted, ManagedJobCancelRequested, ManagedJobStatusChanged,
               PlacementFailed, ProvisionFailed,
               ClusterProvisioned, ClusterTerminated, JobStarted, JobSucceeded, JobFailed, JobCancelled,
-              SpotPreempted, NodeLost),
+              SpotPreempted, NodeLost, TaskPreempted),
     emits=(ManagedJobStatusChanged, TaskSubmitted, DownRequested, SpotPreempted, NodeLost),
     consume_notes={ManagedJobSubmitted: "runs the pipeline", ManagedJobCancelRequested: "cancels",
                    ManagedJobStatusChanged: "another recovery's decision: sees it through",
@@ -102,6 +103,7 @@ CONTRACT = ServiceContract(
                    ClusterProvisioned: "tears down clusters a job no longer uses",
                    JobSucceeded: "next task or SUCCEEDED", JobFailed: "restarts or FAILED",
                    SpotPreempted: "recovers the managed job", NodeLost: "recovers the managed job",
+                   TaskPreempted: "recovers the managed job dispatch preempted (its cluster)",
                    ClusterTerminated: "recovers the managed job"},
     emit_notes={ManagedJobStatusChanged: "with optimistic concurrency on the job",
                 TaskSubmitted: "each task of a managed job", DownRequested: "the clusters a job no longer uses",
@@ -232,10 +234,10 @@ class RecoveryService:
                             _cause(stored))
         return []
 
-    @handles(SpotPreempted, NodeLost)
+    @handles(SpotPreempted, NodeLost, TaskPreempted)
     async def on_lost(self, stored: Stored, ctx: EmitContext) -> Reactions:
         ev = stored.event
-        assert isinstance(ev, (SpotPreempted, NodeLost))
+        assert isinstance(ev, (SpotPreempted, NodeLost, TaskPreempted))
         job = await self._job_of_cluster(ev.cluster)
         if job is not None:
             await self._act(ctx.bus, job, _lost_fact(ev), _cause(stored))
@@ -631,7 +633,9 @@ def _cause(stored: Stored) -> str:
     return stored.envelope.id if stored.envelope else ""
 
 
-def _lost_fact(ev: SpotPreempted | NodeLost) -> machine.LostF:
+def _lost_fact(ev: SpotPreempted | NodeLost | TaskPreempted) -> machine.LostF:
+    if isinstance(ev, TaskPreempted):  # dispatch took the cluster's quota back: a new launch waits for admission
+        return machine.LostF(ev.cluster, "preempted", f"dispatch: {ev.reason}")
     e = ev.evidence or {}
     where = f"node {ev.rank}" if ev.rank is not None else "a node"
     if isinstance(ev, SpotPreempted):

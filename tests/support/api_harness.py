@@ -19,14 +19,15 @@ STAGE = "test"
 class Api:
     """The API server as a process of its own; its stdout and stderr go to one file."""
 
-    def __init__(self, server, tmp_path: Path) -> None:
+    def __init__(self, server, tmp_path: Path, env: dict[str, str] | None = None, name: str = "api") -> None:
+        """`env`: the process's environment (default: this one's); `name`: its log's (two replicas)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp_path / "api.log"
+        self.log = tmp_path / f"{name}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "skypurza.services.api", "--nats", server.url, "--stage", STAGE,
-                 "--host", "127.0.0.1", "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT)
+                 "--host", "127.0.0.1", "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -14,8 +14,8 @@ from skypurza.events.models import (
     ClusterStopped, ClusterTerminated, CompensationRecorded, DownRequested, JobCancelled, JobFailed,
     JobNodeFinished, JobQueued, JobStarted, JobSucceeded, ManagedJobCancelRequested,
     ManagedJobStatusChanged, ManagedJobSubmitted, NodeLost, NodeReady, OrphanFound, PeriodSettled,
-    PlacementChosen, PlacementFailed, ProvisionFailed, SpotPreempted, StartRequested, StopRequested,
-    TaskSubmitted, UsageRecorded,
+    PlacementChosen, PlacementFailed, ProvisionFailed, SlurmAllocationAccounted, SpotPreempted, StartRequested,
+    StopRequested, TaskSubmitted, UsageRecorded,
 )
 from skypurza.events.types import Attempt, Candidate, NodeInfo
 
@@ -152,6 +152,24 @@ def scripted() -> History:
                              launched_at=h.t, user="dave"))
     h.add(NodeLost(cluster="c5", rank=0, instance_id="i-5", detected_at=h.t))
     h.add(OrphanFound(cluster="?", instance_id="i-orphan", region="us-east-1", action="reported"))
+    # --- a Slurm allocation: its ticks carry money, sacct's accounting its billing-seconds
+    slc = cand(infra="slurm", region="hpc", zone="gpu", instance_type="2cpu-4096mb-H100x1", accelerators={"H100": 1},
+               vcpus=2, memory_gib=4, hourly_price_micros=2_500_000)
+    h.add(TaskSubmitted(task_id="t6", cluster="sl6", task={"run": "x"}, user="erin", team="hpc"), name="sl6-submit")
+    pc6 = h.add(PlacementChosen(task_id="t6", cluster="sl6", attempt=1, candidate=slc), name="sl6-placed")
+    sl_start = h.t
+    h.add(ClusterProvisioned(cluster="sl6", task_id="t6", placement_id=pc6.id, candidate=slc,
+                             nodes=[NodeInfo(rank=0, instance_id="77.0", zone="gpu")], hourly_price_micros=2_500_000,
+                             launched_at=sl_start, user="erin", team="hpc"), name="sl6-provisioned")
+    sl_end = sl_start + timedelta(minutes=12, seconds=5)
+    h.add(SlurmAllocationAccounted(
+        cluster="sl6", slurm_cluster="hpc", slurm_job_id=77, partition="gpu", state="CANCELLED",
+        alloc_tres={"cpu": 2, "mem": 4096, "node": 1, "gres/gpu": 1, "gres/gpu:h100": 1}, slurm_billing=4,
+        elapsed_s=723, start=sl_start + timedelta(seconds=1), end=sl_end - timedelta(seconds=1),
+        billing_weights="CPU=1.0,Mem=0.25G,GRES/gpu=2.0,GRES/gpu:h100=4.0", priority_flags="MAX_TRES",
+        instance_ids=["77.0"]), at=sl_end, name="sl6-accounted")
+    h.add(ClusterTerminated(cluster="sl6", terminated_at=sl_end, reason="user", instance_ids=["77.0"]), at=sl_end,
+          name="sl6-terminated")
     return h
 
 
