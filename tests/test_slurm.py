@@ -504,3 +504,80 @@ def test_an_allocation_no_record_knows_is_found_and_cancelled(adapter, slurm_rig
     assert _squeue(slurm_rig, "-j", lost, "-o", "%i").strip() == ""
     assert _squeue(slurm_rig, "-j", other, "-o", "%i").strip() == other  # not ours: left alone
     subprocess.run(["scancel", other], env=slurm_rig.env, timeout=10)
+
+
+def test_submit_as_user_runs_the_allocation_and_its_steps_as_the_mapped_unix_account(
+        slurm_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    unix = f"spzu{os.getpid() % 100000}"
+    home = slurm_rig.add_user(unix)
+    monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    user = slurm_config.parse_user_config({"cluster_configs": {CLUSTER: {"submit_as_user": {"alice": unix}}}})
+    adapter = SlurmAdapter(nats_server.url, "test", tmp_path / "state", config_path=config, user_config=user,
+                           pending_timeout_s=5)
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        try:
+            start_seq = await bus.last_seq() + 1
+            spec = _spec("ua", "1cpu-1000mb", start_seq=start_seq, partition="debug")
+            nodes = await adapter.launch(LaunchSpec(**{**spec.__dict__, "user": "alice"}))
+            await bus.publish(ClusterProvisioned(
+                cluster="ua", task_id="task-ua", placement_id="p-ua",
+                candidate=Candidate(infra="slurm", region=CLUSTER, zone="debug", instance_type="1cpu-1000mb"),
+                nodes=[EventNode(rank=0, instance_id=n.instance_id, private_ip=n.private_ip) for n in nodes],
+                hourly_price_micros=0, launched_at=utcnow()))
+            job_id = adapter._read("ua")["slurm_job_id"]
+            owner = _squeue(slurm_rig, "-j", job_id, "-o", "%u").strip()
+            job, _ = await queue_job(bus, cluster="ua", task_id="t-ua", user="alice",
+                                     task={"run": "echo who=$(id -un) home=$HOME; touch mine"})
+            end = await job_end(bus, "ua", job.job_id, timeout=30)
+            lines = [x["line"] for x in await job_lines(bus, "ua", job.job_id)]
+            await adapter.terminate(ClusterRef(stage="test", cluster="ua", infra="slurm"))
+            return owner, end, lines
+        finally:
+            await adapter.close()
+            await bus.close()
+
+    owner, end, lines = asyncio.run(main())
+    assert owner == unix  # sbatch --uid: Slurm's accounting and limits see the user
+    assert end.EVENT_NAME == "job_succeeded", lines
+    assert f"who={unix} home={home}" in lines, lines  # srun --uid: the step runs as the account, in its home
+    made = list(home.glob(".skypurza-slurm/test/ua/sky_workdir/mine"))
+    assert made and made[0].owner() == unix
+
+
+def test_the_optimizer_reads_the_partitions_again_once_they_are_older_than_the_ttl(
+        slurm_rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skypurza.events.clock import ManualClock
+    from skypurza.services.optimizer import service as optimizer
+    from skypurza.services.optimizer.world import load_world
+
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    monkeypatch.setenv("SKYPURZA_SLURM_CONFIG", str(config))
+    clock = ManualClock()
+    svc = optimizer.OptimizerService(enabled=frozenset({"slurm"}), clock=clock)
+    svc.world = load_world(svc.settings, enabled=frozenset({"slurm"}))
+
+    def partitions() -> set[str]:
+        assert svc.world is not None
+        return {o.partition for c in svc.world.slurm for o in c.offers}
+
+    def scontrol(state: str) -> None:
+        subprocess.run(["scontrol", "update", f"partitionname={GPU_PARTITION}", f"state={state}"], env=slurm_rig.env,
+                       check=True, capture_output=True, timeout=10)
+
+    assert partitions() == {"debug", GPU_PARTITION}
+    scontrol("down")  # an admin takes a partition away
+    try:
+        asyncio.run(svc._refresh_slurm())
+        assert partitions() == {"debug", GPU_PARTITION}  # within the TTL: the reading stands
+        clock.advance(optimizer.SLURM_REFRESH_TTL_S + 1)
+        asyncio.run(svc._refresh_slurm())
+        assert partitions() == {"debug"}  # read again: the down partition is no zone any more
+    finally:
+        scontrol("up")

@@ -4,7 +4,7 @@ partition's TRESBillingWeights (docs/slurm.md, *Billing*).
 The pure parts first (sacct and scontrol text, the billing of an accounted allocation, the
 ledger's fold and meter), then a real Slurm with slurmdbd and MariaDB: `spz launch` and `spz
 down` on it, and the ledger's billing-seconds for the allocation equal sacct's `billing` TRES ×
-ElapsedRaw.
+ElapsedRaw, the allocation ended by autostop.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def _sacct(rig, job: str) -> tuple[int, int, str]:
     return int(billing), int(elapsed), state
 
 
-def test_spz_billing_of_a_real_allocation_equals_saccts(slurm_accounted_rig, tmp_path: Path) -> None:
+def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slurm_accounted_rig, tmp_path: Path) -> None:
     from local_cli import local_cli, spz
     from slurm_rig import CLUSTER, GPU_PARTITION
 
@@ -181,8 +181,19 @@ def test_spz_billing_of_a_real_allocation_equals_saccts(slurm_accounted_rig, tmp
         job = subprocess.run(["squeue", "-h", "-n", naming.slurm_job_name("slurmbill", "bl"), "-o", "%i"],
                              env=rig.env, capture_output=True, text=True, timeout=10).stdout.strip()
         assert job.isdigit(), job
-        down = spz(env, "down", "bl", "-y")
-        assert down.returncode == 0, down.stdout + down.stderr
+        # Autostop on Slurm: idle (the job ended) for 0 minutes with --down ends the allocation (scancel).
+        auto = spz(env, "autostop", "bl", "-i", "0", "--down", "-y")
+        assert auto.returncode == 0, auto.stdout + auto.stderr
+        left = job
+        for _ in range(120):
+            left = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=rig.env, capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+            if not left:
+                break
+            subprocess.run(["sleep", "0.25"])
+        assert left == "", "autostop did not end the allocation"
+        status = spz(env, "status", "-o", "json")
+        assert '"bl"' not in status.stdout, status.stdout  # torn down, as --down says
         billing, elapsed, state = _sacct(rig, job)
         # GPU weights apply (they need slurmdbd): 1 CPU + 0.25 × 1 GiB + 2 (gres/gpu) + 4 (gres/gpu:h100)
         assert billing == 7 and state.startswith("CANCELLED"), (billing, state)

@@ -394,7 +394,8 @@ class Agent:
             body = slurmexec.executor_script(
                 script, job_env, config=self.spec.extra["slurm_config"], host=self.spec.extra["slurm_host"],
                 job=self.spec.extra["slurm_job"], node=self.spec.extra["slurm_node"],
-                step_name=f"{job.job_id}-{phase}", remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster))
+                step_name=f"{job.job_id}-{phase}", remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster),
+                uid=self.spec.extra.get("slurm_uid") or None)
         else:
             body = userenv.phase_script(script, self.workdir, job_env)
         proc = await asyncio.to_thread(spawn, files, body, self.workdir, env)

@@ -42,13 +42,21 @@ def step_keys(keys: Iterable[str]) -> list[str]:
     return [k for k in dict.fromkeys(keys) if k != CUDA_VISIBLE_DEVICES]
 
 
-def remote_command(*, job: str, node: str, step_name: str, remote_dir: str, marker: str) -> str:
+def remote_command(*, job: str, node: str, step_name: str, remote_dir: str, marker: str,
+                   uid: str | None = None) -> str:
     """What the login node runs (its own shell): read the phase from stdin, run it as a step,
-    end the step when our side of the connection goes away."""
-    inner = (f'W="$HOME"/{shlex.quote(remote_dir + "/" + WORKDIR)}; f=$(mktemp) || exit 1; cat > "$f"; '
+    end the step when our side of the connection goes away. With `uid` (submit_as_user) the step
+    runs as that Unix account (srun started by `runuser`), in its own home: srun passes on the
+    login identity's environment, so HOME, USER and LOGNAME are the account's again first."""
+    as_user = ('u=$(id -un); export USER="$u" LOGNAME="$u" HOME="$(getent passwd "$u" | cut -d: -f6)"; '
+               if uid else "")
+    inner = (f'{as_user}W="$HOME"/{shlex.quote(remote_dir + "/" + WORKDIR)}; f=$(mktemp) || exit 1; cat > "$f"; '
              'mkdir -p "$W" && cd "$W" || exit 1; bash "$f" </dev/null; c=$?; rm -f "$f"; exit $c')
-    srun = ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            f"--job-name={step_name}", "--quiet", "--kill-on-bad-exit=1", "bash", "-c", inner]
+    # As the account: `srun --uid` from root fails the step's credential check in Slurm 22.05
+    # ("Invalid job credential"), so the login node's root starts srun as the account instead.
+    srun = [*(["runuser", "-u", uid, "--"] if uid else []), "srun", f"--jobid={job}", "--overlap", "--nodes=1",
+            "--ntasks=1", f"--nodelist={node}", f"--job-name={step_name}", "--quiet", "--kill-on-bad-exit=1",
+            "bash", "-c", inner]
     return "\n".join([
         f'd="$HOME"/{shlex.quote(remote_dir)}',
         'mkdir -p "$d" && lf=$(mktemp "$d/phase.XXXXXX") || exit 255',
@@ -62,13 +70,13 @@ def remote_command(*, job: str, node: str, step_name: str, remote_dir: str, mark
 
 
 def executor_script(user_script: str, keys: Iterable[str], *, config: str, host: str, job: str, node: str,
-                    step_name: str, remote_dir: str, marker: str | None = None) -> str:
+                    step_name: str, remote_dir: str, marker: str | None = None, uid: str | None = None) -> str:
     """The local bash script of one phase (see the module doc)."""
     marker = marker or f"__spz_end_{secrets.token_hex(12)}"
     names = step_keys(keys)
     phase = phase_script(user_script, _Here(), names)
     heredoc = f"__SPZ_PHASE_{secrets.token_hex(8)}"
-    command = remote_command(job=job, node=node, step_name=step_name, remote_dir=remote_dir, marker=marker)
+    command = remote_command(job=job, node=node, step_name=step_name, remote_dir=remote_dir, marker=marker, uid=uid)
     return "\n".join([
         f"# Written by the SkyPurza node agent: this phase runs as an srun step of Slurm allocation {job} on {node}.",
         'hold=$(mktemp -u "${TMPDIR:-/tmp}/spz-hold.XXXXXX") && mkfifo -m 600 "$hold" || exit 255',

@@ -13,7 +13,8 @@
   users and teams, for admins (routes_identity.py); what the web console reads besides (a
   cluster's timeline, a managed job's history, tokens: routes_console.py), dispatch's queue,
   policy and budgets and the open alerts (routes_dispatch.py), the metrics page for Prometheus
-  (admins or the metrics token: routes_metrics.py), and the console's
+  (admins or the metrics token: routes_metrics.py), GPU utilisation, goodput and GPU health for
+  admins (routes_observability.py), and the console's
   files at /console/ (console_static.py, docs/console.md). docs/team.md lists every endpoint and who
   may call it.
 
@@ -44,7 +45,7 @@ from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
 from . import (routes_clusterjobs, routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs,
-               routes_metrics, routes_streams, timetravel, workspaces)
+               routes_metrics, routes_observability, routes_streams, timetravel, workspaces)
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
@@ -316,6 +317,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(routes_identity.router(deps))
     app.include_router(routes_console.router(deps))
     app.include_router(routes_dispatch.router(deps))
+    app.include_router(routes_observability.router(deps))
     app.include_router(routes_metrics.router(deps, settings.metrics_token))
 
     # The web console (services/api/console_static.py): static files calling the API above.

@@ -56,7 +56,7 @@ CONTRACT = Contract(
                 DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels"},
-    # The status, ledger and metrics queries it answers requests with, jobs' output (SSE), a task's
+    # The status, ledger, metrics and GPU health queries it answers requests with, jobs' output (SSE), a task's
     # secrets and uploads (the secured bus's grants).
-    bus=BusAccess(asks=("status", "ledger", "observability"), logs="read", secrets="write", objects="write"),
+    bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth"), logs="read", secrets="write", objects="write"),
 )

@@ -4,7 +4,7 @@
   newest last, at most `limit`; `read` on the cluster's owner.
 - `GET /api/v1/jobs/{id}/history`: a managed job's recovery history: each status change (each
   preemption, each relaunch) and each cluster it was placed on, with where and at what price;
-  `read` on the job's owner.
+  `read` on the job's owner; `at=` rebuilds it from the log as it stood then (timetravel.py).
 - `GET /api/v1/users/{name}/tokens` and `DELETE /api/v1/users/{name}/tokens/{token_id}`: a
   user's live tokens (ids only: the log holds no token) and revoking one; admins only.
 
@@ -22,7 +22,6 @@ from fastapi import APIRouter, Depends, Path, Query
 from skypurza.events import naming, status_queries
 from skypurza.events.bus import Stored
 from skypurza.events.cluster_events import ClusterProvisioned
-from skypurza.events.managed_events import ManagedJobStatusChanged
 
 from . import directory_io, timetravel
 from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName
@@ -112,8 +111,41 @@ def router(deps: ApiDeps) -> APIRouter:
         return {"cluster": name, "events": entries, **({"at": when.isoformat()} if when else {})}
 
     @r.get("/jobs/{job_id}/history", summary="A managed job's recovery history: status changes and placements")
-    async def job_history(job_id: ManagedJobId, who: Principal = caller) -> dict[str, Any]:
+    async def job_history(job_id: ManagedJobId, who: Principal = caller,
+                          at: str | None = Query(None, max_length=timetravel.MAX_AT_CHARS,
+                                                 description=timetravel.AT_DESCRIPTION)) -> dict[str, Any]:
+        when = timetravel.checked_at(at)
         b = deps.bus()
+        row: dict[str, Any] | None = None
+        if when is None:  # now: the status projection's row, authorized before the log is read
+            row = await managed_row(b, job_id)
+            decision = authorize(who, "read", row.get("user") or "", row.get("team"))
+            if not decision.allowed:
+                raise forbidden(decision.reason)
+        try:
+            past = await timetravel.managed_job_at(b, job_id, when)
+            placements = []
+            for cluster in past.clusters[:100]:
+                stored = await timetravel.provisioned_at(b, cluster, when)
+                if stored is not None and isinstance(stored.event, ClusterProvisioned):
+                    placements.append({**placement(stored.event), "seq": stored.seq})
+        except Exception as exc:
+            log.warning("reading managed job %s's history failed: %s: %s", job_id, type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+        if row is None:  # a past moment: who and what the log said then
+            assert when is not None
+            if past.submitted is None:
+                raise not_found(f"no managed job {job_id} at {when.isoformat()}")
+            row = past.row()
+            decision = authorize(who, "read", row.get("user") or "", row.get("team"))
+            if not decision.allowed:
+                raise forbidden(decision.reason)
+        changes = [{**c, "reason": c["reason"][:MAX_SUMMARY_CHARS]} for c in past.changes]
+        return {"job_id": job_id, "name": row.get("name"), "status": row.get("status"), "user": row.get("user"),
+                "team": row.get("team"), "preemptions": sum(1 for c in changes if c["kind"] == "preempted"),
+                "changes": changes, "placements": placements, **({"at": when.isoformat()} if when else {})}
+
+    async def managed_row(b: Any, job_id: int) -> dict[str, Any]:
         try:
             rows = await status_queries.jobs_queue(b, job_ids=[job_id], min_seq=await b.last_seq(),
                                                    timeout=STATUS_TIMEOUT_S)
@@ -124,33 +156,7 @@ def router(deps: ApiDeps) -> APIRouter:
         row = next((x for x in rows if x.get("job_id") == job_id), None)
         if row is None:
             raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
-        decision = authorize(who, "read", row.get("user") or "", row.get("team"))
-        if not decision.allowed:
-            raise forbidden(decision.reason)
-        changes: list[dict[str, Any]] = []
-        clusters: list[str] = []
-        try:
-            async for s in b.replay(filter_subject=naming.aggregate_subjects(b.stage, "mjob", str(job_id))):
-                if isinstance(s.event, ManagedJobStatusChanged):
-                    e = s.event
-                    changes.append({"seq": s.seq, "time": s.envelope.time.isoformat() if s.envelope else None,
-                                    "status": e.status, "kind": e.kind, "cluster": e.cluster,
-                                    "task_index": e.task_index, "recoveries": e.recoveries,
-                                    "reason": e.reason[:MAX_SUMMARY_CHARS]})
-                    if e.cluster and e.cluster not in clusters:
-                        clusters.append(e.cluster)
-            placements = []
-            for cluster in clusters[:100]:
-                stored = await b.last_event(naming.event_subject(b.stage, "cluster", cluster,
-                                                                 ClusterProvisioned.EVENT_NAME))
-                if stored is not None and isinstance(stored.event, ClusterProvisioned):
-                    placements.append({**placement(stored.event), "seq": stored.seq})
-        except Exception as exc:
-            log.warning("reading managed job %s's history failed: %s: %s", job_id, type(exc).__name__, exc)
-            raise unavailable("the server cannot read the log just now; try again shortly", 2)
-        return {"job_id": job_id, "name": row.get("name"), "status": row.get("status"), "user": row.get("user"),
-                "team": row.get("team"), "preemptions": sum(1 for c in changes if c["kind"] == "preempted"),
-                "changes": changes, "placements": placements}
+        return row
 
     async def admin(who: Principal = caller) -> Principal:
         decision = authorize(who, "manage")

@@ -2,16 +2,18 @@
 
 - `GET /api/v1/jobs`: the status service's managed jobs queue (events/status_queries.py): the
   caller's own; `all_users=true` everyone's the caller may read; an admin's: all.
-- `POST /api/v1/jobs`: one task (YAML text + the overrides of POST /tasks) as a managed job; the
-  id is allocated by the log (events/managed_submit.py), the job and its envelope stamped with
-  the caller, as POST /tasks stamps.
+- `POST /api/v1/jobs`: a task, a pipeline (several YAML documents) or a job group (a header with
+  `execution: parallel`), `num_jobs` times (YAML text + the overrides of POST /tasks), submitted
+  as the CLI submits them on the bus (events/managed_plan.py: planned, then all or none); ids
+  allocated by the log, each job and its envelope stamped with the caller, as POST /tasks stamps.
 - `POST /api/v1/jobs/{id}/cancel`: `act` on the job's owner; 404 unknown, 409 already ended.
 - `GET /api/v1/jobs/{id}/logs`: the job's output as server-sent events, cluster after cluster as
   recoveries move it (each cluster's job streamed by routes_streams.job_lines; a `launch` frame
   names each cluster); the last frame is `end`, with the managed job's status. `logs` on the
   job's owner; one of the caller's stream slots while open.
 - `GET /api/v1/cost-report`: the ledger's showback lines (events/ledger_queries.py); a member or
-  viewer sees their own team's lines, an admin all; 503 when the ledger does not answer.
+  viewer sees their own team's lines, an admin all; 503 when the ledger does not answer; `at=`
+  is the report as it stood then (the ledger's rows up to that moment: time travel).
 """
 
 from __future__ import annotations
@@ -28,18 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skypurza.events import ledger_queries, limits, status_queries
 from skypurza.events.managed_events import TERMINAL_STATUSES, ManagedJobCancelRequested
-from skypurza.events.managed_submit import submit_managed_job
+from skypurza.events.managed_plan import PartialSubmission, PlanError, plan_jobs, submit_plans, summary
 from skypurza.events.principal import stamp
 
 from .clusterview import read_view
 from .deps import STATUS_TIMEOUT_S, ApiDeps
-from . import workspaces
+from . import timetravel, workspaces
 from .extensions import admitted_task
 from .identity import Principal, authorize, visible
 from .problems import Problem, conflict, forbidden, not_found, unavailable
 from .routes_streams import MAX_TAIL, job_lines
 from .sse import KEEPALIVE, SseResponse, StreamSlots, frame
-from .tasks import WORKSPACE_DESCRIPTION, Refused, TaskOverrides, TaskRequest, Workspace, load_task
+from .tasks import WORKSPACE_DESCRIPTION, Refused, TaskOverrides, Workspace, load_tasks_of
 
 log = logging.getLogger("skypurza.api")
 
@@ -51,16 +53,20 @@ ReportBy = Literal["team", "user", "project", "cluster", "region", "day"]  # the
 
 
 class JobRequest(BaseModel):
-    """One task to run as a managed job (`spz jobs launch`). `user` and `team` are not fields: the
-    server stamps the caller."""
+    """What `spz jobs launch` submits: a task, a pipeline or a job group, `num_jobs` times. `user`
+    and `team` are not fields: the server stamps the caller."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: str | dict[str, Any] = Field(description="The task YAML text, or the same as a JSON object.")
+    task: str | dict[str, Any] = Field(description="The task YAML text (several documents: a pipeline, or a job "
+                                                   "group when the header says execution: parallel), or one task "
+                                                   "as a JSON object.")
     name: Optional[Annotated[str, Field(min_length=1, max_length=limits.MAX_TASK_NAME_CHARS)]] = Field(
         None, description="The managed job's name (-n); the task's name when left out.")
     overrides: TaskOverrides = TaskOverrides()
     workspace: Optional[Workspace] = Field(None, description=WORKSPACE_DESCRIPTION)
+    num_jobs: int = Field(1, ge=1, le=limits.MAX_NUM_JOBS,
+                          description="N managed jobs of the task (or pipeline), ranks 0..N-1 (--num-jobs).")
 
 
 async def _jobs(deps: ApiDeps, **kw: Any) -> list[dict[str, Any]]:
@@ -139,27 +145,47 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
         shown = visible(who, rows, all_users)
         return {"jobs": shown, "all_users": all_users}
 
-    @r.post("/jobs", status_code=202, summary="Launch a managed job (spz jobs launch)")
+    @r.post("/jobs", status_code=202, summary="Launch managed jobs: a task, a pipeline, a job group, num_jobs of "
+                                              "it (spz jobs launch)")
     async def submit(body: JobRequest, who: Principal = caller) -> dict[str, Any]:
         decision = authorize(who, "submit", who.user, who.team)
         if not decision.allowed:
             raise forbidden(decision.reason)
         try:
-            task = load_task(TaskRequest(task=body.task, overrides=body.overrides))
+            loaded = load_tasks_of(body.task, body.overrides)
+            plans = plan_jobs(body.name or loaded.name or "sky-managed", [t.name for t in loaded.tasks],
+                              loaded.header if loaded.is_job_group else {}, body.num_jobs)
         except Refused as exc:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
+        except PlanError as exc:
+            raise Problem(422, "invalid-request", "Invalid request", str(exc))
         who, defaults = workspaces.resolve(who, body.workspace, await deps.directory())
-        task = await admitted_task(deps.admission, "managed_job", who, task)
-        labels = dict(task.resources.labels or {}) if task.resources is not None and task.resources.labels else {}
-        labels = {**defaults, **labels}
-        name = body.name or task.name or "sky-managed"
-        public = workspaces.with_default_labels(task.public_dict(), defaults)
-        job = await submit_managed_job(deps.bus(), name=name, tasks=[public], user=who.user,
-                                       team=who.team, project=labels.get("project"),
-                                       secrets=[task.secret_values()], stamped=(who.user, who.team))
-        log.info("managed job %s (%s) submitted by %s (team %s)", job.managed_job_id, name, who.user, who.team)
-        return {"job_id": job.managed_job_id, "name": name, "task_ids": job.skypilot_task_ids, "user": who.user,
-                "team": who.team, "status": "PENDING"}
+        tasks = [await admitted_task(deps.admission, "managed_job", who, t) for t in loaded.tasks]
+        publics = [workspaces.with_default_labels(t.public_dict(), defaults) for t in tasks]
+
+        def attribution(plan: Any) -> tuple[str | None, str | None]:
+            labels = dict(defaults)
+            for k in plan.task_indexes:
+                res = tasks[k].resources
+                labels.update(res.labels or {} if res is not None else {})
+            return who.team, labels.get("project")
+
+        # All or none (events/managed_plan.py), and shielded: a client that goes away mid-group
+        # does not cancel the submission half-way; the server finishes it (or cancels what it sent).
+        work = asyncio.ensure_future(submit_plans(deps.bus(), plans, publics, [t.secret_values() for t in tasks],
+                                                  user=who.user, attribution=attribution,
+                                                  stamped=(who.user, who.team)))
+        try:
+            jobs = await asyncio.shield(work)
+        except PartialSubmission as exc:
+            log.warning("managed jobs of %s: %s", who.user, exc)
+            raise unavailable(f"{exc}; nothing of this launch runs, try it again")
+        summaries = [summary(p, j) for p, j in zip(plans, jobs)]
+        log.info("managed job(s) %s (%s) submitted by %s (team %s)", ", ".join(str(s["id"]) for s in summaries),
+                 plans[0].name, who.user, who.team)
+        first = summaries[0]
+        return {"job_id": first["id"], "name": first["name"], "task_ids": first["task_ids"], "user": who.user,
+                "team": who.team, "status": "PENDING", "jobs": [{**s, "status": "PENDING"} for s in summaries]}
 
     async def job_row(job_id: int) -> dict[str, Any] | None:
         rows = await _jobs(deps, job_ids=[job_id])
@@ -207,8 +233,17 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
                                                                "ISO date-time).")]] = None,
                           until: Optional[Annotated[str, Query(max_length=40, description="Until (YYYY-MM-DD or an "
                                                                "ISO date-time).")]] = None,
+                          at: Optional[Annotated[str, Query(max_length=timetravel.MAX_AT_CHARS,
+                                                            description=timetravel.AT_DESCRIPTION + " The ledger's "
+                                                            "rows up to then; not with `until`.")]] = None,
                           ) -> dict[str, Any]:
         since, until = _when(since, "since"), _when(until, "until")
+        when = timetravel.checked_at(at)
+        if when is not None:
+            if until is not None:
+                raise Problem(422, "invalid-request", "Invalid request",
+                              "at and until: give one (at is the report as it stood then: the ledger's rows up to it)")
+            until = when.isoformat()
         if who.role != "admin" and by != "team":
             raise forbidden(f"a report by {by} spans teams: members and viewers see their own team's line "
                             f"(by=team); other groupings are for admins")
@@ -224,9 +259,10 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
                               "the ledger service; is it running (spz api status)?")
         if not isinstance(report, dict):
             raise unavailable("the ledger's answer was not a report; try again shortly")
+        past = {"at": when.isoformat()} if when is not None else {}
         if who.role == "admin":
-            return {**report, "scope": "all"}
-        return {**_team_only(report, who.team), "scope": f"team {who.team}"}
+            return {**report, "scope": "all", **past}
+        return {**_team_only(report, who.team), "scope": f"team {who.team}", **past}
 
     return r
 

@@ -45,6 +45,11 @@ def _chunk(line: LogLine) -> dict[str, Any]:
     return {"line": line.line, "end": line.end, "rank": line.rank, "stream": line.stream, "ts": line.ts}
 
 
+def _last_event_id(value: str | None) -> int | None:
+    """A Last-Event-ID header as a stream sequence; anything else (not ASCII digits) is none."""
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+
 def may_see(who: Principal, aggregate: str, owner: Owner | None) -> bool:
     """Whether an event of `aggregate` owned by `owner` goes to `who`'s events stream."""
     if who.role == "admin":
@@ -74,10 +79,13 @@ async def _pumped(pumps: list[Any], queue: asyncio.Queue) -> AsyncIterator[Any]:
 
 
 async def job_lines(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any,
-                    outcome: dict[str, Any]) -> AsyncIterator[bytes]:
+                    outcome: dict[str, Any], after: int = 0) -> AsyncIterator[bytes]:
     """The `line` frames (and keep-alives) of job `job_id` on cluster `name`, as `start` (its
     ClusterView) left it: `tail` of the history, then with `follow` until the job or the cluster
-    ends. `outcome` is filled with the job's and the cluster's final status. Shared by a
+    ends. `after`: a reconnecting client's Last-Event-ID (a frame's `id` is the chunk's sequence on
+    the logs stream): only the chunks after it, so a client that moves to another API server
+    replica carries on with nothing lost or repeated (`tail` then counts from there). `outcome`
+    is filled with the job's and the cluster's final status. Shared by a
     cluster job's stream and a managed job's (services/api/routes_jobs.py)."""
     subject = naming.logs_subject_filter(bus.stage, name, job_id)
     chunks = ChunkFilter()
@@ -86,7 +94,7 @@ async def job_lines(bus: Bus, name: str, job_id: int, follow: bool, tail: int, s
     async for msg in bus.replay_raw(stream=bus.logs_stream, filter_subject=subject):
         line = parse_log(msg)
         last = line.seq
-        if chunks.fresh(line):
+        if chunks.fresh(line) and line.seq > after:  # (every chunk goes through the filter: its state)
             history.append(line)
     for line in history[-tail:] if tail > 0 else history:
         yield frame("line", _chunk(line), line.seq)
@@ -129,9 +137,10 @@ async def job_lines(bus: Bus, name: str, job_id: int, follow: bool, tail: int, s
     outcome.update(status=job.status, exit_code=job.exit_code, cluster_status=status, reason=job.reason or None)
 
 
-async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any) -> AsyncIterator[bytes]:
+async def _job_logs(bus: Bus, name: str, job_id: int, follow: bool, tail: int, start: Any,
+                    after: int = 0) -> AsyncIterator[bytes]:
     outcome: dict[str, Any] = {}
-    async for chunk in job_lines(bus, name, job_id, follow, tail, start, outcome):
+    async for chunk in job_lines(bus, name, job_id, follow, tail, start, outcome, after):
         yield chunk
     yield frame("end", {"cluster": name, "job_id": job_id, **outcome})
 
@@ -196,10 +205,13 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
                        follow: bool = Query(True, description="Stream until the job ends."),
                        tail: int = Query(0, ge=0, le=MAX_TAIL, description=f"The last N chunks of the history "
                                                                            f"(0: all; at most {MAX_TAIL:,})."),
+                       last_event_id: Optional[str] = Header(None, max_length=20, description=(
+                           "A reconnecting client's last seen frame id: only the chunks after it.")),
                        ) -> SseResponse:
         from .routes_clusters import cluster_or_404
 
         b = deps.bus()
+        after = _last_event_id(last_event_id) or 0
         view = await cluster_or_404(deps, name)
         if job_id not in view.jobs:
             raise not_found(f"no job {job_id} on cluster {name} (GET /api/v1/clusters/{name}/jobs lists them)")
@@ -208,7 +220,7 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
         if not decision.allowed:
             raise forbidden(decision.reason)
         release = slots.take(who.user)
-        return SseResponse(_job_logs(b, name, job_id, follow, tail, view), release)
+        return SseResponse(_job_logs(b, name, job_id, follow, tail, view, after), release)
 
     @r.get("/events", responses=sse_doc, response_model=None,
            summary="The log's events as CloudEvents (structured JSON), server-sent")
@@ -222,8 +234,8 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
                      last_event_id: Optional[str] = Header(None, max_length=20,
                                                            description="A reconnecting client's last seen id."),
                      ) -> SseResponse:
-        if since is None and last_event_id is not None and last_event_id.isdigit():
-            since = int(last_event_id)
+        if since is None:
+            since = _last_event_id(last_event_id)
         release = slots.take(who.user)
         return SseResponse(_events(deps.bus(), who, type, subject, since), release)
 

@@ -124,26 +124,42 @@ def _cli_overrides(o: TaskOverrides) -> Any:
 
 def load_task(request: TaskRequest) -> Any:
     """The one task of the request, with its overrides, validated as `spz launch` validates it."""
+    loaded = load_tasks_of(request.task, request.overrides)
+    if len(loaded.tasks) != 1:
+        raise Refused(f"the task holds {len(loaded.tasks)} tasks (a pipeline or job group); a cluster runs one "
+                      "task at a time")
+    return loaded.tasks[0]
+
+
+def load_tasks_of(task: str | dict[str, Any], overrides: TaskOverrides) -> Any:
+    """Every task of a request's YAML (a pipeline or a job group allowed: the loader's TaskFile),
+    validated as `spz jobs launch` validates them: the overrides' envs and secrets apply to every
+    task, the other overrides to a single task only (as SkyPilot, and the CLI)."""
+    from dataclasses import replace
+
     from skypurza.events.taskspec import TaskSpecError, apply_overrides, load_tasks
 
-    text = _task_text(request.task)
+    text = _task_text(task)
     if len(text.encode()) > limits.MAX_YAML_FILE_BYTES:
         raise Refused(f"the task is {len(text.encode()):,} bytes; at most {limits.MAX_YAML_FILE_BYTES:,}")
-    overrides = _cli_overrides(request.overrides)
+    cli = _cli_overrides(overrides)
     try:
-        loaded = load_tasks(text, env_overrides=dict(overrides.envs), secret_overrides=dict(overrides.secrets),
+        loaded = load_tasks(text, env_overrides=dict(cli.envs), secret_overrides=dict(cli.secrets),
                             filename="task")
         if loaded.at_launch:
             raise TaskSpecError(loaded.at_launch)
-        if len(loaded.tasks) != 1:
-            raise Refused(f"the task holds {len(loaded.tasks)} tasks (a pipeline or job group); a cluster runs one "
-                          "task at a time")
-        task = apply_overrides(loaded.tasks[0], overrides)
+        if len(loaded.tasks) == 1 and not loaded.is_job_group:
+            loaded = replace(loaded, tasks=[apply_overrides(loaded.tasks[0], cli)])
+        elif overrides.model_dump(exclude={"envs", "secrets"}, exclude_defaults=True):
+            what = "job group" if loaded.is_job_group else "pipeline"
+            raise Refused(f"the overrides other than envs and secrets apply to one task; the task is a {what} of "
+                          f"{len(loaded.tasks)} tasks: set them in its YAML")
     except TaskSpecError as exc:
         problems = [str(p) for p in exc.problems][:50]
         raise Refused(f"the task is not valid: {problems[0] if problems else exc}", problems) from None
-    _refuse_local_paths(task)
-    return task
+    for t in loaded.tasks:
+        _refuse_local_paths(t)
+    return loaded
 
 
 def _local(value: Any) -> bool:

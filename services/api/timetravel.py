@@ -1,6 +1,9 @@
 """Time travel: the clusters as the log told them at a past moment (`?at=TIME` on the listings the
 console's overview and cluster pages read; docs/console.md, *Time travel*).
 
+A managed job's recovery history is read from its subject the same way, now or up to `at`
+(`managed_job_at`): who submitted it, each status change, each cluster it was placed on.
+
 The status service answers "now" only; a past moment is rebuilt here from the log itself: every
 event of the `cluster` aggregate stored up to `at`, folded by the one fold (events/fold.py), so a
 cluster downed later shows as it was (UP) before its down. Owners come from each launch's
@@ -21,16 +24,20 @@ from skypurza.events.bus import Bus, Stored
 from skypurza.events.cluster_events import ClusterProvisioned, NodeReady
 from skypurza.events.fold import JOB_TERMINAL, ClusterFold, fold_cluster
 from skypurza.events.job_events import JobQueued
+from skypurza.events.managed_events import ManagedJobStatusChanged, ManagedJobSubmitted
+from skypurza.events.principal import principal_of
 
 from .clusterview import Owner, task_owner
 from .problems import Problem
 
-__all__ = ["JOB_TERMINAL", "checked_at", "cluster_at", "clusters_at", "job_rows", "listing_at", "parse_at", "row"]
+__all__ = ["JOB_TERMINAL", "checked_at", "cluster_at", "clusters_at", "job_rows", "listing_at", "managed_job_at",
+           "parse_at", "provisioned_at", "row"]
 
 MAX_AT_CHARS = 40
 EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 MAX_CLUSTERS = 10_000  # clusters a past listing rebuilds; the rest are left out, and it says so
 MAX_CLUSTER_EVENTS = 100_000  # events of one cluster a past cluster page folds
+MAX_JOB_CHANGES = 10_000  # status changes of one managed job a history keeps (the newest)
 
 
 class BadTime(ValueError):
@@ -151,6 +158,55 @@ async def cluster_at(bus: Bus, name: str, at: datetime) -> PastCluster:
             break
         past.add(s, keep_timeline=True)
     return past
+
+
+@dataclass
+class PastManagedJob:
+    """A managed job's subject up to a moment: its submission and each status change."""
+
+    job_id: int
+    submitted: Stored | None = None
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    clusters: list[str] = field(default_factory=list)  # each it was placed on, in order
+
+    def add(self, s: Stored) -> None:
+        ev = s.event
+        if isinstance(ev, ManagedJobSubmitted):
+            self.submitted = self.submitted or s
+        elif isinstance(ev, ManagedJobStatusChanged):
+            self.changes.append({"seq": s.seq, "time": (s.envelope.time if s.envelope else s.timestamp).isoformat(),
+                                 "status": ev.status, "kind": ev.kind, "cluster": ev.cluster,
+                                 "task_index": ev.task_index, "recoveries": ev.recoveries, "reason": ev.reason})
+            if len(self.changes) > MAX_JOB_CHANGES:
+                self.changes.pop(0)
+            if ev.cluster and ev.cluster not in self.clusters:
+                self.clusters.append(ev.cluster)
+
+    def row(self) -> dict[str, Any]:
+        """Its row as `spz jobs queue` would have shown it then (pure): PENDING until a change."""
+        ev = self.submitted.event if self.submitted is not None else None
+        user, team = principal_of(self.submitted.envelope if self.submitted else None, ev)
+        return {"job_id": self.job_id, "name": getattr(ev, "name", None), "user": user, "team": team,
+                "status": self.changes[-1]["status"] if self.changes else "PENDING"}
+
+
+async def managed_job_at(bus: Bus, job_id: int, at: datetime | None) -> PastManagedJob:
+    """A managed job's subject up to `at` (None: all of it, now)."""
+    past = PastManagedJob(job_id)
+    async for s in bus.replay(filter_subject=naming.aggregate_subjects(bus.stage, "mjob", str(job_id)), until_time=at):
+        past.add(s)
+    return past
+
+
+async def provisioned_at(bus: Bus, cluster: str, at: datetime | None) -> Stored | None:
+    """The cluster's last ClusterProvisioned stored up to `at` (None: now)."""
+    subject = naming.event_subject(bus.stage, "cluster", cluster, ClusterProvisioned.EVENT_NAME)
+    if at is None:
+        return await bus.last_event(subject)
+    last = None
+    async for s in bus.replay(filter_subject=subject, until_time=at):
+        last = s
+    return last
 
 
 AT_DESCRIPTION = ("A past moment (ISO 8601, UTC when no offset is given): the answer rebuilt from the log as it "

@@ -90,7 +90,8 @@ class ObservabilityService:
         follower = asyncio.create_task(self._follow(bus))
         try:
             samples = await bus.nc.subscribe(naming.samples_filter(bus.stage), cb=self._on_sample)
-            queries = await bus.serve_queries(metrics_queries.SERVICE, {"render": self._render_query})
+            queries = await bus.serve_queries(metrics_queries.SERVICE, {"render": self._render_query,
+                                                                         "goodput": self._goodput_query})
             self._server = await self._listen()
         except BaseException:
             await stop_tasks(follower)
@@ -115,6 +116,18 @@ class ObservabilityService:
         """The page over the bus (events/metrics_queries.py), for the API server's `/metrics`."""
         body, ctype = await self.render(str(params.get("accept") or "")[:metrics_queries.MAX_ACCEPT_CHARS])
         return {"content_type": ctype, "body": body.decode()}
+
+    async def _goodput_query(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Goodput by team and job over the bus (events/metrics_queries.py), for the console: the
+        same window and numbers as the `*_goodput_ratio` families (one fold, one report)."""
+        assert self.bus is not None
+        spend = await self._ask(ledger_queries.spend_summary(self.bus, max_jobs=self.settings.max_series,
+                                                             timeout=self.settings.query_timeout_s))
+        if spend is None:
+            return {"ledger": False, "team": [], "job": []}
+        rep = goodput.report(self.goodput, paid_of(spend))
+        return {"ledger": True, **{dim: [{"key": k, **dataclasses.asdict(g)} for k, g in keys.items()]
+                                   for dim, keys in rep.items()}}
 
     async def _on_sample(self, msg: Any) -> None:
         """A node sample: its busy GPUs credited to the cluster's owner (pure, a few microseconds;

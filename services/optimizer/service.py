@@ -42,12 +42,15 @@ from . import decide
 from .workspace import TeamInfras
 from .catalog import Catalog
 from .settings import OptimizerSettings
-from .world import kubernetes_contexts, load_world
+from .world import kubernetes_contexts, load_world, slurm_clusters
 
 log = logging.getLogger("skypurza.optimizer")
 
 SPOT_REFRESH_TTL_S = 300.0
 KUBE_REFRESH_TTL_S = 5.0
+# Partitions change rarely (an admin's scontrol, a node drained) and reading them is an SSH round
+# trip per cluster: read again before placing when older than this.
+SLURM_REFRESH_TTL_S = 60.0
 
 CONTRACT = ServiceContract(
     name="optimizer",
@@ -79,6 +82,7 @@ class OptimizerService:
         self._live_spot = self.settings.live_spot_prices if live_spot_prices is None else live_spot_prices
         self._spot_refreshed: dict[str, float] = {}
         self._kube_read = clock.monotonic()
+        self._slurm_read = clock.monotonic()
         self.world: decide.World | None = None
         self.bus: Bus | None = None
         self.policy_changes: list[tuple[int, bool]] = []  # decide.awaits_admission reads them
@@ -112,6 +116,7 @@ class OptimizerService:
         if self._live_spot and "aws" in self.world.enabled_infras:
             await self._refresh_spot(ev)
         await self._refresh_kubernetes()
+        await self._refresh_slurm()
         team = self._team(stored)
         return [Emit(decide.first_placement(ev, self.world, team, self.teams.of(team)), key="attempt-1")]
 
@@ -161,6 +166,7 @@ class OptimizerService:
             log.warning("capacity error for unknown task %s ignored", ev.task_id)
             return []
         await self._refresh_kubernetes()
+        await self._refresh_slurm()
         return [Emit(decide.after_capacity_error(submitted, errors, self.world, team, self.teams.of(team)),
                      key=f"attempt-{ev.attempt + 1}")]
 
@@ -196,6 +202,23 @@ class OptimizerService:
             log.warning("Kubernetes capacity unavailable: %s", exc)
             return
         self.world = dataclasses.replace(self.world, kubernetes=contexts)
+
+    async def _refresh_slurm(self) -> None:
+        """Each Slurm cluster's partitions read again when older than SLURM_REFRESH_TTL_S (bounded:
+        the discovery's own timeout); a failed read keeps the last one."""
+        assert self.world is not None
+        if "slurm" not in self.world.enabled_infras:
+            return
+        now = self.clock.monotonic()
+        if now - self._slurm_read < SLURM_REFRESH_TTL_S:
+            return
+        self._slurm_read = now
+        try:
+            clusters = await asyncio.to_thread(slurm_clusters, self.world.enabled_infras)
+        except Exception as exc:  # a refresh must never stop a placement: the last reading stands
+            log.warning("Slurm partitions unavailable: %s", exc)
+            return
+        self.world = dataclasses.replace(self.world, slurm=clusters)
 
     async def _refresh_spot(self, ev: TaskSubmitted) -> None:
         assert self.world is not None

@@ -53,7 +53,7 @@ from .slurm_ssh import SlurmSsh, SlurmSshError
 log = logging.getLogger(__name__)
 
 # Extra keys of the agents' spec (read by services/agent/slurmexec.py).
-X_CONFIG, X_HOST, X_JOB, X_NODE = "slurm_config", "slurm_host", "slurm_job", "slurm_node"
+X_CONFIG, X_HOST, X_JOB, X_NODE, X_UID = "slurm_config", "slurm_host", "slurm_job", "slurm_node", "slurm_uid"
 _PENDING_FATAL = ("PartitionNodeLimit", "PartitionTimeLimit", "AssocMaxJobsLimit", "QOSMaxJobsPerUserLimit",
                   "ReqNodeNotAvail", "BadConstraints", "InvalidAccount", "InvalidQOS")
 
@@ -275,8 +275,9 @@ class SlurmAdapter(LocalAdapter):
         except ValueError as exc:
             raise _error(Failure(FailureKind.INVALID, FailureScope.REQUEST, "SlurmInvalidOptions", str(exc)),
                          spec) from None
-        out_dir = shlex.quote(naming.slurm_dir(spec.stage, spec.cluster))
-        res = await self._run(spec.region, f"mkdir -p {out_dir} && sbatch --parsable", input=body, where=spec)
+        uid = self._unix_user(spec)
+        res = await self._run(spec.region, submit_command(naming.slurm_dir(spec.stage, spec.cluster), uid),
+                              input=body, where=spec)
         if not res.ok:
             raise _error(classify(res.stderr or res.stdout), spec)
         job_id = res.stdout.strip().split(";")[0].strip()
@@ -291,7 +292,17 @@ class SlurmAdapter(LocalAdapter):
             return await self._run(spec.region, command, where=spec)
 
         return {"job_id": job_id, "nodes": [{"name": n.name, "addr": n.addr} for n in nodes],
-                "accounting": await slurm_account.facts(run, job_id)}
+                "accounting": await slurm_account.facts(run, job_id), "uid": uid}
+
+    def _unix_user(self, spec: LaunchSpec) -> str | None:
+        """The Unix account submit_as_user names for the submission's user (None: the login's own)."""
+        cfg = self.user_config.cluster(spec.region)
+        unix = cfg.unix_user(spec.user)
+        if unix and cfg.submit_mode != "uid":
+            raise _error(Failure(FailureKind.UNSUPPORTED, FailureScope.REGION, "SlurmSubmitMode",
+                                 f"slurm.cluster_configs.{spec.region}.submit_mode: {cfg.submit_mode} is not "
+                                 "offered yet", "use submit_mode: uid from a login identity Slurm allows"), spec)
+        return unix
 
     async def _wait_running(self, spec: LaunchSpec, job_id: str) -> list[SlurmNode]:
         started = time.monotonic()
@@ -373,18 +384,20 @@ class SlurmAdapter(LocalAdapter):
                      X_NODE: node["name"]}
             if spec.labels.get(START_SEQ):
                 extra[START_SEQ] = str(spec.labels[START_SEQ])
+            if alloc.get("uid"):
+                extra[X_UID] = alloc["uid"]
             agent = AgentSpec(nats_url=self.nats_url, stage=spec.stage, cluster=spec.cluster, rank=rank,
                               num_nodes=spec.num_nodes, node_ips=tuple(ips), instance_id=instance_id, infra="slurm",
                               region=spec.region, zone=spec.zone, home=str(home), extra=extra)
             nodes.append({"rank": rank, "instance_id": instance_id, "home": str(home), "argv": agent.command(),
                           "pid": None, "slurm_node": node["name"], "addr": node["addr"]})
         spec_record = {k: getattr(spec, k) for k in ("stage", "cluster", "launch_token", "instance_type", "region",
-                                                      "zone", "num_nodes", "infra", "task_id", "job_id")}
+                                                      "zone", "num_nodes", "infra", "task_id", "job_id", "user")}
         spec_record["labels"] = dict(spec.labels)
         return {"cluster": spec.cluster, "stage": spec.stage, "launch_token": spec.launch_token,
                 "num_nodes": spec.num_nodes, "region": spec.region, "zone": spec.zone,
                 "instance_type": spec.instance_type, "job_id": spec.job_id, "slurm_job_id": alloc["job_id"],
-                "accounting": alloc.get("accounting", {}),
+                "accounting": alloc.get("accounting", {}), "unix_user": alloc.get("uid"),
                 "launched_at": datetime.now(timezone.utc).isoformat(), "state": "running", "nodes": nodes,
                 "spec": spec_record}
 
@@ -407,3 +420,15 @@ class SlurmAdapter(LocalAdapter):
                 state = NodeState.RUNNING if pid_alive(node.get("pid")) else NodeState.PENDING
             out.append(self._node_info(record, node, state))
         return out
+
+
+def submit_command(out_dir: str, uid: str | None) -> str:
+    """The login node's side of a submission (the script comes on stdin). With `uid`, sbatch
+    submits as that account (root or SlurmUser only) from its own home, where the allocation's
+    output directory is made and given to it: the job opens its output as that account."""
+    if not uid:
+        return f"mkdir -p {shlex.quote(out_dir)} && sbatch --parsable"
+    u, top = shlex.quote(uid), shlex.quote(out_dir.split("/")[0])
+    return (f'h=$(getent passwd {u} | cut -d: -f6); [ -n "$h" ] || {{ echo "sbatch: error: Invalid user id: "{u} >&2; '
+            f'exit 1; }}; cd "$h" && mkdir -p {shlex.quote(out_dir)} && chown -R {u}: {top} && '
+            f'sbatch --parsable --uid={u} --gid="$(id -g {u})"')

@@ -63,6 +63,7 @@ class SlurmRig:
     accounting: bool = False
     db_port: int = field(default_factory=free_port)
     dbd_port: int = field(default_factory=free_port)
+    users: list[str] = field(default_factory=list)  # Unix accounts this rig made (removed at stop)
 
     # ------------------------------------------------------------------ paths
 
@@ -118,6 +119,19 @@ class SlurmRig:
             raise
         return self
 
+    def add_user(self, name: str) -> Path:
+        """A real Unix account with its home under the rig, able to log in by key (useradd leaves
+        the password locked, which sshd without PAM refuses: `usermod -p '*'`)."""
+        home = self.root / "users" / name
+        subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/bash", name], check=True,
+                       capture_output=True, timeout=30)
+        self.users.append(name)
+        subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True, timeout=30)
+        home.mkdir(parents=True, exist_ok=True)
+        (self.root / "users").chmod(0o755)
+        shutil.chown(home, name, name)
+        return home
+
     def stop(self) -> None:
         for name in reversed(list(self.pids)):
             pid = self.pids.pop(name)
@@ -139,6 +153,8 @@ class SlurmRig:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        while self.users:
+            subprocess.run(["userdel", self.users.pop()], capture_output=True, timeout=30)
 
     def _fake_gpus(self) -> None:
         for i in range(GPUS_PER_NODE * len(NODES)):

@@ -10,8 +10,9 @@ import * as job from "./pages/job.js";
 import * as cost from "./pages/cost.js";
 import * as admin from "./pages/admin.js";
 import * as dispatch from "./pages/dispatch.js";
+import * as observability from "./pages/observability.js";
 
-const PAGES = { overview, cluster, job, cost, dispatch, admin };
+const PAGES = { overview, cluster, job, cost, dispatch, observability, admin };
 let current = null; // the AbortController of the page shown
 
 const main = () => document.getElementById("main");
@@ -58,6 +59,7 @@ function showLogin(message) {
 function showChrome(me, page) {
   document.getElementById("nav").hidden = false;
   document.getElementById("nav-admin").hidden = me.role !== "admin";
+  document.getElementById("nav-observability").hidden = me.role !== "admin";
   for (const a of document.querySelectorAll("#nav a")) {
     if (a.dataset.page === page) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");

@@ -1,5 +1,6 @@
 // Cost: showback by team / user / project / cluster (and region, day) over a period, as the ledger
 // reports it (GET /api/v1/cost-report, what spz cost-report prints): a table, a bar chart, CSV.
+// At a past moment (`at`) it is the ledger's rows up to then: Until is that moment.
 import { get, query } from "../api.js";
 import { bars } from "../chart.js";
 import { csv, download } from "../csv.js";
@@ -7,11 +8,12 @@ import { el, heading, notice, table } from "../ui.js";
 
 const BYS = ["team", "user", "project", "cluster", "region", "day"];
 
-export async function render(root, { me, signal }) {
+export async function render(root, { me, signal, at }) {
   const admin = me.role === "admin";
   const by = el("select", { id: "by", name: "by" }, (admin ? BYS : ["team"]).map((b) => el("option", { value: b }, b)));
   const since = el("input", { id: "since", name: "since", type: "date" });
-  const until = el("input", { id: "until", name: "until", type: "date" });
+  const until = el("input", { id: "until", name: "until", type: "date", disabled: Boolean(at),
+    title: at ? `the ledger's rows up to ${at}` : null });
   const msg = el("div");
   const out = el("div");
   const exportBtn = el("button", { type: "button", id: "export", disabled: true }, "Export CSV");
@@ -23,12 +25,14 @@ export async function render(root, { me, signal }) {
   root.append(heading("Cost"),
     el("p", { class: "muted" }, admin ? "Every team's usage and compensations, from the ledger."
       : `Your team's (${me.team}) line: other groupings span teams and are for admins.`),
+    at ? el("p", { class: "muted", id: "cost-at" }, `As it stood at ${at}: the ledger's rows up to then.`) : "",
     form, msg, out);
 
   let report = null;
   async function load() {
     notice(msg, "", "");
-    report = await get(`/cost-report${query({ by: by.value, since: since.value, until: until.value })}`, { signal });
+    const period = at ? { at } : { until: until.value };
+    report = await get(`/cost-report${query({ by: by.value, since: since.value, ...period })}`, { signal });
     const lines = report.lines || [];
     out.replaceChildren(
       el("p", {}, "Total: ", el("strong", { id: "total" }, `$${report.total.cost_usd}`),

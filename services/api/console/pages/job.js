@@ -1,5 +1,6 @@
 // A managed job: its recovery history (each status change; each preemption; each placement with
 // region and price) and its output across recoveries (a `launch` frame names each cluster).
+// At a past moment (`at`) the history is the log's up to then, read once: no action, no live output.
 import { get, post, query, stream } from "../api.js";
 import { el, heading, link, notice, status, table, usd, when } from "../ui.js";
 
@@ -7,7 +8,7 @@ const REFRESH_MS = 3000;
 const FINAL = new Set(["SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_CONTROLLER", "FAILED_NO_RESOURCE",
   "CANCELLED"]);
 
-export async function render(root, { me, args, signal }) {
+export async function render(root, { me, args, signal, at }) {
   const id = Number(args[0]);
   const msg = el("div", { "aria-live": "polite" });
   const facts = el("div");
@@ -24,7 +25,7 @@ export async function render(root, { me, args, signal }) {
 
   let shown = "";
   async function refresh() {
-    const h = await get(`/jobs/${id}/history`, { signal });
+    const h = await get(`/jobs/${id}/history${query({ at })}`, { signal });
     const key = JSON.stringify(h);
     if (key === shown) return;
     shown = key;
@@ -33,7 +34,7 @@ export async function render(root, { me, args, signal }) {
       el("dt", {}, "Status"), el("dd", {}, status(h.status)),
       el("dt", {}, "Owner"), el("dd", {}, `${h.user || "-"} (team ${h.team || "-"})`),
       el("dt", {}, "Preemptions"), el("dd", { id: "preemptions" }, String(h.preemptions))));
-    actions.replaceChildren(me.role !== "viewer" && !FINAL.has(h.status)
+    actions.replaceChildren(!at && me.role !== "viewer" && !FINAL.has(h.status)
       ? el("button", { type: "button", class: "danger", onclick: async () => {
         try {
           await post(`/jobs/${id}/cancel`);
@@ -55,6 +56,10 @@ export async function render(root, { me, args, signal }) {
   }
 
   await refresh();
+  if (at) { // the past does not change: read once; its output is today's stream, not then's
+    logState.textContent = "output is not shown at a past moment (Back to now follows it)";
+    return;
+  }
   stream(`/jobs/${id}/logs${query({ tail: 1000 })}`, (event, data) => {
     if (event === "launch") logs.append(`── launch ${data.launch} on cluster ${data.cluster} ──\n`);
     else if (event === "line") logs.append(`${data.line}\n`);
