@@ -169,10 +169,14 @@ def launch_command(
     from .transport import api
 
     t = api()
-    if t is not None and (len(tasks) != 1 or fanout.needed(plans)):
-        raise fail("a pipeline, a job group or --num-jobs is not available through an API server yet (it takes one "
-                   "task); unset SKYPURZA_API_SERVER (or spz api logout) to run it on the embedded control plane", 2)
     _confirm(f"Launch {fanout.describe(job_name, tasks, plans)}?", yes, destructive=False)
+    body: dict[str, Any] | None = None
+    if t is not None:  # the server submits a pipeline, a group, --num-jobs as the bus path does
+        from . import via_api_jobs
+
+        body = via_api_jobs.job_body(job_name, tasks, publics, header, num_jobs or 1, workspace)
+        if fanout.needed(plans):
+            raise typer.Exit(via_api_jobs.launch_many(t, plans, body, output=output, detach_run=detach_run))
     if fanout.needed(plans):
         raise typer.Exit(fanout.launch_many(plans, tasks, publics, cfg, output=output, detach_run=detach_run,
                                             follow_job=follow_job))
@@ -225,7 +229,7 @@ def launch_command(
             from . import via_api_jobs
 
             code, summary = via_api_jobs.launch(t, job_name, tasks[0], publics[0], detach_run=detach_run,
-                                                status=status, out=out, workspace=workspace)
+                                                status=status, out=out, workspace=workspace, body=body)
             submitted.append(summary["id"])
         else:
             code, summary = run_async(run())

@@ -162,15 +162,90 @@ def logs(t: ApiTransport, job_id: int | None, name: str | None, follow_: bool, t
     return exit_code_of(final) if follow_ else 0
 
 
-def launch(t: ApiTransport, job_name: str, task: Any, public: dict[str, Any], *, detach_run: bool, status: Any,
-           out: Callable[[str], None], workspace: str | None = None) -> tuple[int, dict[str, Any]]:
-    from skypurza.events.fold import exit_code_of
+def job_body(job_name: str, tasks: list[Any], publics: list[dict[str, Any]], header: dict[str, Any],
+             num_jobs: int = 1, workspace: str | None = None) -> dict[str, Any]:
+    """POST /api/v1/jobs's body for a launch: one task as an object (its secrets as overrides),
+    several (a pipeline, a job group) as the YAML documents the server loads again (a header,
+    then each task with its own secrets)."""
+    body: dict[str, Any] = {"name": job_name}
+    if len(tasks) == 1 and not header:
+        body["task"] = {k: v for k, v in publics[0].items() if k != "secrets"}
+        if tasks[0].secret_values():
+            body["overrides"] = {"secrets": tasks[0].secret_values()}
+    else:
+        import yaml
 
-    body: dict[str, Any] = {"task": {k: v for k, v in public.items() if k != "secrets"}, "name": job_name}
+        docs = [header or {"name": job_name}]
+        for task, public in zip(tasks, publics):
+            doc = {k: v for k, v in public.items() if k != "secrets"}
+            if task.secret_values():
+                doc["secrets"] = task.secret_values()
+            docs.append(doc)
+        body["task"] = yaml.safe_dump_all(docs, sort_keys=False)
+    if num_jobs > 1:
+        body["num_jobs"] = num_jobs
     if workspace:
         body["workspace"] = workspace
-    if task.secret_values():
-        body["overrides"] = {"secrets": task.secret_values()}
+    return body
+
+
+def launch_many(t: ApiTransport, plans: list[Any], body: dict[str, Any], *, output: str,
+                detach_run: bool) -> int:
+    """fanout.launch_many through the server: it submits every job (all or none), then each is
+    followed over its logs stream, lines labelled, and the exit status decided as on the bus."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .fanout import LIVE_FOLLOWERS, finish
+    from .progress import StatusLine, echo_err, echo_out
+
+    status = StatusLine()
+    out = echo_err if output == "json" else echo_out
+    submitted: list[int] = []
+    try:
+        status.update(f"Submitting {len(plans)} managed jobs to the API server")
+        try:
+            summaries = list(t.post("/api/v1/jobs", body).get("jobs") or [])
+        except ApiError as exc:
+            raise _fail(exc)
+        for s in summaries:
+            submitted.append(int(s["id"]))
+            status.note(f"Managed job {s['id']} ({s['name']}) submitted.")
+        ids = " ".join(map(str, submitted))
+        if detach_run:
+            status.note(f"See them: spz jobs queue; follow one: spz jobs logs ID; cancel them: spz jobs cancel {ids}")
+            code = 0
+        else:
+            status.update(f"Following {len(submitted)} managed jobs")
+            with ThreadPoolExecutor(max_workers=max(1, min(LIVE_FOLLOWERS, len(submitted)))) as pool:
+                finals = list(pool.map(lambda jp: follow(t, jp[0], lambda line: out(f"({jp[1].label}) {line}"),
+                                                         follow=True), zip(submitted, plans)))
+            status.stop()
+            code = finish(status, summaries, finals)
+    except KeyboardInterrupt:
+        status.stop()
+        if submitted:
+            ids = " ".join(map(str, submitted))
+            status.note(f"\nDetached (Ctrl-C): managed jobs {ids} keep running. See them: spz jobs queue; "
+                        f"cancel them: spz jobs cancel {ids}")
+        else:
+            status.note("\nStopped (Ctrl-C) before the server answered: see spz jobs queue for what it submitted.")
+        raise typer.Exit(130)
+    finally:
+        status.stop()
+    if output == "json":
+        from .context import print_json
+
+        print_json(summaries)
+    return code
+
+
+def launch(t: ApiTransport, job_name: str, task: Any, public: dict[str, Any], *, detach_run: bool, status: Any,
+           out: Callable[[str], None], workspace: str | None = None,
+           body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """One managed job (a task; a pipeline given as `body`, job_body's) submitted and followed."""
+    from skypurza.events.fold import exit_code_of
+
+    body = body or job_body(job_name, [task], [public], {}, workspace=workspace)
     status.update("Submitting to the API server")
     try:
         sub = t.post("/api/v1/jobs", body)
@@ -196,6 +271,7 @@ def cost_report(t: ApiTransport, by: str, since: str | None, until: str | None) 
     except ApiError as exc:
         raise _fail(exc)
     scope = rep.pop("scope", None)
+    rep.pop("team", None)  # the ledger's cut, said in `scope`: the report is printed as on the bus
     if scope and scope != "all":
         typer.echo(f"Through {t.url}: {scope} only (another team's lines are for admins).", err=True)
     return rep

@@ -12,6 +12,7 @@ from typing import Literal
 
 from .dispatch_policy import DispatchPolicy
 from .registry import Event, register
+from .types import ReservationRef
 
 HoldKind = Literal["quota", "user_limit", "budget", "order", "no_queue", "no_flavor", "policy"]
 POLICY_ID = "policy"
@@ -38,6 +39,8 @@ class TaskAdmitted(_TaskDispatchEvent):
     infra: str | None = None
     borrowing: bool = False
     reason: str = ""
+    # The flavor's reservation: the optimizer places the task only there (docs/dispatch.md)
+    reservation: ReservationRef | None = None
 
 
 @register

@@ -38,15 +38,49 @@ class ResourceQuota(_PolicyModel):
 class FlavorQuota(_PolicyModel):
     flavor: str = Field(min_length=1, max_length=63)
     # resource -> quota: `cpu`, `memory` (GiB), `gpu` (any model), or a GPU model (`A100`)
-    resources: dict[str, ResourceQuota] = Field(max_length=64)
+    resources: dict[str, ResourceQuota] = Field(default={}, max_length=64)  # a reservation flavor may give none
+
+
+AWS_RESERVATION_ID = r"^cr-[0-9a-f]{8,32}$"  # EC2's capacity reservation ids (capacity blocks too)
+MAX_RESERVED_NODES = 100_000
+
+
+class AwsReservation(_PolicyModel):
+    """An EC2 capacity reservation (ODCR) or capacity block: `count` instances of one type in
+    one zone. Its capacity is the flavor's quota (docs/dispatch.md, *Reservations*)."""
+
+    id: str = Field(pattern=AWS_RESERVATION_ID)
+    region: str = Field(min_length=1, max_length=63)
+    zone: str = Field(min_length=1, max_length=63)  # a zone name (us-east-1a) or id (use1-az4)
+    instance_type: str = Field(min_length=1, max_length=63)
+    count: int = Field(ge=1, le=MAX_RESERVED_NODES)
+
+
+class SlurmReservation(_PolicyModel):
+    """A Slurm reservation (`scontrol create reservation`) on one cluster; `nodes`: how many
+    nodes it holds, the flavor's quota (None: Slurm alone decides what fits)."""
+
+    cluster: str = Field(min_length=1, max_length=63)
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    nodes: int | None = Field(default=None, ge=1, le=MAX_RESERVED_NODES)
+
+
+class Reservation(_PolicyModel):
+    """Exactly one of: an ODCR, a capacity block, a Slurm reservation (policy.py checks one)."""
+
+    aws: AwsReservation | None = None
+    aws_capacity_block: AwsReservation | None = None
+    slurm: SlurmReservation | None = None
 
 
 class Flavor(_PolicyModel):
-    """Where a task may run under this flavor: an infra (`local`, `aws`), a market; None: any."""
+    """Where a task may run under this flavor: an infra (`local`, `aws`), a market; None: any.
+    With a reservation, only there (its infra, and for AWS its region, zone and type)."""
 
     name: str = Field(min_length=1, max_length=63)
     infra: str | None = Field(default=None, max_length=63)
     market: Market | None = None
+    reservation: Reservation | None = None
 
 
 class Cohort(_PolicyModel):

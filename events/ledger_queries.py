@@ -23,10 +23,11 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 async def cost_report(bus: Bus, by: str = "team", since: str | None = None, until: str | None = None,
-                      min_seq: int | None = None, timeout: float = 30.0) -> dict[str, Any]:
-    """Showback lines (usage, then compensations) and the total; `since`/`until` are ISO dates/times."""
-    return await bus.request(SERVICE, "cost_report", _params(by=by, since=since, until=until, min_seq=min_seq),
-                             timeout=timeout)
+                      min_seq: int | None = None, timeout: float = 30.0, team: str | None = None) -> dict[str, Any]:
+    """Showback lines (usage, then compensations) and the total; `since`/`until` are ISO dates/times;
+    `team`: that team's usage only (its lines by any grouping)."""
+    return await bus.request(SERVICE, "cost_report", _params(by=by, since=since, until=until, min_seq=min_seq,
+                                                             team=team), timeout=timeout)
 
 
 async def spend_summary(bus: Bus, max_jobs: int | None = None, timeout: float = 30.0) -> dict[str, Any]:

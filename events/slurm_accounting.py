@@ -23,6 +23,8 @@ __all__ = [
     "SACCT_FIELDS",
     "SacctRow",
     "accounting_disabled",
+    "allocation_end",
+    "parse_job_states",
     "job_fields",
     "parse_sacct",
     "parse_slurm_time",
@@ -161,3 +163,37 @@ def priority_flags(config_text: str) -> str:
             value = value.strip()
             return "" if value in ("(null)", "None") else value
     return ""
+
+
+# ---------------------------------------------------------------------------------- an allocation's end
+
+# What an allocation's end means to a managed job on it (recovery): "preempted" (requeue-like:
+# Slurm took the nodes for another job), "node_lost" (a node failed, or the allocation was ended
+# by someone else: an admin's scancel, a time limit), None while it runs.
+_ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "REQUEUE_HOLD",
+                    "REQUEUE_FED", "SIGNALING", "STAGE_OUT"})
+
+
+def allocation_end(state: str | None) -> str | None:
+    """The finding for an allocation in this squeue/sacct state (None: still alive). A job
+    squeue no longer lists (state None) has ended too."""
+    if state is None:
+        return "node_lost"
+    word = (state.split() or [""])[0].upper().rstrip("+")
+    if word in _ALIVE:
+        return None
+    if word == "PREEMPTED":
+        return "preempted"
+    if word == "COMPLETING":
+        return None  # still ending: the next look sees its final state
+    return "node_lost"
+
+
+def parse_job_states(text: str) -> dict[int, str]:
+    """`squeue -h -o '%i|%T'` (or sacct's `JobIDRaw|State`) lines → job id → state."""
+    out: dict[int, str] = {}
+    for line in text.splitlines()[:10_000]:
+        job, _, state = line.strip().partition("|")
+        if job.isdigit() and state:
+            out[int(job)] = state.split("|")[0].strip()
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 Market = Literal["spot", "on-demand"]
 
@@ -26,6 +26,23 @@ class Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
+ReservationKind = Literal["aws", "aws_capacity_block", "slurm"]
+
+
+class ReservationRef(Value):
+    """The reservation a placement launches into (docs/dispatch.md, *Reservations*): an AWS
+    capacity reservation or capacity block (`id`: cr-…), or a Slurm reservation (`id`: its name,
+    on `cluster`)."""
+
+    kind: ReservationKind
+    id: str = Field(min_length=1, max_length=128)
+    cluster: str | None = Field(default=None, max_length=63)
+    # AWS: where the reservation is, so placement is confined to it
+    region: str | None = Field(default=None, max_length=63)
+    zone: str | None = Field(default=None, max_length=63)
+    instance_type: str | None = Field(default=None, max_length=63)
+
+
 class Candidate(Value):
     """One place a task can run: what the optimizer ranks and the provisioner launches."""
 
@@ -42,6 +59,16 @@ class Candidate(Value):
     num_nodes: int = 1
     image_id: str | None = None
     disk_size_gb: int | None = None
+    reservation: ReservationRef | None = None  # launch into this reservation (dispatch's flavor)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_reservation(self, handler):  # type: ignore[no-untyped-def]
+        # A placement with no reservation is written exactly as before the field existed, so
+        # old logs, goldens and every reader that compares candidates see no change.
+        out = handler(self)
+        if isinstance(out, dict) and out.get("reservation", 0) is None:
+            out.pop("reservation")
+        return out
 
     @property
     def market(self) -> Market:

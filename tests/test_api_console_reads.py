@@ -44,10 +44,10 @@ def test_a_queues_quota_rows_are_the_policys_with_what_is_in_use() -> None:
 
 def test_the_api_finds_dispatch_through_entry_points_that_name_platform_code(monkeypatch) -> None:
     group = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][dispatch_reads.GROUP]
-    assert sorted(group) == sorted(dispatch_reads.NAMES)
+    assert sorted(group) == sorted(dispatch_reads.NAMES + dispatch_reads.OPTIONAL)
     assert all(v.startswith("skypurza.services.dispatch.") for v in group.values()), group
     load = dispatch_reads.load()
-    assert load is not None and issubclass(load.policy_error, Exception)
+    assert load is not None and issubclass(load.policy_error, Exception) and load.share_rows is not None
     with pytest.raises(load.policy_error) as err:
         load.load_policy("queues:\n  - name: q\n    teem: t\n", "p.yaml")
     assert (err.value.problems[0].line, err.value.problems[0].key) == (3, "queues[0].teem")

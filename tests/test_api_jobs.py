@@ -110,7 +110,12 @@ def test_managed_jobs_cost_report_and_identity_over_http(tmp_path: Path) -> None
 
             # The cost report: bounded parameters; a member sees their own team's line only.
             _problem(api.http.get("/api/v1/cost-report", headers=api.as_(alice), params={"since": "last week"}), 422)
-            _problem(api.http.get("/api/v1/cost-report", headers=api.as_(alice), params={"by": "user"}), 403)
+            # A member's report by user, project or cluster: their own team's usage only (the ledger's cut).
+            for by in ("user", "cluster", "project"):
+                res = api.http.get("/api/v1/cost-report", headers=api.as_(alice), params={"by": by})
+                assert res.status_code == 200 and res.json()["scope"] == "team ml" and res.json()["by"] == by, res.text
+            res = api.http.get("/api/v1/cost-report", headers=api.as_(vera), params={"by": "user"})
+            assert [x["key"] for x in res.json()["lines"] if x["kind"] == "usage"] == ["alice"], res.text
             # (without a ledger: a 503 that says so, tests/test_api_fuzz.py)
             res = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user"})
             assert res.status_code == 200 and res.json()["scope"] == "all" and res.json()["by"] == "user", res.text
@@ -120,6 +125,42 @@ def test_managed_jobs_cost_report_and_identity_over_http(tmp_path: Path) -> None
             mine = api.http.get("/api/v1/cost-report", headers=api.as_(alice))
             assert mine.status_code == 200, mine.text
             assert mine.json()["scope"] == "team ml" and mine.json()["lines"] == by_team["lines"], mine.text
+
+            # A pipeline, a job group and num_jobs, submitted as the CLI submits them; bounded.
+            pipe = "name: pipe\n---\nname: one\nrun: echo one\n---\nname: two\nrun: echo two\n"
+            group = ("name: grp\nexecution: parallel\n---\nname: a\nrun: sleep 120\n---\n"
+                     "name: b\nrun: sleep 120\n")
+            body = _problem(api.http.post("/api/v1/jobs", headers=api.as_(alice), json={"task": TASK, "num_jobs": 1001}),
+                            422)
+            assert "num_jobs" in str(body)
+            body = _problem(api.http.post("/api/v1/jobs", headers=api.as_(alice), json={"task": group, "num_jobs": 2}),
+                            422)
+            assert "a job group's jobs are its tasks" in body["detail"]
+            body = _problem(api.http.post("/api/v1/jobs", headers=api.as_(alice),
+                                          json={"task": pipe, "overrides": {"infra": "local"}}), 422)
+            assert "apply to one task" in body["detail"]
+            made = {}
+            for key, req in (("pipe", {"task": pipe}), ("group", {"task": group}),
+                             ("ranks", {"task": TASK, "num_jobs": 2, "name": "ranks"})):
+                res = api.http.post("/api/v1/jobs", headers=api.as_(alice), json=req)
+                assert res.status_code == 202 and res.json()["user"] == "alice", res.text
+                made[key] = res.json()["jobs"]
+            assert [(j["name"], len(j["task_ids"])) for j in made["pipe"]] == [("pipe", 2)]
+            root = made["group"][0]["id"]
+            assert [(j["name"], j["job_group"], j["root_job_id"]) for j in made["group"]] == [
+                ("grp/a", "grp", root), ("grp/b", "grp", root)]
+            assert [(j["name"], j["job_rank"], j["num_jobs"]) for j in made["ranks"]] == [("ranks", 0, 2), ("ranks", 1, 2)]
+            ids = [j["id"] for jobs in made.values() for j in jobs]
+            assert len(set(ids)) == 5
+            deadline = time.monotonic() + 30
+            while True:
+                rows = {r["job_id"]: r for r in api.http.get("/api/v1/jobs", headers=api.as_(alice)).json()["jobs"]}
+                if set(ids) <= set(rows) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert {(rows[i]["user"], rows[i]["team"]) for i in ids} == {("alice", "ml")}, rows
+            for i in ids:
+                assert api.http.post(f"/api/v1/jobs/{i}/cancel", headers=api.as_(alice)).status_code in (202, 409)
         finally:
             out = api.close()
         assert "Traceback" not in out, out[-3000:]

@@ -75,7 +75,7 @@ def _until(check, timeout: float = 30) -> None:
         time.sleep(0.3)
 
 
-def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way) -> None:
+def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way, tmp_path: Path) -> None:
     env = way.env
     # ------------------------------------------------------------- launch streams the output
     r = _ok(spz(env, "launch", "-y", "-c", "t1", "--infra", "local", "--ports", "8080", "echo hello-1; echo hello-2"))
@@ -142,6 +142,13 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way)
     assert "managed-hi" in _ok(spz(env, "jobs", "logs", "1", "--no-follow")).stdout.splitlines()
     assert _ok(spz(env, "jobs", "cancel", "-y", "1")).stdout.splitlines() == [
         "Managed job 1 already ended (SUCCEEDED).", "Nothing to cancel."]
+    # A pipeline of two tasks: one managed job (through a server: POST /api/v1/jobs with both).
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text("name: pipe\n---\nname: one\nresources: {infra: local}\nrun: echo pipe-one\n---\n"
+                    "name: two\nresources: {infra: local}\nrun: echo pipe-two\n")
+    r = _ok(spz(env, "jobs", "launch", "-y", str(pipe)))
+    assert [x for x in r.stdout.splitlines() if x.startswith("pipe-")] == ["pipe-one", "pipe-two"], r.stdout
+    assert "Managed job 2 (pipe) submitted." in r.stderr and "Managed job 2: SUCCEEDED" in r.stderr
     report = json.loads(_ok(spz(env, "cost-report", "-o", "json")).stdout)
     assert {"lines", "total", "by"} <= set(report) and "scope" not in report and report["by"] == "team"
 

@@ -540,6 +540,178 @@ def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) ->
     assert api.http.get("/api/v1/alerts", headers=api.as_(t["alice"])).json()["alerts"] == []
 
 
+def _on_plane(plane: Any, publish: list[Any] = (), samples: list[Any] = ()) -> None:
+    """Events onto the plane's log and node samples onto core NATS, from a thread of its own
+    (playwright's sync API holds this thread's event loop)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from skypurza.events import naming
+    from skypurza.events.bus import Bus
+
+    async def go() -> None:
+        bus = await Bus.connect(f"nats://127.0.0.1:{plane.env['SKYPURZA_NATS_PORT']}", STAGE, source="/tests/console")
+        try:
+            for event in publish:
+                await bus.publish(event)
+            for sample in samples:
+                await bus.nc.publish(naming.sample_subject(STAGE, sample.cluster, sample.rank),
+                                     sample.model_dump_json().encode())
+            await bus.nc.flush()
+        finally:
+            await bus.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, go()).result(timeout=60)
+
+
+def _gpu_sample(ts: Any) -> Any:
+    from skypurza.events.nodesample import GpuSample, NodeSample
+
+    return NodeSample(cluster="gpubox", rank=0, ts=ts.isoformat(), cpu_pct=23.0, expected_gpus=2, gpus=[
+        GpuSample(index=0, name="NVIDIA H100 80GB HBM3", utilization_pct=87.0, memory_used_mib=40000.0,
+                  memory_total_mib=81559.0, temperature_c=61.0, power_w=390.0),
+        GpuSample(index=1, name="NVIDIA H100 80GB HBM3", utilization_pct=5.0, memory_used_mib=500.0,
+                  memory_total_mib=81559.0, temperature_c=40.0, power_w=70.0)])
+
+
+def test_the_observability_page_shows_gpus_goodput_and_a_health_finding_as_it_lands(plane: Any, open_as: Any,
+                                                                                      tmp_path: Path) -> None:
+    """GPU utilisation from the samples the GPU health manager keeps, goodput from the metrics
+    service (one GPU busy for 10 s: 10 useful GPU-seconds), and a GpuUnhealthy published on the
+    log while the page is open appears on it with its cluster drained; members and viewers are
+    refused (403), nobody signed in is a 401, and a past moment has no finding made after it."""
+    from datetime import datetime, timedelta, timezone
+
+    from api_harness import problem
+
+    from skypurza.events.health_events import GpuUnhealthy
+
+    api, t = plane.api, plane.tokens
+    for path in ("gpus", "goodput", "health"):
+        problem(api.http.get(f"/api/v1/observability/{path}"), 401)
+        for who in ("alice", "vera"):
+            body = problem(api.http.get(f"/api/v1/observability/{path}", headers=api.as_(t[who])), 403)
+            assert "for admins" in body["detail"], body
+    problem(api.http.get("/api/v1/observability/health", headers=api.as_(t["root"]), params={"limit": 0}), 422)
+    problem(api.http.get("/api/v1/observability/gpus", headers=api.as_(t["root"]), params={"cluster": "a b"}), 422)
+    problem(api.http.get("/api/v1/observability/health", headers=api.as_(t["root"]), params={"at": "soon"}), 422)
+
+    t0 = datetime.now(timezone.utc)
+    _on_plane(plane, samples=[_gpu_sample(t0), _gpu_sample(t0 + timedelta(seconds=10))])
+
+    def gpubox() -> list[dict]:
+        rows = api.http.get("/api/v1/observability/gpus", headers=api.as_(t["root"])).json()["gpus"]
+        return [r for r in rows if r["cluster"] == "gpubox" and r["sampled_at"] == (t0 + timedelta(seconds=10)).isoformat()]
+
+    rows = wait_until("gpubox's last sample kept by the GPU health manager", gpubox, 20)
+    assert [(r["gpu_index"], r["utilization_pct"], r["memory_total_mib"]) for r in rows] == \
+        [(0, 87.0, 81559.0), (1, 5.0, 81559.0)], rows
+
+    def useful() -> float:
+        g = api.http.get("/api/v1/observability/goodput", headers=api.as_(t["root"])).json()
+        return next((r["useful_s"] for r in g["team"] if r["key"] == "(none)"), 0.0)
+
+    wait_until("gpubox's busy GPU credited", lambda: useful() >= 10.0, 20)
+    assert useful() == 10.0  # ten seconds of GPU 0; GPU 1, at 5 %, was idle
+
+    page, _ = open_as("root")
+    page.get_by_role("link", name="Observability").click()
+    expect(page.get_by_role("heading", name="Observability")).to_be_visible()
+    gpus = page.locator("table", has=page.locator("caption", has_text="Each GPU's last sample"))
+    expect(gpus.locator("tr", has_text="gpubox").first).to_contain_text("87 %")
+    expect(page.locator("svg.chart")).to_have_attribute("aria-label", re.compile("gpubox/0/gpu0 87 %"))
+    expect(page.locator("#drained")).to_have_text("No cluster is drained.")
+    before = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    _on_plane(plane, publish=[GpuUnhealthy(cluster="gpubox", rank=0, gpu_index=0, rule="xid", severity="fatal",
+                                           detail="GPU 0: Xid 79 (GPU has fallen off the bus)",
+                                           evidence={"xid": 79}, detected_at=datetime.now(timezone.utc))])
+    findings = page.locator("table", has=page.locator("caption", has_text="GPU health findings"))
+    expect(findings.locator("tbody tr").first).to_contain_text("Xid 79 (GPU has fallen off the bus)")
+    expect(findings.locator("tbody tr").first).to_contain_text("fatal")
+    expect(page.locator("#drained")).to_have_text("Drained: gpubox")
+    assert unlabelled_controls(page) == []
+    shot(page, tmp_path, "observability")
+
+    now = api.http.get("/api/v1/observability/health", headers=api.as_(t["root"]), params={"cluster": "gpubox"}).json()
+    assert [(f["rule"], f["gpu_index"], f["drained"]) for f in now["findings"]] == [("xid", 0, True)], now
+    assert now["drained_clusters"] == ["gpubox"]
+    then = api.http.get("/api/v1/observability/health", headers=api.as_(t["root"]),
+                        params={"at": before.isoformat()}).json()
+    assert "gpubox" not in [f["cluster"] for f in then["findings"]] and then["at"] == before.isoformat(), then
+
+    member, _ = open_as("alice")
+    assert member.locator("#nav-observability").is_hidden()
+    member.goto(api.url + "/console/#/observability")
+    expect(member.get_by_role("status").filter(has_text="they are for admins")).to_be_visible()
+
+
+def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_as: Any, tmp_path: Path) -> None:
+    """`?at=` on the managed job page: its history as the log stood before it succeeded (a prefix of
+    today's, no cancel offered, no output followed); on the cost page: the ledger's rows up to that
+    moment, nothing before the first launch, today's total at the end."""
+    from datetime import datetime, timedelta, timezone
+
+    from api_harness import problem
+
+    api, alice, root = plane.api, plane.tokens["alice"], plane.tokens["root"]
+    jobs = api.http.get("/api/v1/jobs", headers=api.as_(alice)).json()["jobs"]
+    job_id = next(j["job_id"] for j in jobs if j["name"] == "hello")
+    now = api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice)).json()
+    first = datetime.fromisoformat(now["changes"][0]["time"])
+    done = datetime.fromisoformat(next(c["time"] for c in now["changes"] if c["status"] == "SUCCEEDED"))
+    at = done - timedelta(seconds=0.3)
+    assert at > first, now["changes"]
+    past = api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice), params={"at": at.isoformat()}).json()
+    n = len(past["changes"])
+    assert 1 <= n < len(now["changes"]) and past["changes"] == now["changes"][:n], (past, now)
+    assert past["status"] == past["changes"][-1]["status"] != "SUCCEEDED" and past["at"] == at.isoformat(), past
+    assert (past["user"], past["team"], past["name"]) == ("alice", "ml", "hello"), past
+    problem(api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(plane.tokens["bob"]),
+                         params={"at": at.isoformat()}), 403)  # bob reads his team's, not alice's managed job
+    problem(api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice),
+                         params={"at": (first - timedelta(seconds=30)).isoformat()}), 404)
+
+    page, _ = open_as("alice")
+    page.goto(f"{api.url}/console/?at={at.isoformat().replace('+', '%2B')}#/job/{job_id}")
+    expect(page.get_by_role("status").filter(has_text="Time travel")).to_be_visible()
+    history = page.locator("table", has=page.locator("caption", has_text="Each status change"))
+    expect(history.locator("tbody tr")).to_have_count(n)
+    expect(page.locator("dl.facts")).to_contain_text(past["status"])
+    assert page.get_by_role("button", name="Cancel managed job").count() == 0
+    expect(page.locator("#log-state")).to_contain_text("not shown at a past moment")
+    shot(page, tmp_path, "job-timetravel")
+
+    def total(**params: str) -> int:
+        r = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user", **params})
+        assert r.status_code == 200, r.text
+        return int(r.json()["total"]["cost_micros"])
+
+    def all_down() -> bool:
+        r = api.http.get("/api/v1/clusters", headers=api.as_(root))
+        return r.status_code == 200 and r.json()["clusters"] == []
+
+    wait_until("every cluster down (nothing accrues while the reports are read)", all_down)
+    web = api.http.get("/api/v1/clusters/web/events", headers=api.as_(root)).json()["events"]
+    launched = datetime.fromisoformat(web[0]["time"])
+    downed = datetime.fromisoformat(next(e["time"] for e in web if e["type"] == "down_requested"))
+    middle = launched + (downed - launched) / 2
+    assert total(at=(launched - timedelta(seconds=5)).isoformat()) == 0
+    assert 0 < total(at=middle.isoformat()) <= total(at=datetime.now(timezone.utc).isoformat()) == total()
+    problem(api.http.get("/api/v1/cost-report", headers=api.as_(root),
+                         params={"at": middle.isoformat(), "until": "2026-12-01"}), 422)
+    then = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user", "at": middle.isoformat()}).json()
+
+    page, _ = open_as("root")
+    page.goto(f"{api.url}/console/?at={middle.isoformat().replace('+', '%2B')}#/cost")
+    page.get_by_label("Group by").select_option("user")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("#total")).to_have_text(f"${then['total']['cost_usd']}")
+    expect(page.get_by_label("Until")).to_be_disabled()
+    expect(page.locator("#cost-at")).to_contain_text("the ledger's rows up to then")
+
+
 def test_open_alerts_fold_by_occurrence() -> None:
     """A resolve ends the occurrence it names, not a later raise of the same key."""
     from datetime import datetime, timezone

@@ -166,6 +166,14 @@ def test_a_misfit_says_what_was_asked_and_what_the_cluster_has() -> None:
 # ---------------------------------------------------------------- the API server decides with the same copy
 
 
+def gpu_provisioned() -> ClusterProvisioned:
+    return ClusterProvisioned(
+        cluster="c", task_id="t", placement_id="p",
+        candidate=Candidate(infra="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.12xlarge",
+                            accelerators={"A10G": 4}, vcpus=48, memory_gib=192, hourly_price_micros=5_672_000),
+        nodes=[NodeInfo(rank=0, instance_id="i-0")], hourly_price_micros=5_672_000, launched_at=T0)
+
+
 @pytest.mark.parametrize("resources", ["{}", "{accelerators: A10G:2}", "{accelerators: H100:8}", "{cpus: 64}",
                                        "{infra: aws/us-west-2}", "{use_spot: true}"])
 def test_the_servers_shape_of_a_cluster_gets_the_clis_verdict(resources: str) -> None:
@@ -174,29 +182,12 @@ def test_the_servers_shape_of_a_cluster_gets_the_clis_verdict(resources: str) ->
     from skypurza.events.clusterfit import ClusterShape
     from skypurza.events.queueplan import SetUp, plan_queue
 
-    provisioned = ClusterProvisioned(
-        cluster="c", task_id="t", placement_id="p",
-        candidate=Candidate(infra="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.12xlarge",
-                            accelerators={"A10G": 4}, vcpus=48, memory_gib=192, hourly_price_micros=5_672_000),
-        nodes=[NodeInfo(rank=0, instance_id="i-0")], hourly_price_micros=5_672_000, launched_at=T0)
     wanted = Wanted(nodes=1, setup="pip install x", requests=_requests(f"resources: {resources}\nrun: x\n"))
-    shape = ClusterShape.of_provisioned(provisioned)
+    shape = ClusterShape.of_provisioned(gpu_provisioned())
     assert (shape.num_nodes, shape.accelerators, shape.vcpus) == (1, {"A10G": 4}, 48)
     server = plan_queue(shape, SetUp(ran=True, setup="pip install x"), None, wanted)
-    cli = plan_launch(gpu_cluster_with_setup("pip install x"), wanted)
+    cli = plan_launch(fold("c", [(gpu_provisioned(), T0, 1), (setup_job(1, "pip install x"), T0, 2)]), wanted)
     assert server == cli, (server, cli)
-
-
-def gpu_cluster_with_setup(setup: str) -> Cluster:
-    c = gpu_cluster()
-    c.jobs = fold("c", [(ev, T0, i + 1) for i, ev in enumerate([
-        ClusterProvisioned(
-            cluster="c", task_id="t", placement_id="p",
-            candidate=Candidate(infra="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.12xlarge",
-                                accelerators={"A10G": 4}, vcpus=48, memory_gib=192, hourly_price_micros=5_672_000),
-            nodes=[NodeInfo(rank=0, instance_id="i-0")], hourly_price_micros=5_672_000, launched_at=T0),
-        setup_job(1, setup)])]).jobs
-    return c
 
 
 def test_exec_never_runs_setup_and_a_changed_setup_runs_again() -> None:

@@ -581,3 +581,74 @@ def test_the_optimizer_reads_the_partitions_again_once_they_are_older_than_the_t
         assert partitions() == {"debug"}  # read again: the down partition is no zone any more
     finally:
         scontrol("up")
+
+
+def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_on_a_new_allocation(
+        slurm_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from managed_fixtures import wait_status
+
+    from skypurza.events.service import ServiceRunner
+    from skypurza.services.optimizer.service import OptimizerService
+    from skypurza.services.provisioner.service import ProvisionerService
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+    from skypurza.services.recovery.service import RecoveryService
+    from skypurza.services.recovery.settings import RecoverySettings
+    from skypurza.services.recovery.submit import submit_managed_job
+
+    config = tmp_path / "slurm-config"
+    config.write_text(slurm_rig.slurm_config())
+    monkeypatch.setenv("SKYPURZA_SLURM_CONFIG", str(config))
+    monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run = (f'if [ -f {shared}/first ]; then echo "second run"; exit 0; fi\n'
+           f'touch {shared}/first\nsleep 120\n')
+    prefix = naming.slurm_job_name("test", "x")[:-1]
+
+    def ours() -> dict[str, str]:
+        out = _squeue(slurm_rig, "-o", "%i|%j|%T")
+        return {i: s for i, n, s in (line.split("|") for line in out.splitlines() if line.strip())
+                if n.startswith(prefix)}
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        prov = ProvisionerService(replace(ProvisionerSettings.load(), reconcile_interval_s=0, ack_wait_s=5.0,
+                                          local_root=str(tmp_path / "state")))
+        rec = RecoveryService(RecoverySettings(ec2_poll_s=0, heartbeat_timeout_s=0, reconcile_s=5, slurm_poll_s=1))
+        services = [OptimizerService(enabled=frozenset({"slurm"})), prov, rec]
+        runners = [ServiceRunner(bus, s) for s in services]
+        tasks = [asyncio.create_task(r.run()) for r in runners]
+        try:
+            task = {"name": "train", "resources": {"infra": f"slurm/{CLUSTER}/debug"}, "run": run}
+            await submit_managed_job(bus, name="train", tasks=[task])
+            await wait_status(bus, 1, "RUNNING", timeout=60)
+            for _ in range(300):
+                if (shared / "first").exists():
+                    break
+                await asyncio.sleep(0.1)
+            first = ours()
+            # Someone else (an admin) ends the allocation: not spz's scancel.
+            for alloc in first:
+                subprocess.run(["scancel", alloc], env=slurm_rig.env, check=True, timeout=10)
+            got = await wait_status(bus, 1, "SUCCEEDED", timeout=90)
+            logs = [m.data.decode() async for m in bus.replay_raw(stream=bus.logs_stream)]
+            return first, got, logs
+        finally:
+            for r in runners:
+                r.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+            await rec.close()
+            await prov.close()
+            await bus.close()
+
+    first, got, logs = asyncio.run(main())
+    assert len(first) == 1, first
+    statuses = [e.status for e in got]
+    assert statuses[:3] == ["STARTING", "RUNNING", "RECOVERING"] and statuses[-2:] == ["RUNNING", "SUCCEEDED"], statuses
+    assert got[2].reason.startswith("node_lost") and "CANCELLED" in got[2].reason, got[2].reason
+    assert any("second run" in line for line in logs)  # ran again, on a new allocation
+    assert not set(ours()) & set(first)

@@ -142,10 +142,10 @@ def check_enum(value: str, accepted: tuple[str, ...], what: str, *, case_sensiti
 class Strict(BaseModel):
     """A mapping with a closed set of keys (SkyPilot: additionalProperties: false)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False, populate_by_name=False)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False, populate_by_name=False, defer_build=True)
 
 
 class Open(BaseModel):
     """A mapping whose known keys are typed and whose other keys are carried as given."""
 
-    model_config = ConfigDict(extra="allow", strict=True, validate_default=False, populate_by_name=False)
+    model_config = ConfigDict(extra="allow", strict=True, validate_default=False, populate_by_name=False, defer_build=True)

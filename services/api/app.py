@@ -130,6 +130,16 @@ def _validation_detail(exc: RequestValidationError) -> tuple[str, list[dict[str,
     return f"{first['field'] or 'the request'}: {first['message']}", errors
 
 
+def _path_name_with_slash(scope: Any) -> bool:
+    """An API path whose name segment would hold '/' (sent as %2F) or be a dot segment: no route
+    matches it, but it is a bad name (422), not a missing path."""
+    raw = bytes(scope.get("raw_path") or scope.get("path", "").encode()).split(b"?", 1)[0]
+    if not raw.startswith(b"/api/v1/"):
+        return False
+    return b"%2f" in raw.lower() or any(seg in (b".", b"..", b"%2e", b"%2e%2e", b".%2e", b"%2e.")
+                                        for seg in raw.lower().split(b"/"))
+
+
 def create_app(settings: ApiSettings) -> FastAPI:
     state: dict[str, Any] = {}
     plugins = settings.authenticators if settings.authenticators is not None else load_group(AUTHENTICATORS)
@@ -167,6 +177,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = exc.status_code
+        if code == 404 and _path_name_with_slash(request.scope):
+            return Problem(422, "invalid-request", "Invalid request",
+                           "a name in the path holds '/' or is '.' or '..': names are letters, digits, '-' and '_' "
+                           "(a cluster's '.' too)", errors=[{"field": "path", "message": "not a name"}]
+                           ).response(request.url.path)
         detail = {404: "no such path; the API is under /api/v1 (its paths: /openapi.json)",
                   405: f"{request.method} is not a method of {request.url.path} (its methods: /openapi.json)",
                   }.get(code, str(exc.detail))
@@ -190,6 +205,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
             log.warning("identity lookup failed: %s: %s", type(exc).__name__, exc)
             raise Problem(503, "unavailable", "Service unavailable",
                           "the server cannot reach its bus just now; try again shortly", {"Retry-After": "2"})
+
+    async def directory_now() -> Any:
+        # What the follower holds: authenticating this request has just brought it up to date
+        # (two round trips saved on every submission: bench/api.py).
+        return state["follower"].directory
 
     def presented_token(request: Request) -> str | None:
         header = request.headers.get("authorization")
@@ -291,7 +311,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             task = load_task(body)
         except Refused as exc:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
-        who, defaults = workspaces.resolve(who, body.workspace, await directory())
+        who, defaults = workspaces.resolve(who, body.workspace, await directory_now())
         task = await admitted_task(policies, "task", who, task, body.cluster)
         try:
             submission = build_submission(body, who, task_id, task, defaults)
@@ -308,7 +328,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 "team": who.team, "status": "SUBMITTED"}
 
     # The route families (one module each); they reach the caller and the bus through `deps`.
-    deps = ApiDeps(principal=principal, bus=bus, admission=policies, directory=directory)
+    deps = ApiDeps(principal=principal, bus=bus, admission=policies, directory=directory_now)
     app.include_router(routes_clusters.router(deps))
     app.include_router(routes_clusterjobs.router(deps))
     slots = StreamSlots()  # one bound on a caller's streams, whichever family they are of

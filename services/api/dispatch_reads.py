@@ -9,7 +9,9 @@ the ledger and dispatch join `spz api serve` through `skypurza.services`:
   `held` (task id -> (kind, reason)), `usage` (queue -> (flavor, resource) -> in use), `spend`;
 - `load_policy`: `(text, file) -> DispatchPolicy`, the YAML loader, raising
 - `policy_error`: its exception, whose `problems` each have file, line, column, key, message;
-- `budget_status`: `(budget, spend, now) -> status`, one budget's state in its period.
+- `budget_status`: `(budget, spend, now) -> status`, one budget's state in its period;
+- `share_rows` (optional: an older dispatch has none, and the tree is then left out): `(state,
+  now) -> {algorithm, rows}`, the fairshare tree `spz dispatch share` prints.
 
 So the API answers exactly what the CLI does, with one fold and one validator. With no dispatch
 installed (or `SKYPURZA_NO_PLUGINS=1`) `load()` is None and the routes say so.
@@ -28,6 +30,7 @@ log = logging.getLogger("skypurza.api")
 GROUP = "skypurza.dispatch_reads"
 SKIP_ENV = "SKYPURZA_NO_PLUGINS"  # the same switch as cli/plugins.py's
 NAMES = ("load_state", "load_policy", "policy_error", "budget_status")
+OPTIONAL = ("share_rows",)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class DispatchReads:
     load_policy: Callable[[str, str], Any]
     policy_error: type[Exception]
     budget_status: Callable[..., Any]
+    share_rows: Callable[..., Any] | None = None
 
 
 def load() -> DispatchReads | None:
@@ -51,7 +55,7 @@ def load() -> DispatchReads | None:
         log.warning("dispatch reads: %s declares no %s; the dispatch endpoints are off", GROUP, ", ".join(missing))
         return None
     try:
-        return DispatchReads(**{n: found[n].load() for n in NAMES})
+        return DispatchReads(**{n: found[n].load() for n in NAMES + OPTIONAL if n in found})
     except Exception as exc:  # a broken platform package must not take the API server down
         log.warning("dispatch reads failed to load (%s: %s); the dispatch endpoints are off", type(exc).__name__, exc)
         return None

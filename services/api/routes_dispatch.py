@@ -4,6 +4,9 @@ list`); docs/team.md lists who may call each.
 - `GET /api/v1/dispatch/queue`: the pending tasks with why each waits, in the order they are
   decided, and each queue's quota, used against nominal per flavor and resource; rows the caller
   may read (identity.visible with all users).
+- `GET /api/v1/dispatch/share`: the fairshare tree (`spz dispatch share`): each team's and user's
+  shares, decayed usage and FairShare factor; the pending rows of `/dispatch/queue` carry each
+  task's weighted priority factors (`spz dispatch prio`).
 - `GET /api/v1/dispatch/policy`: the active policy, as YAML (what the console's editor shows) and
   as JSON, with who applied it, from where, and its log sequence.
 - `PUT /api/v1/dispatch/policy` (admins): a policy YAML, validated by dispatch's own loader; every
@@ -45,6 +48,8 @@ MAX_POLICY_CHARS = 1 << 20  # the loader's own bound (1 MiB), checked here befor
 MAX_PROBLEMS = 100
 MAX_ALERTS = 1000
 SOURCE_CHARS = 200
+PRIO_FACTORS = ("age", "fairshare", "jobsize", "qos")
+MAX_SHARE_ROWS = 10_000  # rows of the fairshare tree an answer holds (teams and users)
 
 
 class PolicyBody(BaseModel):
@@ -122,12 +127,26 @@ def router(deps: ApiDeps) -> APIRouter:
         ranked = st.ranked(datetime.now(timezone.utc))
         rows = [{"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user, "position": i,
                  "priority": r.priority, "submitted_seq": p.seq, "request": p.request,
+                 # what the priority is made of, weighted (`spz dispatch prio`'s columns)
+                 "factors": {k: round(float(r.weighted.get(k, 0.0)), 3) for k in PRIO_FACTORS},
+                 "tres": {k: round(float(v), 3) for k, v in r.weighted_tres.items()}, "nice": r.nice,
                  "kind": st.held.get(p.task_id, ("", ""))[0],
                  "reason": st.held.get(p.task_id, ("", "not decided yet"))[1]}
                 for i, (r, p) in enumerate(((r, st.pending[r.task_id]) for r in ranked), 1)]
         return {"policy": st.policy is not None, "pending": visible(who, rows, True),
                 "queues": queue_quotas(st.policy, st.usage) if st.policy is not None else [],
                 "note": "ordered as dispatch decides them"}
+
+    @r.get("/dispatch/share", summary="The fairshare tree (root, teams, users): shares, usage, FairShare")
+    async def share(who: Principal = caller) -> dict[str, Any]:
+        d = need_dispatch()
+        if d.share_rows is None:
+            raise not_found("this dispatch gives no fairshare tree (an older dispatch package); "
+                            "`spz dispatch share` prints it")
+        st = await state()
+        tree = d.share_rows(st, datetime.now(timezone.utc))
+        rows = list(tree.get("rows") or [])[:MAX_SHARE_ROWS]
+        return {"policy": st.policy is not None, "algorithm": tree.get("algorithm"), "rows": rows}
 
     async def last_policy() -> Any:
         b = deps.bus()

@@ -17,8 +17,9 @@ from datetime import datetime
 
 from skypurza.events.dispatch_events import HoldKind
 from skypurza.events.dispatch_policy import DispatchPolicy, Flavor, Queue
+from skypurza.events.types import ReservationRef
 
-from . import budgets, quota
+from . import budgets, quota, reserve
 from .demand import Pending
 
 UserUsage = dict[tuple[str, str], dict[str, float]]  # (team, user) -> resource -> in use
@@ -32,6 +33,7 @@ class Admit:
     infra: str | None
     borrowing: bool
     reason: str
+    reservation: ReservationRef | None = None  # the flavor's: placement goes only there
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def _compatible(flavor: Flavor | None, p: Pending) -> bool:
         return True
     if flavor.infra and p.infra and flavor.infra != p.infra:
         return False
+    if not reserve.compatible(flavor, p):
+        return False
     return flavor.market is None or (flavor.market == "spot") == p.spot
 
 
@@ -125,9 +129,10 @@ def decide(policy: DispatchPolicy, pending: list[Pending], usage: quota.Usage, u
                     use[d.queue] = dict(use.get(d.queue, {}))
                 if p.team:
                     user_use[(p.team, p.user)] = dict(user_use.get((p.team, p.user), {}))
-                charge(use, user_use, Book(d.queue, d.flavor, p.team, p.user, p.request))
+                booked = reserve.booked(flavors.get(d.flavor or ""), p)
+                charge(use, user_use, Book(d.queue, d.flavor, p.team, p.user, booked))
                 if d.queue is not None and d.flavor is not None:
-                    walk.charged(d.queue, [(d.flavor, r) for r in p.request])
+                    walk.charged(d.queue, [(d.flavor, r) for r in booked])
     return [out[p.task_id] for p in pending if p.task_id in out]
 
 
@@ -174,18 +179,28 @@ def _one(policy: DispatchPolicy, tree: quota.Tree, flavors: dict[str, Flavor], p
                     f"{'spot' if p.spot else 'on-demand'})")
     if not allowed:  # the queue limits nothing at all
         return Admit(p.task_id, queue.name, None, None, False, f"{queue.name}: no quota applies")
-    f = quota.fit(tree, queue.name, allowed, p.request, use, walk)
+    # A full reservation is skipped, so the task goes on to the queue's next flavor.
+    full = {name: why for name in allowed if name in flavors and (why := reserve.room(flavors[name], p, use))}
+    open_ = [name for name in allowed if name not in full]
+    f = quota.fit(tree, queue.name, open_, p.request, use, walk,
+                  open_flavors=frozenset(n for n in open_ if flavors[n].reservation is not None)) if open_ \
+        else quota.Fit(None)
     if f.flavor is None:
         if strict:
             strict_heads[queue.name] = p.task_id
-        return Hold(p.task_id, queue.name, "quota", f.reason)
+        reason = f.reason if open_ else f"{queue.name}: " + "; ".join(full.values())
+        if open_ and full and allowed[0] in full:  # the first flavor tried was a full reservation
+            reason = f"{queue.name}: {full[allowed[0]]}; then {f.reason}"
+        return Hold(p.task_id, queue.name, "quota", reason)
     if f.borrowing and not borrowing_pass:
         if strict:
             deferred_heads.setdefault(queue.name, p.task_id)
         return None
     fl = flavors.get(f.flavor)
     note = _budget_note(policy, p, spend, now)
-    return Admit(p.task_id, queue.name, f.flavor, fl.infra if fl else None, f.borrowing, f.reason + note)
+    ref = reserve.ref_of(fl) if fl is not None and fl.reservation is not None else None
+    return Admit(p.task_id, queue.name, f.flavor, reserve.infra_of(fl) if fl else None, f.borrowing,
+                 f.reason + note, ref)
 
 
 def _budget_note(policy: DispatchPolicy, p: Pending, spend: Mapping[budgets.SpendKey, int],

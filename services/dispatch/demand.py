@@ -32,6 +32,10 @@ class Pending:
     nodes: int = 1
     priority_class: str | None = None
     boost: int = 0
+    # Where the task pins itself beyond the infra: a reservation of another region or type
+    # cannot take it (reserve.py).
+    region: str | None = None
+    instance_type: str | None = None
 
 
 def request_of(ev: TaskSubmitted) -> dict[str, float]:
@@ -54,10 +58,21 @@ def infra_of(ev: TaskSubmitted) -> str | None:
     return pin.split("/", 1)[0].strip().lower() or None if pin else None
 
 
+def region_of(ev: TaskSubmitted) -> str | None:
+    """The region the task pins (`infra: aws/REGION[/ZONE]`, or the legacy `region`)."""
+    res = ev.task.resources
+    if res is None:
+        return None
+    parts = (res.infra or "").split("/")
+    pin = parts[1].strip() if len(parts) > 1 else (res.region or "")
+    return pin if pin and pin != "*" else None
+
+
 def pending_of(ev: TaskSubmitted, seq: int, user: str, team: str | None, submitted_at: float = 0.0) -> Pending:
     res = ev.task.resources
     return Pending(task_id=ev.task_id, cluster=ev.cluster, seq=seq, team=team, user=user, request=request_of(ev),
                    infra=infra_of(ev), spot=bool(res is not None and res.use_spot),
                    managed_job_id=ev.managed_job_id, submitted_at=submitted_at, nodes=max(1, ev.num_nodes),
                    priority_class=res.priority_class if res is not None else None,
-                   boost=(res.priority or 0) if res is not None else 0)
+                   boost=(res.priority or 0) if res is not None else 0,
+                   region=region_of(ev), instance_type=res.instance_type if res is not None else None)

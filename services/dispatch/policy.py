@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from skypurza.events.dispatch_policy import (
-    Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, Preemption, PriorityClass, PriorityConfig, PriorityWeights, Queue,
-    ResourceQuota, TeamShares, UserLimit,
+    AwsReservation, Budget, Cohort, DispatchPolicy, Flavor, FlavorQuota, Preemption, PriorityClass, PriorityConfig,
+    PriorityWeights, Queue, Reservation, ResourceQuota, SlurmReservation, TeamShares, UserLimit,
 )
 from skypurza.events.taskspec.yamlsrc import locate, parse_documents
 
@@ -31,6 +31,9 @@ _NESTED: dict[type[BaseModel], dict[str, tuple[str, type[BaseModel]]]] = {
     Cohort: {"quotas": ("list", FlavorQuota)},
     Queue: {"quotas": ("list", FlavorQuota), "users": ("list", UserLimit), "preemption": ("one", Preemption)},
     FlavorQuota: {"resources": ("dict", ResourceQuota)},
+    Flavor: {"reservation": ("one", Reservation)},
+    Reservation: {"aws": ("one", AwsReservation), "aws_capacity_block": ("one", AwsReservation),
+                  "slurm": ("one", SlurmReservation)},
 }
 
 
@@ -139,6 +142,8 @@ def semantic_problems(policy: DispatchPolicy) -> list[tuple[tuple[Any, ...], str
             if item.name in seen:
                 out.append(((section, i, "name"), f"{item.name!r} is defined twice in {section}"))
             seen.add(item.name)
+    for i, f in enumerate(policy.flavors):
+        out += [(("flavors", i, "reservation") + path, msg) for path, msg in reservation_problems(f)]
     flavors = {f.name for f in policy.flavors}
     cohorts = {c.name: c for c in policy.cohorts}
 
@@ -183,4 +188,36 @@ def _priority_problems(pr: PriorityConfig) -> list[tuple[tuple[Any, ...], str]]:
             if name in seen:
                 out.append((("priority", section, i, attr), f"{name!r} is given twice in priority.{section}"))
             seen.add(name)
+    return out
+
+
+RESERVATION_KINDS = ("aws", "aws_capacity_block", "slurm")
+
+
+def reservation_kind(r: Reservation) -> str | None:
+    """The one kind a reservation names (None: none or several; reservation_problems says)."""
+    given = [k for k in RESERVATION_KINDS if getattr(r, k) is not None]
+    return given[0] if len(given) == 1 else None
+
+
+def reservation_problems(f: Flavor) -> list[tuple[tuple[Any, ...], str]]:
+    """A flavor's reservation: one kind, an infra and market that agree with it, a zone in its region."""
+    r = f.reservation
+    if r is None:
+        return []
+    given = [k for k in RESERVATION_KINDS if getattr(r, k) is not None]
+    if len(given) != 1:
+        return [((), f"name exactly one of {', '.join(RESERVATION_KINDS)}; found "
+                 + (", ".join(given) or "none"))]
+    kind = given[0]
+    out: list[tuple[tuple[Any, ...], str]] = []
+    infra = "slurm" if kind == "slurm" else "aws"
+    if f.infra is not None and f.infra != infra:
+        out.append(((kind,), f"a {kind} reservation is on infra {infra}, but the flavor says infra {f.infra!r}"))
+    if f.market == "spot":
+        out.append(((kind,), "a reservation is not a spot market: leave `market` out or say on-demand"))
+    aws = getattr(r, kind)
+    if isinstance(aws, AwsReservation) and "-az" not in aws.zone and not aws.zone.startswith(aws.region):
+        out.append(((kind, "zone"), f"zone {aws.zone!r} is not in region {aws.region!r} "
+                    "(a zone name such as us-east-1a, or a zone id such as use1-az4)"))
     return out

@@ -177,11 +177,12 @@ def covered(tree: Tree, queue: str) -> frozenset[str]:
 
 
 def fit(tree: Tree, queue: str, flavors: list[str], request: Mapping[str, float], usage: Usage,
-        walk: Walk | None = None) -> Fit:
+        walk: Walk | None = None, open_flavors: frozenset[str] = frozenset()) -> Fit:
     """The first of `flavors` (the queue's, in its order, already filtered to those the task
     may run on) where every covered resource of `request` fits (Kueue's default
     `whenCanBorrow: Borrow`: the first flavor that fits, borrowing or not). `walk`: one over
-    `usage` kept across fits (the caller tells it what it charges)."""
+    `usage` kept across fits (the caller tells it what it charges). `open_flavors`: flavors
+    whose missing quota limits nothing (a reservation's: its capacity is the limit, reserve.py)."""
     walk = walk if walk is not None else Walk(tree, usage)
     qid = queue_id(queue)
     node = tree.nodes[qid]
@@ -193,6 +194,8 @@ def fit(tree: Tree, queue: str, flavors: list[str], request: Mapping[str, float]
         for res, amt in sorted(wanted.items()):
             key = (flavor, res)
             if key not in node.quota:
+                if flavor in open_flavors:
+                    continue
                 short = f"{queue}: flavor {flavor} has no {res} quota"
                 break
             avail = walk.available(qid, key)

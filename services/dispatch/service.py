@@ -96,7 +96,7 @@ class DispatchService:
             if isinstance(d, admit.Admit):
                 ev = TaskAdmitted(task_id=p.task_id, cluster=p.cluster, submitted_seq=p.seq,
                                   managed_job_id=p.managed_job_id, queue=d.queue, flavor=d.flavor, infra=d.infra,
-                                  borrowing=d.borrowing, reason=d.reason)
+                                  borrowing=d.borrowing, reason=d.reason, reservation=d.reservation)
                 state.admitted_decision(ev)
                 out.append(Emit(ev, key=f"admit-{p.task_id}"))
             elif state.held.get(d.task_id) != (d.kind, d.reason):

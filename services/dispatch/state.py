@@ -25,7 +25,7 @@ from skypurza.events.models import (
 )
 from skypurza.events.principal import principal_of
 
-from . import admit, budgets, order, preempt, quota
+from . import admit, budgets, order, preempt, quota, reserve
 from .demand import Pending, pending_of
 from .policy import semantic_problems
 from .usage import Assoc, DecayedUsage
@@ -172,7 +172,8 @@ class DispatchState:
         if p is None:
             return
         self.admit_count += 1
-        book = admit.Book(ev.queue, ev.flavor, p.team, p.user, p.request,
+        flavor = next((f for f in self.policy.flavors if f.name == ev.flavor), None) if self.policy else None
+        book = admit.Book(ev.queue, ev.flavor, p.team, p.user, reserve.booked(flavor, p),
                           priority=preempt.static_priority(self.policy, p) if self.policy is not None else 0,
                           submitted_seq=p.seq, order=self.admit_count, managed_job_id=p.managed_job_id)
         self.admitted[ev.task_id] = book

@@ -70,6 +70,10 @@ def cost_report(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
     if since and until and until <= since:
         raise ValueError("until must be after since")
     rng, args = [], []
+    team = params.get("team")
+    if team is not None:  # one team's rows only (a member's report through the API server)
+        rng.append(f"coalesce(nullif(team, ''), '{UNASSIGNED}') = ?")
+        args.append(str(team))
     if since:
         rng.append("start_at >= ?")
         args.append(_naive(since))
@@ -82,7 +86,7 @@ def cost_report(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
         FROM usage WHERE booked_period = period{cond}
         GROUP BY k ORDER BY k""", args).fetchall()
     # Compensations count at the first instant of the period they are booked in.
-    brng, bargs = [], []
+    brng, bargs = ([f"coalesce(nullif(team, ''), '{UNASSIGNED}') = ?"], [str(team)]) if team is not None else ([], [])
     if since:
         brng.append("booked_period >= ?")
         bargs.append(period_of(since) if since == _period_start(period_of(since)) else _next_period_of(since))
@@ -101,7 +105,8 @@ def cost_report(cur: Any, params: dict[str, Any]) -> dict[str, Any]:
     total_b = sum(line["billing_seconds"] for line in lines)
     cp = cur.execute("SELECT last_seq FROM checkpoint").fetchall()[0]
     return {
-        "by": by, "since": iso(since), "until": iso(until), "currency": "USD", "lines": lines,
+        "by": by, "since": iso(since), "until": iso(until), **({"team": str(team)} if team is not None else {}),
+        "currency": "USD", "lines": lines,
         "total": {"cost_micros": total_c, "cost_usd": str(micros_to_dollars(total_c)),
                   "billing_seconds": total_b, "billing_minutes": grp_tres_minutes(total_b) if total_b >= 0 else -grp_tres_minutes(-total_b)},
         "through_seq": int(cp[0]) if cp else 0,

@@ -25,11 +25,12 @@ from typing import Any, Sequence
 from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.types import Attempt
 from skypurza.events.types import Candidate as EventCandidate
+from skypurza.events.types import ReservationRef
 
 from skypurza.events.k8s_capacity import ContextCapacity
 from skypurza.events.slurm_discovery import SlurmCluster
 
-from . import workspace
+from . import reserved, workspace
 from .catalog import Catalog
 from .local import LocalResources
 from .settings import DEFAULT_MAX_ATTEMPTS  # SKYPURZA_MAX_PLACEMENT_ATTEMPTS sets World.max_attempts
@@ -157,8 +158,12 @@ def _workspace_limit(entries: Sequence[workspace.Entry]) -> int | None:
 
 
 def first_placement(submitted: TaskSubmitted, world: World, team: str | None = None,
-                    entries: Sequence[workspace.Entry] = ()) -> PlacementChosen | PlacementFailed:
-    """The first placement; `entries` (the allowed infras of the submitter's `team`) confine it."""
+                    entries: Sequence[workspace.Entry] = (),
+                    reservation: ReservationRef | None = None) -> PlacementChosen | PlacementFailed:
+    """The first placement; `entries` (the allowed infras of the submitter's `team`) confine it,
+    and so does the `reservation` the task was admitted to."""
+    if reservation is not None:
+        return _first_in_reservation(submitted, world, team or "", entries, reservation)
     if entries:
         return _first_in_workspace(submitted, world, team or "", entries)
     entry = _planned(submitted, world)
@@ -185,6 +190,21 @@ def _first_in_workspace(submitted: TaskSubmitted, world: World, team: str,
         return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
                                reason=workspace.refusal(team, entries, why), managed_job_id=submitted.managed_job_id)
     return _chosen(submitted, [to_event_candidate(c) for c in cands[:REMAINING_SHOWN + 1]], attempt=1)
+
+
+def _first_in_reservation(submitted: TaskSubmitted, world: World, team: str, entries: Sequence[workspace.Entry],
+                          ref: ReservationRef) -> PlacementChosen | PlacementFailed:
+    # The whole plan is ranked (no limit): the reservation's type may not be among the cheapest.
+    narrowed = workspace_world(world, entries) if entries else world
+    plan = _planned(submitted, narrowed, limit=None).plan if narrowed is not None else None
+    cands = _in_workspace(plan, entries) if plan is not None and entries else (plan.candidates if plan else [])
+    cands = reserved.within(cands, ref)
+    if not cands:
+        why = (plan.reason if plan is not None and not plan.candidates else "") or "no candidate is there"
+        return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
+                               reason=reserved.refusal(ref, why), managed_job_id=submitted.managed_job_id)
+    head = [to_event_candidate(c).model_copy(update={"reservation": ref}) for c in cands[:REMAINING_SHOWN + 1]]
+    return _chosen(submitted, head, attempt=1)
 
 
 def _event_candidates(plan: PlacementPlan) -> list[EventCandidate]:

@@ -155,7 +155,7 @@ class OptimizerService:
             log.warning("admission of unknown task %s ignored", ev.task_id)
             return []
         return [Emit(decide.first_placement(submitted, decide.admitted_world(self.world, ev.infra), team,
-                                            self.teams.of(team)), key="attempt-1")]
+                                            self.teams.of(team), ev.reservation), key="attempt-1")]
 
     @handles(CapacityError)
     async def on_capacity_error(self, stored: Stored, ctx: EmitContext) -> Reactions:

@@ -181,6 +181,10 @@ class LaunchSpec:
     ports: tuple[str, ...] = ()  # "8080" or "8000-8010", opened to the world
     labels: Mapping[str, str] = field(default_factory=dict)  # extra tags
     user: str = ""  # the submission's spz user (Slurm's submit_as_user maps it to a Unix account)
+    # The reservation dispatch admitted the task to (docs/dispatch.md, *Reservations*): an AWS
+    # capacity reservation or capacity block id (cr-…), or a Slurm reservation's name.
+    reservation_kind: str | None = None  # aws | aws_capacity_block | slurm
+    reservation_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:

@@ -78,7 +78,14 @@ def run_instances_params(
         placement["GroupName"] = placement_group
     if placement:
         params["Placement"] = placement
-    if spec.use_spot:
+    if spec.reservation_id and spec.reservation_kind in ("aws", "aws_capacity_block"):
+        # Only this reservation: a full one fails the launch (a capacity error) rather than
+        # spilling into on-demand capacity charged as if it were reserved.
+        params["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": spec.reservation_id}}
+        if spec.reservation_kind == "aws_capacity_block":
+            params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+    elif spec.use_spot:
         params["InstanceMarketOptions"] = {
             "MarketType": "spot",
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},

@@ -129,6 +129,8 @@ def launch_spec(
         ports=tuple(str(p) for p in (request.ports if request else ())),
         labels={**(request.labels if request else {}), **(labels or {})},
         user=submitted.user if submitted is not None else "",
+        reservation_kind=c.reservation.kind if c.reservation is not None else None,
+        reservation_id=c.reservation.id if c.reservation is not None else None,
     )
 
 

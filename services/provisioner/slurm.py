@@ -47,7 +47,7 @@ from skypurza.events.slurm_discovery import (SlurmNode, ZoneOffer, expand_hostli
                                              zone_offers)
 from . import slurm_account
 from .slurm_errors import classify
-from .slurm_sbatch import SbatchRequest, parse_shape, sbatch_options, script
+from .slurm_sbatch import SbatchRequest, parse_shape, reservation_name, sbatch_options, script
 from .slurm_ssh import SlurmSsh, SlurmSshError
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,8 @@ class SlurmAdapter(LocalAdapter):
             job_name=naming.slurm_job_name(spec.stage, spec.cluster), output=f"{out_dir}/alloc-%j.out",
             nodes=spec.num_nodes, cpus_per_task=shape.cpus, mem_mib=shape.mem_mib, accelerator=shape.accelerator,
             accelerator_count=shape.accelerator_count, gres=cfg.gres, gpu_directive=cfg.gpu_directive,
-            partition=spec.zone, max_time=max_time, options=sbatch_options(cfg.sbatch_options, where))
+            partition=spec.zone, max_time=max_time, options=sbatch_options(cfg.sbatch_options, where),
+            reservation=reservation_name(spec.reservation_id) if spec.reservation_kind == "slurm" else None)
 
     async def _allocate(self, spec: LaunchSpec) -> dict[str, Any]:
         """sbatch, then wait until the allocation runs: its job id and nodes (name, address) by rank."""

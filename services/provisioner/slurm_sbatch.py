@@ -6,7 +6,8 @@ We generate `--job-name` (events/naming.py), `--output/--error`, `--nodes`, `--n
 `--cpus-per-task`, `--mem`, the GPUs through the GRES map (`A100` -> `--gres=gpu:a100:N`, or
 `--gpus-per-node=a100:N` where the site prefers it), `--partition`, `--time` from the
 partition's MaxTime (omitted when it is unlimited) unless the task's options say, and
-`--no-requeue`/`--wait-all-nodes=1` as SkyPilot does.
+`--no-requeue`/`--wait-all-nodes=1` as SkyPilot does, and `--reservation` when dispatch admitted
+the task to a Slurm reservation (docs/dispatch.md).
 
 `slurm.sbatch_options` pass through as SkyPilot passes them: underscores become hyphens, `true`
 is a bare flag, `null`/`false` are skipped, a newline (or any control character) is refused,
@@ -24,7 +25,7 @@ from typing import Any
 PROTECTED = frozenset({
     "job-name", "output", "error", "nodes", "wait-all-nodes", "no-requeue", "cpus-per-task", "mem", "gres",
     "partition", "signal", "ntasks-per-node", "ntasks", "gpus-per-node", "gpus", "parsable", "wrap", "uid",
-    "requeue", "mem-per-cpu", "mem-per-gpu", "export",
+    "requeue", "mem-per-cpu", "mem-per-gpu", "export", "reservation",
 })
 # Options a task may set over what we would generate.
 OVERRIDABLE = frozenset({"time"})
@@ -54,6 +55,7 @@ class SbatchRequest:
     max_time: str | None = None  # the partition's MaxTime, as scontrol prints it
     error: str | None = None  # None: the output file
     options: tuple[tuple[str, str | None], ...] = ()  # from sbatch_options(): (name, value or None)
+    reservation: str | None = None  # the Slurm reservation dispatch admitted the task to
 
 
 def gres_type(accelerator: str, gres: Mapping[str, str]) -> str:
@@ -117,6 +119,17 @@ def sbatch_options(options: Mapping[str, Any] | None, where: str = "slurm.sbatch
     return tuple(out)
 
 
+_RESERVATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
+
+
+def reservation_name(name: str | None) -> str | None:
+    """A Slurm reservation's name as the script may carry it (it comes from an event: checked)."""
+    if name is not None and not _RESERVATION.match(name):
+        raise SbatchOptionError(f"reservation {name[:80]!r}: not a Slurm reservation name "
+                                "(letters, digits, '_', '.', '-')")
+    return name
+
+
 def directives(req: SbatchRequest) -> list[str]:
     """Every `--option` of the script, generated first, then the user's."""
     mem = req.mem_mib if req.mem_mib is not None else req.cpus_per_task * DEFAULT_MEM_PER_CPU_MIB
@@ -126,6 +139,8 @@ def directives(req: SbatchRequest) -> list[str]:
            "--wait-all-nodes=1", "--no-requeue"]
     if req.partition:
         out.append(f"--partition={req.partition}")
+    if req.reservation:
+        out.append(f"--reservation={req.reservation}")
     gpus = gpu_directive(req)
     if gpus:
         out.append(gpus)

@@ -35,19 +35,20 @@ class Looker(Protocol):
 
 class InstanceWatch:
     def __init__(self, ec2: Looker, reporter: LossReporter, provisioned: Provisioned,
-                 clusters: Callable[[], list[str]], *, poll_s: float):
+                 clusters: Callable[[], list[str]], *, poll_s: float, infra: str = "aws"):
         self._ec2 = ec2
+        self.infra = infra  # whose nodes this looker asks about (aws: EC2; slurm: slurmwatch.py)
         self._reporter = reporter
         self._provisioned = provisioned
         self._clusters = clusters
         self.poll_s = poll_s
 
     async def targets(self, clusters: list[str]) -> list[Target]:
-        """The AWS nodes of these clusters (a cluster on another infra has nothing to ask)."""
+        """The nodes of these clusters on this watch's infra (another infra's have nothing to ask)."""
         out = []
         for cluster in clusters:
             prov = await self._provisioned(cluster)
-            if prov is None or prov.candidate.infra != "aws" or not prov.candidate.region:
+            if prov is None or prov.candidate.infra != self.infra or not prov.candidate.region:
                 continue
             out += [Target(cluster, n.rank, n.instance_id, prov.candidate.region) for n in prov.nodes]
         return out
@@ -73,7 +74,7 @@ class InstanceWatch:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a detector never stops: the next poll looks again
-                log.exception("EC2 check failed")
+                log.exception("%s check failed", "EC2" if self.infra == "aws" else self.infra)
 
     async def close(self) -> None:
         await self._ec2.close()

@@ -81,6 +81,7 @@ from .ec2watch import Ec2Watch
 from .heartbeats import HeartbeatWatch, Node
 from .history import history
 from .instancewatch import InstanceWatch
+from .slurmwatch import SlurmWatch
 from .losses import LossReporter
 from .reconcile import Reconciler
 from .settings import RecoverySettings
@@ -132,6 +133,7 @@ class RecoveryService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._heartbeats: HeartbeatWatch | None = None
         self._instances: InstanceWatch | None = None
+        self._slurm: InstanceWatch | None = None
         self._parked: set[int] = set()  # seqs of events the state machine could not take
         self._peers: dict[int, dict[int, machine.Peer]] = {}  # job group root id -> task index -> member
         self._group_timers: dict[int, asyncio.Task[None]] = {}  # member -> its pending GroupEnded
@@ -161,6 +163,10 @@ class RecoveryService:
                 self._instances = InstanceWatch(ec2, reporter, self._provisioned, self._watched,
                                                 poll_s=self.settings.ec2_poll_s)
                 self._tasks.append(asyncio.create_task(self._instances.run(), name="recovery-ec2"))
+            if self.settings.slurm_poll_s > 0:
+                self._slurm = InstanceWatch(SlurmWatch(), reporter, self._provisioned, self._watched,
+                                            poll_s=self.settings.slurm_poll_s, infra="slurm")
+                self._tasks.append(asyncio.create_task(self._slurm.run(), name="recovery-slurm"))
             self._tasks.append(asyncio.create_task(self._reconciler().run(), name="recovery-reconcile"))
 
     async def close(self) -> None:
@@ -173,6 +179,7 @@ class RecoveryService:
         if self._instances is not None:
             await self._instances.close()
             self._instances = None
+        self._slurm = None
 
     @handles(ManagedJobSubmitted)
     async def on_submitted(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -613,14 +620,17 @@ class RecoveryService:
                           recheck_ended_s=self.settings.recheck_ended_s, clock=self.clock)
 
     async def _check_cluster_now(self, cluster: str) -> machine.LostF | None:
-        """EC2's word on one cluster right now (after a job failure), as a loss fact or None."""
-        if self._instances is None:
+        """EC2's (or Slurm's) word on one cluster right now (after a job failure), as a loss fact or None."""
+        if self._instances is None and self._slurm is None:
             return None
-        try:
-            found = await self._instances.check([cluster])
-        except Exception as exc:
-            log.warning("cannot check %s with EC2: %s", cluster, exc)
-            return None
+        found = []
+        for watch in (self._instances, self._slurm):
+            if watch is None:
+                continue
+            try:
+                found += await watch.check([cluster])
+            except Exception as exc:
+                log.warning("cannot check %s with %s: %s", cluster, watch.infra, exc)
         if found:
             return _lost_fact(found[0])  # type: ignore[arg-type]
         prior = await self._last(cluster, SpotPreempted)

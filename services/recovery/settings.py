@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from skypurza.events.awsconfig import aws_config_files, aws_configured
 from skypurza.events.settings import Sources
+from skypurza.events.slurm_config import slurm_config_path
 
 DAY_S = 86400.0
 
@@ -29,6 +30,7 @@ DAY_S = 86400.0
 @dataclass(frozen=True)
 class RecoverySettings:
     ec2_poll_s: float = 15.0
+    slurm_poll_s: float = 10.0  # squeue over SSH (slurmwatch.py); 0 when no ~/.slurm/config names a cluster
     heartbeat_timeout_s: float = 60.0
     reconcile_s: float = 60.0
     missing_polls: int = 2
@@ -49,6 +51,9 @@ class RecoverySettings:
         return cls(
             ec2_poll_s=src.seconds("SKYPURZA_RECOVERY_EC2_POLL_S", base.ec2_poll_s if aws else 0.0, high=3600,
                                    key="recovery.ec2_poll_s"),
+            slurm_poll_s=src.seconds("SKYPURZA_RECOVERY_SLURM_POLL_S",
+                                     base.slurm_poll_s if slurm_config_path(src.env).is_file() else 0.0, high=3600,
+                                     key="recovery.slurm_poll_s"),
             heartbeat_timeout_s=src.seconds("SKYPURZA_RECOVERY_HEARTBEAT_TIMEOUT_S", base.heartbeat_timeout_s,
                                             high=DAY_S, key="recovery.heartbeat_timeout_s"),
             reconcile_s=src.seconds("SKYPURZA_RECOVERY_RECONCILE_S", base.reconcile_s, low=0.1, high=DAY_S,
