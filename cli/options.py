@@ -319,8 +319,11 @@ def with_workspace(cfg: Any, workspace: Optional[str]) -> Any:
     return dataclasses.replace(cfg, workspace=workspace) if workspace else cfg
 
 
-def workspace_note(workspace: Optional[str]) -> None:  # kept for callers of the old name
-    workspace_of(workspace)
+def workspace_note(workspace: Optional[str]) -> None:
+    """For a command a workspace does not change (`spz check`): said in one line."""
+    if workspace_of(workspace) is not None:
+        unused("-w/--workspace", "this command reads the broker's infras; a workspace (a team, spz teams list) "
+                                 "confines where its tasks are placed")
 
 
 def quiet_flag_types() -> None:

@@ -48,6 +48,9 @@ class _Loader(importlib.abc.Loader):
     def __init__(self, real: importlib.abc.Loader) -> None:
         self.real = real
 
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename ...: the real loader's
+        return getattr(self.real, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self.real.create_module(spec)
 

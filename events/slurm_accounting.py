@@ -184,8 +184,8 @@ def allocation_end(state: str | None) -> str | None:
         return None
     if word == "PREEMPTED":
         return "preempted"
-    if word == "COMPLETING":
-        return None  # still ending: the next look sees its final state
+    # COMPLETING too: our allocations never complete on their own (the script holds them until
+    # scancel), so one that is completing was ended, and its steps fail a moment before it is gone.
     return "node_lost"
 
 

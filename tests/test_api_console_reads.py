@@ -53,3 +53,58 @@ def test_the_api_finds_dispatch_through_entry_points_that_name_platform_code(mon
     assert (err.value.problems[0].line, err.value.problems[0].key) == (3, "queues[0].teem")
     monkeypatch.setenv(dispatch_reads.SKIP_ENV, "1")
     assert dispatch_reads.load() is None  # the open server alone: the dispatch endpoints say so
+
+
+def test_gpu_rows_are_one_per_gpu_of_each_nodes_last_sample_bounded_and_hostile_input_dropped(monkeypatch) -> None:
+    from skypurza.services.api import observability_view
+    from skypurza.services.api.observability_view import gpu_rows
+
+    gpu = {"index": 0, "name": "H100", "utilization_pct": 87, "memory_total_mib": 81559.0, "power_w": True}
+    nodes = [
+        {"cluster": "b", "rank": 1, "sample": {"ts": "t2", "cpu_pct": 5, "gpus": [gpu, {**gpu, "index": 1}]},
+         "findings": [{"rule": "xid"}]},
+        {"cluster": "a", "rank": 0, "sample": {"ts": "t1", "gpus": [], "gpu_error": "nvidia-smi: not found" * 50}},
+        {"cluster": "c", "rank": 0, "sample": None, "findings": [{"rule": "xid"}]},  # read back, no sample yet
+        "not a node", {"cluster": "d", "rank": 0, "sample": {"ts": "t", "gpus": ["junk", 3]}},
+    ]
+    rows, truncated = gpu_rows(nodes)
+    assert not truncated
+    assert [(r["cluster"], r["rank"], r["gpu_index"]) for r in rows] == [("a", 0, None), ("b", 1, 0), ("b", 1, 1),
+                                                                          ("d", 0, None)]
+    a, b0 = rows[0], rows[1]
+    assert len(a["gpu_error"]) == observability_view.MAX_TEXT_CHARS and a["utilization_pct"] is None
+    assert (b0["utilization_pct"], b0["memory_total_mib"], b0["power_w"], b0["findings"]) == (87.0, 81559.0, None, 1)
+    assert [r["cluster"] for r in gpu_rows(nodes, "b")[0]] == ["b", "b"]
+    monkeypatch.setattr(observability_view, "MAX_GPU_ROWS", 2)
+    rows, truncated = gpu_rows(nodes)
+    assert len(rows) == 2 and truncated
+
+
+def test_a_fatal_finding_is_a_drain_and_a_warning_is_not() -> None:
+    from skypurza.events.health_events import GpuUnhealthy
+    from skypurza.services.api.observability_view import finding_row
+
+    fatal = GpuUnhealthy(cluster="c", rank=0, gpu_index=2, rule="xid", detail="GPU 2: Xid 79", detected_at=NOW)
+    warm = GpuUnhealthy(cluster="c", rank=0, rule="thermal_throttle", severity="warning", detected_at=NOW)
+    assert finding_row(7, fatal) == {"seq": 7, "cluster": "c", "rank": 0, "gpu_index": 2, "rule": "xid",
+                                     "severity": "fatal", "detail": "GPU 2: Xid 79",
+                                     "detected_at": NOW.isoformat(), "drained": True}
+    assert finding_row(8, warm)["drained"] is False and finding_row(8, warm)["gpu_index"] is None
+
+
+def test_a_managed_job_then_is_pending_until_its_first_change_and_owned_as_the_stamp_says() -> None:
+    from skypurza.events.bus import Stored
+    from skypurza.events.managed_events import ManagedJobStatusChanged, ManagedJobSubmitted
+    from skypurza.services.api.timetravel import PastManagedJob
+
+    def stored(seq: int, ev: object) -> Stored:
+        return Stored(seq=seq, subject="s", timestamp=NOW, envelope=None, event=ev, status="ok")  # type: ignore[arg-type]
+
+    past = PastManagedJob(3)
+    past.add(stored(1, ManagedJobSubmitted(managed_job_id=3, name="train", tasks=[], user="alice", team="ml")))
+    assert past.row() == {"job_id": 3, "name": "train", "user": "alice", "team": "ml", "status": "PENDING"}
+    past.add(stored(2, ManagedJobStatusChanged(managed_job_id=3, status="STARTING", kind="launch", cluster="c1")))
+    past.add(stored(3, ManagedJobStatusChanged(managed_job_id=3, status="RECOVERING", kind="preempted", cluster="c1")))
+    past.add(stored(4, ManagedJobStatusChanged(managed_job_id=3, status="RUNNING", kind="started", cluster="c2")))
+    assert past.row()["status"] == "RUNNING" and past.clusters == ["c1", "c2"]
+    assert [c["kind"] for c in past.changes] == ["launch", "preempted", "started"]

@@ -149,6 +149,15 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
     r = _ok(spz(env, "jobs", "launch", "-y", str(pipe)))
     assert [x for x in r.stdout.splitlines() if x.startswith("pipe-")] == ["pipe-one", "pipe-two"], r.stdout
     assert "Managed job 2 (pipe) submitted." in r.stderr and "Managed job 2: SUCCEEDED" in r.stderr
+    # A job group, detached: every job submitted at once (through a server: by the server), then cancelled.
+    group = tmp_path / "grp.yaml"
+    group.write_text("name: grp\nexecution: parallel\n---\nname: a\nresources: {infra: local}\nrun: sleep 300\n"
+                     "---\nname: b\nresources: {infra: local}\nrun: sleep 300\n")
+    r = _ok(spz(env, "jobs", "launch", "-y", "-d", "-o", "json", str(group)))
+    assert [(j["id"], j["name"], j["job_group"], j["root_job_id"], j["status"]) for j in json.loads(r.stdout)] == [
+        (3, "grp/a", "grp", 3, "PENDING"), (4, "grp/b", "grp", 3, "PENDING")], r.stdout
+    assert "Managed job 3 (grp/a) submitted." in r.stderr and "Managed job 4 (grp/b) submitted." in r.stderr
+    _ok(spz(env, "jobs", "cancel", "-y", "--async", "3", "4"))
     report = json.loads(_ok(spz(env, "cost-report", "-o", "json")).stdout)
     assert {"lines", "total", "by"} <= set(report) and "scope" not in report and report["by"] == "team"
 

@@ -344,7 +344,8 @@ def test_the_cost_pages_total_equals_spz_cost_report(plane: Any, open_as: Any, t
 def _policy(nominal: int, key: str = "nominal") -> str:
     return ("flavors:\n  - name: local\n    infra: local\nqueues:\n  - name: ml\n    team: ml\n    quotas:\n"
             f"      - flavor: local\n        resources:\n          cpu: {{{key}: {nominal}}}\n"
-            "budgets:\n  - team: ml\n    period: month\n    limit_usd: 50\n")
+            "budgets:\n  - team: ml\n    period: month\n    limit_usd: 50\n"
+            "priority:\n  weights: {age: 1000, fairshare: 10000}\n")
 
 
 def test_an_admin_raises_a_teams_quota_and_a_held_launch_is_admitted(plane: Any, open_as: Any,
@@ -381,6 +382,17 @@ def test_an_admin_raises_a_teams_quota_and_a_held_launch_is_admitted(plane: Any,
     expect(row).to_contain_text("cpu 2")
     queues = page.locator("table", has=page.locator("caption", has_text="Queues"))
     expect(queues.locator("tbody tr")).to_contain_text("0 / 1")
+    # Its priority and what it is made of (`spz dispatch prio`), and the fairshare tree it comes from.
+    held = next(p for p in plane.api.http.get("/api/v1/dispatch/queue", headers=plane.api.as_(plane.tokens["alice"]))
+                .json()["pending"] if p["cluster"] == "held")
+    assert held["factors"]["fairshare"] > 0 and held["priority"] >= int(held["factors"]["fairshare"]), held
+    expect(row).to_contain_text(f"fairshare {held['factors']['fairshare']:.2f}".replace(".00", ""))
+    share = page.locator("table", has=page.locator("caption", has_text="Fairshare tree (fair_tree)"))
+    expect(share.locator("tbody tr", has_text="alice")).to_be_visible()
+    tree = plane.api.http.get("/api/v1/dispatch/share", headers=plane.api.as_(plane.tokens["vera"])).json()
+    alice = next(r for r in tree["rows"] if r["user"] == "alice")
+    assert alice["account"] == "ml" and alice["raw_shares"] == 1 and tree["algorithm"] == "fair_tree", tree
+    assert alice["fairshare"] * 10000 == pytest.approx(held["factors"]["fairshare"], abs=0.01), (alice, held)
     assert unlabelled_controls(page) == []
 
     editor.fill(_policy(4))
@@ -509,6 +521,7 @@ def test_the_dispatch_and_alert_endpoints_check_who_asks_and_what(plane: Any) ->
             await bus.close()
 
     problem(api.http.get("/api/v1/dispatch/queue"), 401)
+    problem(api.http.get("/api/v1/dispatch/share"), 401)
     body = problem(api.http.put("/api/v1/dispatch/policy", headers=api.as_(t["alice"]), json={"yaml": _policy(1)}), 403)
     assert "admins" in body["detail"]
     before = len(run(on_bus()))
@@ -621,6 +634,8 @@ def test_the_observability_page_shows_gpus_goodput_and_a_health_finding_as_it_la
     gpus = page.locator("table", has=page.locator("caption", has_text="Each GPU's last sample"))
     expect(gpus.locator("tr", has_text="gpubox").first).to_contain_text("87 %")
     expect(page.locator("svg.chart")).to_have_attribute("aria-label", re.compile("gpubox/0/gpu0 87 %"))
+    by_team = page.locator("table", has=page.locator("caption", has_text="Goodput by team"))
+    expect(by_team.locator("tr", has_text="(none)")).to_contain_text("10 GPU-s")
     expect(page.locator("#drained")).to_have_text("No cluster is drained.")
     before = datetime.now(timezone.utc)
     time.sleep(0.05)
@@ -668,13 +683,15 @@ def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_a
     assert 1 <= n < len(now["changes"]) and past["changes"] == now["changes"][:n], (past, now)
     assert past["status"] == past["changes"][-1]["status"] != "SUCCEEDED" and past["at"] == at.isoformat(), past
     assert (past["user"], past["team"], past["name"]) == ("alice", "ml", "hello"), past
-    problem(api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(plane.tokens["bob"]),
-                         params={"at": at.isoformat()}), 403)  # bob reads his team's, not alice's managed job
+    problem(api.http.get(f"/api/v1/jobs/{job_id}/history", params={"at": at.isoformat()}), 401)
+    problem(api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice), params={"at": "then"}), 422)
     problem(api.http.get(f"/api/v1/jobs/{job_id}/history", headers=api.as_(alice),
                          params={"at": (first - timedelta(seconds=30)).isoformat()}), 404)
 
-    page, _ = open_as("alice")
+    page, _ = open_as(None)  # signed in on the past page itself: nothing of "now" is in flight when it opens
     page.goto(f"{api.url}/console/?at={at.isoformat().replace('+', '%2B')}#/job/{job_id}")
+    page.get_by_label("API token").fill(alice)
+    page.get_by_label("API token").press("Enter")
     expect(page.get_by_role("status").filter(has_text="Time travel")).to_be_visible()
     history = page.locator("table", has=page.locator("caption", has_text="Each status change"))
     expect(history.locator("tbody tr")).to_have_count(n)
@@ -686,7 +703,7 @@ def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_a
     def total(**params: str) -> int:
         r = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user", **params})
         assert r.status_code == 200, r.text
-        return int(r.json()["total"]["cost_micros"])
+        return int(r.json()["total"]["billing_seconds"])  # the local infra is free: its seconds count
 
     def all_down() -> bool:
         r = api.http.get("/api/v1/clusters", headers=api.as_(root))
@@ -703,11 +720,14 @@ def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_a
                          params={"at": middle.isoformat(), "until": "2026-12-01"}), 422)
     then = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user", "at": middle.isoformat()}).json()
 
-    page, _ = open_as("root")
+    page, _ = open_as(None)
     page.goto(f"{api.url}/console/?at={middle.isoformat().replace('+', '%2B')}#/cost")
+    page.get_by_label("API token").fill(root)
+    page.get_by_label("API token").press("Enter")
     page.get_by_label("Group by").select_option("user")
     page.get_by_role("button", name="Show").click()
     expect(page.locator("#total")).to_have_text(f"${then['total']['cost_usd']}")
+    expect(page.locator("#main")).to_contain_text(f"({then['total']['billing_minutes']} billed minutes; all)")
     expect(page.get_by_label("Until")).to_be_disabled()
     expect(page.locator("#cost-at")).to_contain_text("the ledger's rows up to then")
 

@@ -649,6 +649,43 @@ def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_on_a_n
     assert len(first) == 1, first
     statuses = [e.status for e in got]
     assert statuses[:3] == ["STARTING", "RUNNING", "RECOVERING"] and statuses[-2:] == ["RUNNING", "SUCCEEDED"], statuses
-    assert got[2].reason.startswith("node_lost") and "CANCELLED" in got[2].reason, got[2].reason
+    assert got[2].reason.startswith("node_lost") and "Slurm allocation" in got[2].reason, got[2].reason
     assert any("second run" in line for line in logs)  # ran again, on a new allocation
     assert not set(ours()) & set(first)
+
+
+def test_an_allocations_end_is_read_as_recovery_reads_a_lost_node() -> None:
+    from skypurza.events.slurm_accounting import allocation_end
+    from skypurza.services.recovery.ec2watch import Target
+    from skypurza.services.recovery.slurmwatch import findings, look_command
+
+    assert allocation_end("RUNNING") is None and allocation_end("PENDING") is None
+    assert allocation_end("PREEMPTED") == "preempted"
+    for state in ("NODE_FAIL", "CANCELLED by 0", "TIMEOUT", "COMPLETING", None):
+        assert allocation_end(state) == "node_lost", state
+    assert "sacct -X -n -P -j 3,7 -o JobIDRaw,State" in look_command([7, 3, 7])
+    ts = [Target("a", 0, "3.0", "hpc"), Target("b", 0, "7.0", "hpc"), Target("c", 0, "9.0", "hpc"),
+          Target("d", 0, "11.0", "hpc")]
+    text = "3|RUNNING\n9|NODE_FAIL\n#spz-sacct\n7|PREEMPTED\n"
+    found = {t.cluster: f for t, f in findings(ts, text)}
+    assert set(found) == {"b", "c", "d"}  # 3 runs; 7 gone (sacct: preempted); 9 failed; 11 gone, no word why
+    assert found["b"].kind == "preempted" and found["c"].kind == "node_lost" and found["d"].kind == "node_lost"
+    assert found["b"].evidence["state"] == "Slurm allocation 7 PREEMPTED"
+    assert findings(ts, "3|RUNNING\n") == []  # the command did not run to its end: no word on anything
+
+
+def test_submit_as_user_settings_are_checked_at_the_edge() -> None:
+    from skypurza.services.provisioner.slurm import submit_command
+
+    cfg = slurm_config.parse_user_config({"cluster_configs": {"hpc": {
+        "submit_as_user": {"alice": "alice_unix"}, "submit_mode": "ssh_keys",
+        "user_keys": {"alice_unix": "~/.ssh/alice"}}}}).cluster("hpc")
+    assert cfg.unix_user("alice") == "alice_unix" and cfg.unix_user("bob") is None and cfg.unix_user("") is None
+    assert cfg.submit_mode == "ssh_keys" and cfg.for_partition("gpu").user_keys == {"alice_unix": "~/.ssh/alice"}
+    for bad, message in ((({"submit_as_user": {"alice": "Root;rm -rf"}}), "submit_as_user.alice: 'Root;rm -rf' is not"),
+                         ({"submit_mode": "sudo"}, "submit_mode: 'sudo'; expected one of uid, ssh_keys")):
+        with pytest.raises(slurm_config.SlurmConfigError, match=message.replace("(", r"\(")):
+            slurm_config.parse_user_config({"cluster_configs": {"hpc": bad}})
+    assert submit_command(".skypurza-slurm/t/c", None) == "mkdir -p .skypurza-slurm/t/c && sbatch --parsable"
+    as_user = submit_command(".skypurza-slurm/t/c", "alice_unix")
+    assert "sbatch --parsable --uid=alice_unix --gid=" in as_user and "chown -R alice_unix: .skypurza-slurm" in as_user

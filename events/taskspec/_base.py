@@ -139,6 +139,12 @@ def check_enum(value: str, accepted: tuple[str, ...], what: str, *, case_sensiti
     return value
 
 
+# defer_build (both bases): a model's validator is built when it is first used, not at import:
+# a command that imports the task models without validating a task does not pay for building
+# them (issue 21). One that validates a task still builds the tree under Task: that is most of
+# `spz check-yaml`'s time.
+
+
 class Strict(BaseModel):
     """A mapping with a closed set of keys (SkyPilot: additionalProperties: false)."""
 

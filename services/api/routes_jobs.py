@@ -177,11 +177,16 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
         work = asyncio.ensure_future(submit_plans(deps.bus(), plans, publics, [t.secret_values() for t in tasks],
                                                   user=who.user, attribution=attribution,
                                                   stamped=(who.user, who.team)))
+        work.add_done_callback(_said)
         try:
             jobs = await asyncio.shield(work)
         except PartialSubmission as exc:
-            log.warning("managed jobs of %s: %s", who.user, exc)
             raise unavailable(f"{exc}; nothing of this launch runs, try it again")
+        except ValueError as exc:  # a task the managed job's model refuses: before any id was taken
+            raise Problem(422, "invalid-task", "Invalid task", f"the task is not valid: {str(exc)[:300]}")
+        except Exception as exc:
+            raise unavailable(f"the log did not take the submission ({type(exc).__name__}); nothing of this launch "
+                              "was submitted, try it again")
         summaries = [summary(p, j) for p, j in zip(plans, jobs)]
         log.info("managed job(s) %s (%s) submitted by %s (team %s)", ", ".join(str(s["id"]) for s in summaries),
                  plans[0].name, who.user, who.team)
@@ -270,6 +275,13 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
         return {**report, "scope": f"team {who.team}", **past}
 
     return r
+
+
+def _said(work: asyncio.Future[Any]) -> None:
+    """A shielded submission's failure, logged even when its client went away (and no one awaits it)."""
+    if not work.cancelled() and work.exception() is not None:
+        exc = work.exception()
+        log.warning("managed jobs submission failed: %s: %s", type(exc).__name__, exc)
 
 
 def _team_only(report: dict[str, Any], team: str) -> dict[str, Any]:

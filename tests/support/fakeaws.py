@@ -16,6 +16,9 @@ What the middleware adds to moto, all at the HTTP boundary:
 - Spot interruption (`POST /_fault/preempt`): an instance becomes terminated with StateReason
   Server.SpotInstanceTermination, which moto cannot do from outside.
 - Placement groups (Create/Describe/DeletePlacementGroup), which moto 5 does not implement.
+- Capacity reservations (Create/DescribeCapacityReservations), which moto 5 does not implement
+  either: a RunInstances that targets one (CapacityReservationSpecification) must match its
+  type and zone and fit in what is left of it, as AWS checks, and takes from its count.
 - A request log (`GET /_fault/requests?account=&action=`): tests count what reached "AWS".
 
 Everything else is moto, started with instance-type, AMI and key-pair validation on.
@@ -163,6 +166,15 @@ class PlacementGroup:
     members: set[str] = field(default_factory=set)
 
 
+@dataclass
+class CapacityReservation:
+    reservation_id: str
+    instance_type: str
+    zone: str
+    total: int
+    members: set[str] = field(default_factory=set)
+
+
 class FaultMiddleware:
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self.app = app
@@ -170,6 +182,7 @@ class FaultMiddleware:
         self.rules: list[Rule] = []
         self.calls: list[Call] = []
         self.placement_groups: dict[tuple[str, str], dict[str, PlacementGroup]] = {}
+        self.reservations: dict[tuple[str, str], dict[str, CapacityReservation]] = {}
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------------ WSGI entry
@@ -196,6 +209,15 @@ class FaultMiddleware:
             status, text = self._placement_group(call)
             call.status = status
             return _respond(start_response, status, text)
+        if call.service == "ec2" and call.action in _CR_ACTIONS:
+            status, text = self._capacity_reservation(call)
+            call.status = status
+            return _respond(start_response, status, text)
+        target = call.params.get(_CR_TARGET) if call.action == "RunInstances" else None
+        refused = self._reservation_refusal(call, target) if target else None
+        if refused is not None:
+            call.status, call.fault = 400 if refused[0] != "ReservationCapacityExceeded" else 500, refused[0]
+            return _error(start_response, call.status, refused[0], refused[1])
         status_box: list[str] = []
 
         def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -220,6 +242,11 @@ class FaultMiddleware:
                     pg = self.placement_groups.get((call.account, call.region), {}).get(group)
                     if pg is not None:
                         pg.members.update(ids)
+            if target:
+                with self.lock:
+                    cr = self.reservations.get((call.account, call.region), {}).get(target)
+                    if cr is not None:
+                        cr.members.update(ids)
             if after_rule is not None and 0 <= after_rule.index < len(ids):
                 code = after_rule.code if after_rule.code.startswith(("Server.", "Client.")) else LAUNCH_FAILURE_CODE
                 _kill(call.account, call.region, ids[after_rule.index], code,
@@ -293,6 +320,49 @@ class FaultMiddleware:
             items = "".join(f"<item>{_pg_xml(g, call)}</item>" for g in chosen)
             return 200, _ec2_xml("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
 
+    # ------------------------------------------------------------------ capacity reservations
+
+    def _capacity_reservation(self, call: Call) -> tuple[int, str]:
+        p = call.params
+        with self.lock:
+            mine = self.reservations.setdefault((call.account, call.region), {})
+            if call.action == "CreateCapacityReservation":
+                try:
+                    total = int(p.get("InstanceCount", "0"))
+                except ValueError:
+                    total = 0
+                if total < 1 or not p.get("InstanceType") or not p.get("AvailabilityZone"):
+                    return 400, _error_xml("InvalidParameterValue", "InstanceType, AvailabilityZone and a positive "
+                                           "InstanceCount are required")
+                cr = CapacityReservation(f"cr-{uuid.uuid4().hex[:17]}", p["InstanceType"], p["AvailabilityZone"], total)
+                mine[cr.reservation_id] = cr
+                return 200, _ec2_xml("CreateCapacityReservationResponse",
+                                     f"<capacityReservation>{_cr_xml(cr, call)}</capacityReservation>")
+            ids = [v for k, v in sorted(p.items()) if re.fullmatch(r"CapacityReservationId\.\d+", k)]
+            for cid in ids:
+                if cid not in mine:
+                    return 400, _error_xml("InvalidCapacityReservationId.NotFound",
+                                           f"The capacity reservation ID '{cid}' does not exist")
+            items = "".join(f"<item>{_cr_xml(cr, call)}</item>" for cid, cr in mine.items() if not ids or cid in ids)
+            return 200, _ec2_xml("DescribeCapacityReservationsResponse",
+                                 f"<capacityReservationSet>{items}</capacityReservationSet>")
+
+    def _reservation_refusal(self, call: Call, target: str) -> tuple[str, str] | None:
+        """AWS's answer to a RunInstances into a reservation it cannot take (None: it can)."""
+        with self.lock:
+            cr = self.reservations.get((call.account, call.region), {}).get(target)
+            if cr is None:
+                return "InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{target}' does not exist"
+            if call.params.get("InstanceType") != cr.instance_type or call.zone not in (None, cr.zone):
+                return "InvalidParameterValue", (f"The instance type or Availability Zone does not match capacity "
+                                                 f"reservation {target} ({cr.instance_type} in {cr.zone})")
+            wanted = int(call.params.get("MinCount", "1") or 1)
+            left = cr.total - sum(1 for i in cr.members if _alive(call.account, call.region, i))
+            if wanted > left:
+                return "ReservationCapacityExceeded", (f"There is not enough capacity in capacity reservation "
+                                                       f"{target}: {left} of {cr.total} available")
+        return None
+
     # ------------------------------------------------------------------ control API
 
     def _control(self, environ: dict[str, Any], start_response: Callable[..., Any], what: str) -> Iterable[bytes]:
@@ -361,6 +431,8 @@ def _pg_passes(pg: PlacementGroup, params: dict[str, str]) -> bool:
 
 
 _PG_ACTIONS = frozenset({"CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"})
+_CR_ACTIONS = frozenset({"CreateCapacityReservation", "DescribeCapacityReservations"})
+_CR_TARGET = "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
 
 
 def _same_account(account: str | None, query: dict[str, str]) -> bool:
@@ -399,6 +471,17 @@ def _ec2_xml(root: str, inner: str) -> str:
     return (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{EC2_NS}">'
         f"<requestId>{uuid.uuid4()}</requestId>{inner}</{root}>"
+    )
+
+
+def _cr_xml(cr: CapacityReservation, call: Call) -> str:
+    used = sum(1 for i in cr.members if _alive(call.account, call.region, i))
+    return (
+        f"<capacityReservationId>{cr.reservation_id}</capacityReservationId><ownerId>{call.account}</ownerId>"
+        f"<instanceType>{escape(cr.instance_type)}</instanceType><availabilityZone>{escape(cr.zone)}</availabilityZone>"
+        f"<totalInstanceCount>{cr.total}</totalInstanceCount><availableInstanceCount>{cr.total - used}"
+        "</availableInstanceCount><state>active</state><instancePlatform>Linux/UNIX</instancePlatform>"
+        "<instanceMatchCriteria>targeted</instanceMatchCriteria><tenancy>default</tenancy>"
     )
 
 

@@ -2,6 +2,8 @@
 // the policy (GET/PUT /api/v1/dispatch/policy). Admins edit the policy YAML here; what the
 // server's validator finds is listed at its line, and "Go to line" puts the cursor there.
 // A change is an event like any other (DispatchPolicyApplied, stamped with the admin).
+// Each waiting task shows its priority and the weighted factors it is made of (`spz dispatch
+// prio`); the fairshare tree is `spz dispatch share` (GET /api/v1/dispatch/share).
 import { get, put } from "../api.js";
 import { el, heading, notice, table } from "../ui.js";
 
@@ -16,6 +18,11 @@ export function meter(used, nominal) {
 }
 
 const fmt = (n) => (Number.isInteger(Number(n)) ? String(n) : Number(n).toFixed(2));
+const dec = (n) => (n === null || n === undefined ? "" : Number(n).toFixed(3).replace(/\.?0+$/, "") || "0");
+// "age 120, fairshare 500 …": the weighted factors a task's priority sums (zeros left out).
+const factors = (r) => Object.entries({ ...(r.factors || {}), ...Object.fromEntries(Object.entries(r.tres || {})
+  .map(([k, v]) => [`tres/${k}`, v])) }).filter(([, v]) => Number(v) !== 0)
+  .map(([k, v]) => `${k} ${fmt(v)}`).concat(r.nice ? [`nice ${r.nice}`] : []).join(", ") || "-";
 const request = (r) => Object.entries(r || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
 
 // The offset in `text` where line `line` (1-based) starts and ends (pure).
@@ -32,11 +39,15 @@ export async function render(root, { me, signal }) {
   const queuesBox = el("div");
   const pendingBox = el("div");
   const budgetsBox = el("div");
+  const shareBox = el("div");
   const policyBox = el("div");
   const problemsBox = el("div", { id: "policy-problems" });
   root.append(heading("Dispatch"), msg,
     el("section", { "aria-labelledby": "h-queues" }, el("h2", { id: "h-queues" }, "Queues: quota in use"), queuesBox),
     el("section", { "aria-labelledby": "h-pending" }, el("h2", { id: "h-pending" }, "Waiting for admission"), pendingBox),
+    el("section", { "aria-labelledby": "h-share" }, el("h2", { id: "h-share" }, "Fairshare tree"),
+      el("p", { class: "muted" }, "Each team's and user's shares and decayed usage, and the FairShare factor their "
+        + "tasks' priority is weighted by (higher: more owed)."), shareBox),
     el("section", { "aria-labelledby": "h-budgets" }, el("h2", { id: "h-budgets" }, "Budgets"), budgetsBox),
     el("section", { "aria-labelledby": "h-policy" }, el("h2", { id: "h-policy" }, admin ? "Policy: quotas and budgets"
       : "Policy"), policyBox, problemsBox));
@@ -44,8 +55,10 @@ export async function render(root, { me, signal }) {
 
   let shown = "";
   async function refresh() {
-    const [q, b] = await Promise.all([get("/dispatch/queue", { signal }), get("/budgets", { signal })]);
-    const key = JSON.stringify([q, b]);
+    const [q, b, sh] = await Promise.all([get("/dispatch/queue", { signal }), get("/budgets", { signal }),
+      // an older dispatch gives no tree: the rest of the page still shows
+      get("/dispatch/share", { signal }).catch((e) => { if (e.name === "AbortError") throw e; return { error: e }; })]);
+    const key = JSON.stringify([q, b, sh]);
     if (key === shown) return;
     shown = key;
     const rows = q.queues.flatMap((x) => (x.quotas.length ? x.quotas : [{}]).map((r) => ({ ...r, queue: x })));
@@ -58,9 +71,15 @@ export async function render(root, { me, signal }) {
     ], rows, "no queues") : el("p", { class: "muted" }, "No dispatch policy: every submission is admitted at once."));
     pendingBox.replaceChildren(table("Tasks waiting for admission", [
       ["#", (r) => String(r.position), "num"], ["Cluster", (r) => r.cluster], ["Team", (r) => r.team || ""],
-      ["User", (r) => r.user], ["Asks", (r) => request(r.request)], ["Held for", (r) => r.kind || ""],
-      ["Reason", (r) => r.reason],
+      ["User", (r) => r.user], ["Asks", (r) => request(r.request)], ["Priority", (r) => String(r.priority), "num"],
+      ["Factors", (r) => factors(r)], ["Held for", (r) => r.kind || ""], ["Reason", (r) => r.reason],
     ], q.pending, "no task waits"));
+    shareBox.replaceChildren(sh.error ? el("p", { class: "muted" }, sh.error.text || String(sh.error)) : table(`Fairshare tree (${sh.algorithm})`, [
+      ["Account", (r) => (r.user ? `  ${r.account}` : r.account)], ["User", (r) => r.user || ""],
+      ["Raw shares", (r) => String(r.raw_shares), "num"], ["Norm shares", (r) => dec(r.norm_shares), "num"],
+      ["Raw usage", (r) => dec(r.raw_usage), "num"], ["Effective usage", (r) => dec(r.effectv_usage), "num"],
+      ["FairShare", (r) => (r.fairshare === null || r.fairshare === undefined ? "" : dec(r.fairshare)), "num"],
+    ], sh.rows, "no team or user yet"));
     budgetsBox.replaceChildren(table("Budgets", [
       ["Who", (r) => r.team + (r.user ? `/${r.user}` : "")], ["Period", (r) => r.period_key],
       ["Spent / limit", (r) => meter(r.spent_usd, r.limit_usd)],

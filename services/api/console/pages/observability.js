@@ -10,7 +10,8 @@ const REFRESH_MS = 3000;
 
 const pct = (v) => (v === null || v === undefined ? "-" : `${Number(v).toFixed(0)} %`);
 const num = (v, unit) => (v === null || v === undefined ? "-" : `${Number(v).toFixed(0)} ${unit}`);
-const hours = (s) => `${(Number(s || 0) / 3600).toFixed(2)} GPU-h`;
+// GPU time: seconds under an hour (a short run's 10 GPU-s is not "0.00 GPU-h"), else hours.
+const gpuTime = (s) => (Number(s || 0) < 3600 ? `${Number(s || 0).toFixed(0)} GPU-s` : `${(Number(s) / 3600).toFixed(2)} GPU-h`);
 const clusterLink = (name) => link(`#/cluster/${encodeURIComponent(name)}`, name);
 
 export async function render(root, { me, signal, at }) {
@@ -72,7 +73,7 @@ export async function render(root, { me, signal, at }) {
     notice(goodMsg, g.ledger ? "" : "info", g.ledger ? "" : "the ledger did not answer: paid GPU time is unknown");
     if (!changed("goodput", g)) return;
     const cols = (what) => [
-      [what, (r) => String(r.key)], ["Useful", (r) => hours(r.useful_s), "num"], ["Paid", (r) => hours(r.paid_s), "num"],
+      [what, (r) => String(r.key)], ["Useful", (r) => gpuTime(r.useful_s), "num"], ["Paid", (r) => gpuTime(r.paid_s), "num"],
       ["Goodput", (r) => (r.ratio === null ? "-" : `${(r.ratio * 100).toFixed(0)} %`), "num"],
       ["Idle $", (r) => `$${Number(r.idle_dollars || 0).toFixed(2)}`, "num"]];
     goodput.replaceChildren(
