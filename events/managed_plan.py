@@ -78,11 +78,6 @@ def plan_jobs(job_name: str, task_names: Sequence[str | None], header: dict[str,
                     job_rank=r, num_jobs=num_jobs) for r in range(num_jobs)]
 
 
-def several(plans: Sequence[JobPlan]) -> bool:
-    """Whether the launch is several jobs (or a group): followed together, each line labelled."""
-    return len(plans) > 1 or any(p.group is not None for p in plans)
-
-
 def summary(plan: JobPlan, job: ManagedJobSubmitted) -> dict[str, Any]:
     """What `spz jobs launch -o json` (and POST /api/v1/jobs) says of one submitted job."""
     return {"id": job.managed_job_id, "name": plan.name, "task_ids": job.skypilot_task_ids,
@@ -122,9 +117,12 @@ async def submit_plans(bus: Bus, plans: Sequence[JobPlan], tasks: Sequence[dict[
             raise
         ids = [j.managed_job_id for j in done]
         cancelled = await _cancel_all(bus, ids, user, stamped)
+        left = [j for j in ids if j not in cancelled]
+        after = (f"the {len(done)} submitted before it ({', '.join(map(str, ids))}) were cancelled" if not left else
+                 f"of the {len(done)} submitted before it, {', '.join(map(str, left))} could not be cancelled: "
+                 f"cancel them (spz jobs cancel {' '.join(map(str, left))})")
         raise PartialSubmission(f"submitting managed job {len(done) + 1} of {len(plans)} failed "
-                                f"({type(exc).__name__}: {str(exc)[:200]}); the {len(done)} submitted before "
-                                f"it ({', '.join(map(str, ids))}) were cancelled", ids, cancelled) from exc
+                                f"({type(exc).__name__}: {str(exc)[:200]}); {after}", ids, cancelled) from exc
     return done
 
 

@@ -96,3 +96,27 @@ def test_the_api_client_loads_without_trio_which_stays_importable() -> None:
              "print(json.dumps([*before, s.trio is None, bool(trio.run)]))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout) == [False, False, True, True], r.stderr
+
+
+# A new node's agent imports, before NodeReady, only what connecting and announcing need (issue
+# 21: PlacementChosen -> NodeReady). Uploads (workdir archives, pathspec), node samples, the task
+# spec, YAML, DuckDB, the cloud SDKs and the CLI's renderers come later, where a job needs them.
+AGENT_HEAVY = ("aiohttp", "duckdb", "yaml", "boto3", "botocore", "aiobotocore", "httpx", "rich", "typer",
+               "pathspec", "skypurza.events.taskspec", "skypurza.events.nodesample", "skypurza.events.uploads",
+               "skypurza.events.workdir_archive", "skypurza.services.agent.sampling", "skypurza.services.agent.fetch",
+               "skypurza.services.agent.syncignore")
+AGENT_PROBE = """
+import json, sys
+import skypurza.services.agent.__main__ as entry
+assert callable(entry.main)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_new_agent_imports_only_what_it_needs_before_node_ready() -> None:
+    r = subprocess.run([sys.executable, "-c", AGENT_PROBE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+    modules = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "skypurza.services.agent.agent" in modules and "skypurza.events.bus" in modules  # it really loaded
+    heavy = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in AGENT_HEAVY))
+    assert heavy == [], f"the agent imports {heavy} before NodeReady"

@@ -212,7 +212,8 @@ def test_subjects_are_derived_from_what_is_consumed(nats_server):
     assert by_name["optimizer"].subjects("dev") == [naming.event_filter("dev", "task", "task_submitted"),
                                                     naming.event_filter("dev", "task", "capacity_error"),
                                                     naming.aggregate_events_subject("dev", "dispatch"),
-                                                    naming.event_filter("dev", "task", "task_admitted")]
+                                                    naming.event_filter("dev", "task", "task_admitted"),
+                                                    naming.aggregate_events_subject("dev", "team")]  # workspaces
     assert by_name["recovery"].subjects("dev")[:3] == [naming.aggregate_events_subject("dev", "mjob"),
                                                        naming.event_filter("dev", "task", "placement_failed"),
                                                        naming.event_filter("dev", "task", "provision_failed")]

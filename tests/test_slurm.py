@@ -682,8 +682,9 @@ def test_submit_as_user_settings_are_checked_at_the_edge() -> None:
         "user_keys": {"alice_unix": "~/.ssh/alice"}}}}).cluster("hpc")
     assert cfg.unix_user("alice") == "alice_unix" and cfg.unix_user("bob") is None and cfg.unix_user("") is None
     assert cfg.submit_mode == "ssh_keys" and cfg.for_partition("gpu").user_keys == {"alice_unix": "~/.ssh/alice"}
-    for bad, message in ((({"submit_as_user": {"alice": "Root;rm -rf"}}), "submit_as_user.alice: 'Root;rm -rf' is not"),
-                         ({"submit_mode": "sudo"}, "submit_mode: 'sudo'; expected one of uid, ssh_keys")):
+    for bad, message in (
+            ({"submit_as_user": {"alice": "Root;rm"}}, "submit_as_user.alice: 'Root;rm' is not a Unix account"),
+            ({"submit_mode": "sudo"}, "submit_mode: 'sudo'; expected one of uid, ssh_keys")):
         with pytest.raises(slurm_config.SlurmConfigError, match=message.replace("(", r"\(")):
             slurm_config.parse_user_config({"cluster_configs": {"hpc": bad}})
     assert submit_command(".skypurza-slurm/t/c", None) == "mkdir -p .skypurza-slurm/t/c && sbatch --parsable"

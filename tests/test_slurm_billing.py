@@ -164,7 +164,8 @@ def _sacct(rig, job: str) -> tuple[int, int, str]:
     return int(billing), int(elapsed), state
 
 
-def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slurm_accounted_rig, tmp_path: Path) -> None:
+def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slurm_accounted_rig,
+                                                                            tmp_path: Path) -> None:
     from local_cli import local_cli, spz
     from slurm_rig import CLUSTER, GPU_PARTITION
 

@@ -41,7 +41,7 @@ from skypurza.events.job_events import CancelRequested, JobQueued
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterStarted, StopRequested
 from skypurza.events.service import declared_bus, read_stored
 
-from . import fetch, mounts, sampling, slurmexec, storage, userenv
+from . import mounts, slurmexec, storage, userenv
 from .decide import (
     LOST_EXIT,
     SYNC_FAILED_EXIT,
@@ -167,7 +167,7 @@ class Agent:
                                                bucket_store)  # checkpoint buckets (storage.py)
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
         self.sample_s = sample_s  # 0: no node samples (sampling.py)
-        self.sampler = sampling.Sampler(self.home, xid_source=xid_source)
+        self.xid_source = xid_source
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -430,6 +430,8 @@ class Agent:
         for step in steps:
             try:
                 if step.kind == "copy" and step.source in uploads:
+                    from . import fetch  # only a job with uploads needs it (issue 21: light start)
+
                     await fetch.put_in_place(self.bus, uploads[step.source], step.dest, self.state / "uploads")
                 else:
                     await asyncio.to_thread(mounts.apply_step, step)
@@ -712,12 +714,17 @@ class Agent:
         """A node sample every `sample_s` on core NATS (events/nodesample.py): fire and forget,
         never on the log. A sample that cannot be taken or sent is skipped, never fatal."""
         assert self.bus is not None
+        # Imported here, not at the top: node samples (and events/nodesample.py's models) are not
+        # needed before NodeReady, and most agents never take one (issue 21).
+        from . import sampling
+
+        sampler = sampling.Sampler(self.home, xid_source=self.xid_source)
         subject = naming.sample_subject(self.spec.stage, self.spec.cluster, self.rank)
         while True:
             try:
                 expected = int(sum(self.view.capacity().accelerators.values()))
                 sample = await asyncio.to_thread(
-                    self.sampler.sample, self.spec.cluster, self.rank, self.spec.instance_id,
+                    sampler.sample, self.spec.cluster, self.rank, self.spec.instance_id,
                     self.clock.now().isoformat(), expected_gpus=expected, busy_gpus=self._busy_gpus(expected))
                 await self.bus.nc.publish(subject, sample.model_dump_json(exclude_defaults=True).encode())
             except asyncio.CancelledError:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import syncignore
 
 SKY_WORKDIR = "sky_workdir"
 
@@ -127,6 +126,8 @@ def _copy(src: Path, dest: Path) -> None:
         raise SyncError(f"{src} does not exist on this node")
     try:
         if src.is_dir():
+            from . import syncignore  # pathspec: only a copied directory needs it (issue 21: light start)
+
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True, ignore=syncignore.ignore_for(src))
         else:
             dest.parent.mkdir(parents=True, exist_ok=True)

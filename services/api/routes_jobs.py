@@ -181,7 +181,8 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
         try:
             jobs = await asyncio.shield(work)
         except PartialSubmission as exc:
-            raise unavailable(f"{exc}; nothing of this launch runs, try it again")
+            raise unavailable(f"{exc}; try the launch again" if not set(exc.submitted) - set(exc.cancelled)
+                              else str(exc))
         except ValueError as exc:  # a task the managed job's model refuses: before any id was taken
             raise Problem(422, "invalid-task", "Invalid task", f"the task is not valid: {str(exc)[:300]}")
         except Exception as exc:

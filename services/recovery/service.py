@@ -636,6 +636,15 @@ class RecoveryService:
         prior = await self._last(cluster, SpotPreempted)
         if prior is not None and isinstance(prior.event, SpotPreempted):
             return _lost_fact(prior.event)
+        if self._slurm is not None:
+            # Slurm's poll may have reported the allocation's end just after the step failed (the
+            # NodeLost is behind this JobFailed in the log): a loss of one of the current nodes counts.
+            lost = await self._last(cluster, NodeLost)
+            prov = await self._provisioned(cluster)
+            current = {n.instance_id for n in prov.nodes} if prov is not None and prov.candidate.infra == "slurm" \
+                else set()
+            if lost is not None and isinstance(lost.event, NodeLost) and lost.event.instance_id in current:
+                return _lost_fact(lost.event)
         return None
 
 

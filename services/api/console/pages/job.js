@@ -58,6 +58,7 @@ export async function render(root, { me, args, signal, at }) {
   await refresh();
   if (at) { // the past does not change: read once; its output is today's stream, not then's
     logState.textContent = "output is not shown at a past moment (Back to now follows it)";
+    logs.hidden = true;
     return;
   }
   stream(`/jobs/${id}/logs${query({ tail: 1000 })}`, (event, data) => {
