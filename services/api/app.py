@@ -54,6 +54,7 @@ from .extensions import (ADMISSION_POLICIES, AUTHENTICATORS, AuthRefused, Creden
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
+from .singleflight import SingleFlight
 from .sse import StreamSlots
 from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission, load_task
 
@@ -142,6 +143,7 @@ def _path_name_with_slash(scope: Any) -> bool:
 
 def create_app(settings: ApiSettings) -> FastAPI:
     state: dict[str, Any] = {}
+    listings = SingleFlight()  # concurrent `GET /api/v1/clusters` of one log position: one status query
     plugins = settings.authenticators if settings.authenticators is not None else load_group(AUTHENTICATORS)
     policies = (settings.admission_policies if settings.admission_policies is not None
                 else load_group(ADMISSION_POLICIES))
@@ -292,7 +294,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     "truncated": truncated}
         try:
             seq = await b.last_seq()
-            rows = await status_queries.status(b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S)
+            rows = await listings.run(("status", include_terminated, seq), lambda: status_queries.status(
+                b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S))
         except Exception as exc:
             log.warning("status query failed: %s: %s", type(exc).__name__, exc)
             raise Problem(503, "unavailable", "Service unavailable",
