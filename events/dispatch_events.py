@@ -1,7 +1,8 @@
 """Events of dispatch: admission of a task (the `task` aggregate, so a task's history says why it
 waited) and the dispatch policy (the `dispatch` aggregate, one instance: `policy`).
 
-Emitted by: the dispatch service (TaskAdmitted, TaskHeld, TaskPreempted, BudgetThresholdCrossed), `spz dispatch policy apply`
+Emitted by: the dispatch service (TaskAdmitted, TaskHeld, TaskPreempted, TaskBudgetStopped,
+BudgetThresholdCrossed), `spz dispatch policy apply`
 (DispatchPolicyApplied). The optimizer folds DispatchPolicyApplied: while a policy is active
 it places a TaskSubmitted only once a TaskAdmitted names it (docs/dispatch.md).
 """
@@ -63,6 +64,21 @@ class TaskPreempted(_TaskDispatchEvent):
     queue: str | None = None
     by_task: str
     job_id: int
+    reason: str
+
+
+@register
+class TaskBudgetStopped(_TaskDispatchEvent):
+    """Dispatch stops this admitted task: a budget with `on_limit: stop` is spent (docs/dispatch.md
+    *Budgets*). Said once per task (the service folds it back at a restart). A cluster job is
+    cancelled (CancelRequested of `job_id`); a managed job is cancelled for good
+    (ManagedJobCancelRequested: recovery does not relaunch it, as it would after a TaskPreempted)."""
+
+    EVENT_NAME = "task_budget_stopped"
+    queue: str | None = None
+    budget_id: str  # `<team>[/<user>]/<period>`
+    period_key: str
+    job_id: int | None = None  # None: a managed job's launch with no job queued yet
     reason: str
 
 

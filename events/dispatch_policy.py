@@ -125,6 +125,9 @@ class Budget(_PolicyModel):
     limit_usd: float = Field(gt=0, le=1e12)
     hard: bool = True  # hold new work at 100% (soft: alert only)
     alert_at: float = Field(default=0.8, gt=0, le=1)
+    # At 100%: `hold` new work only; `stop` also cancels the running work it is charged for
+    # (services/dispatch/budgetstop.py). `stop` needs `hard` (policy.py says so with a position).
+    on_limit: Literal["hold", "stop"] = "hold"
 
 
 UINT32 = 0xFFFFFFFF

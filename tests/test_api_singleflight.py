@@ -41,3 +41,18 @@ def test_concurrent_reads_share_one_query_and_nothing_outlives_it() -> None:
             await sf.run("b", broken)
 
     asyncio.run(main())
+
+
+def test_encoded_rows_answer_what_the_json_of_the_shown_rows_is() -> None:
+    import json
+    from datetime import datetime, timezone
+
+    from skypurza.services.api.singleflight import EncodedRows
+
+    rows = [{"name": "a", "at": datetime(2026, 1, 1, tzinfo=timezone.utc), "n": None}, {"name": "b.é", "jobs": [1]}]
+    listing = EncodedRows(rows)
+    for shown, extra in (([rows[1]], {"all_users": True}), (rows, {"all_users": False}), ([], {})):
+        res = listing.response(shown, extra)
+        assert res.media_type == "application/json"
+        assert json.loads(res.body) == json.loads(json.dumps({"clusters": shown, **extra}, default=str).replace(
+            "2026-01-01 00:00:00+00:00", "2026-01-01T00:00:00+00:00"))

@@ -689,6 +689,7 @@ def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_a
                          params={"at": (first - timedelta(seconds=30)).isoformat()}), 404)
 
     page, _ = open_as(None)  # signed in on the past page itself: nothing of "now" is in flight when it opens
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()  # its own read of /health is done
     page.goto(f"{api.url}/console/?at={at.isoformat().replace('+', '%2B')}#/job/{job_id}")
     page.get_by_label("API token").fill(alice)
     page.get_by_label("API token").press("Enter")
@@ -721,6 +722,7 @@ def test_time_travel_on_a_managed_jobs_page_and_the_cost_page(plane: Any, open_a
     then = api.http.get("/api/v1/cost-report", headers=api.as_(root), params={"by": "user", "at": middle.isoformat()}).json()
 
     page, _ = open_as(None)
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     page.goto(f"{api.url}/console/?at={middle.isoformat().replace('+', '%2B')}#/cost")
     page.get_by_label("API token").fill(root)
     page.get_by_label("API token").press("Enter")

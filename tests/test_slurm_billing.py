@@ -193,8 +193,13 @@ def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slu
                 break
             subprocess.run(["sleep", "0.25"])
         assert left == "", "autostop did not end the allocation"
-        status = spz(env, "status", "-o", "json")
-        assert '"bl"' not in status.stdout, status.stdout  # torn down, as --down says
+        status = None
+        for _ in range(60):  # ClusterTerminated follows the scancel once sacct has the final row
+            status = spz(env, "status", "-o", "json")
+            if '"bl"' not in status.stdout:
+                break
+            subprocess.run(["sleep", "0.5"])
+        assert status is not None and '"bl"' not in status.stdout, status.stdout  # torn down, as --down says
         billing, elapsed, state = _sacct(rig, job)
         # GPU weights apply (they need slurmdbd): 1 CPU + 0.25 × 1 GiB + 2 (gres/gpu) + 4 (gres/gpu:h100)
         assert billing == 7 and state.startswith("CANCELLED"), (billing, state)

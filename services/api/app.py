@@ -54,7 +54,7 @@ from .extensions import (ADMISSION_POLICIES, AUTHENTICATORS, AuthRefused, Creden
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
-from .singleflight import SingleFlight
+from .singleflight import EncodedRows, SingleFlight
 from .sse import StreamSlots
 from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission, load_task
 
@@ -274,13 +274,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
         out["auth"] = "local-or-token" if settings.local_admin is not None else "token"
         return out
 
-    @app.get("/api/v1/clusters", summary="Clusters: your own, or everyone's you may read (all_users)")
+    @app.get("/api/v1/clusters", summary="Clusters: your own, or everyone's you may read (all_users)",
+             response_model=None)
     async def clusters(who: Principal = Depends(principal),
                        all_users: bool = Query(False, description="Everyone's clusters, for reading (sky's -u)."),
                        include_terminated: bool = Query(False, description="Terminated clusters too."),
                        at: str | None = Query(None, max_length=timetravel.MAX_AT_CHARS,
                                               description=timetravel.AT_DESCRIPTION),
-                       ) -> dict[str, Any]:
+                       ) -> Any:
         b = bus()
         when = timetravel.checked_at(at)
         if when is not None:  # a past moment: folded from the log here, not the status service's "now"
@@ -294,15 +295,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     "truncated": truncated}
         try:
             seq = await b.last_seq()
-            rows = await listings.run(("status", include_terminated, seq), lambda: status_queries.status(
-                b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S))
+            listing = await listings.run(("status", include_terminated, seq), lambda: EncodedRows.of(
+                status_queries.status(b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S)))
         except Exception as exc:
             log.warning("status query failed: %s: %s", type(exc).__name__, exc)
             raise Problem(503, "unavailable", "Service unavailable",
                           f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
                           "running (spz api status)?", {"Retry-After": "5"})
-        shown = visible(who, rows, all_users)
-        return {"clusters": shown, "all_users": all_users}
+        shown = visible(who, listing.rows, all_users)
+        return listing.response(shown, {"all_users": all_users})
 
     @app.post("/api/v1/tasks", status_code=202, summary="Launch a task on a new cluster (as spz launch)")
     async def submit(body: TaskRequest, who: Principal = Depends(principal)) -> dict[str, Any]:

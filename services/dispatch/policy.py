@@ -174,6 +174,10 @@ def semantic_problems(policy: DispatchPolicy) -> list[tuple[tuple[Any, ...], str
             out.append((("queues", i, "team"), f"team {q.team!r} already has queue {teams[q.team]!r}"))
         teams.setdefault(q.team, q.name)
         check_quotas(("queues", i, "quotas"), q.quotas)
+    for i, b in enumerate(policy.budgets):
+        if b.on_limit == "stop" and not b.hard:
+            out.append((("budgets", i, "on_limit"), "`stop` cancels running work at 100%, which a soft budget "
+                        "(hard: false) never enforces; set hard: true or on_limit: hold"))
     if policy.priority is not None:
         out += _priority_problems(policy.priority)
     return out

@@ -5,6 +5,8 @@ Eats:  TaskSubmitted, DispatchPolicyApplied, what frees quota (a job's end, a fa
 Emits: TaskAdmitted (the optimizer places it) | TaskHeld (the reason, again when it changes)
        | BudgetThresholdCrossed (a budget's state changed in its period: the alerts service)
        | TaskPreempted + CancelRequested (a running job preempted for a held task, preempt.py)
+       | TaskBudgetStopped + CancelRequested or ManagedJobCancelRequested (running work of a spent
+         `on_limit: stop` budget, budgetstop.py)
 
 With no policy in the log it emits nothing: the optimizer places every TaskSubmitted itself, so
 nothing changes for a broker without one. While a policy is active the optimizer waits for the
@@ -24,8 +26,11 @@ import logging
 from skypurza.events import naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
-from skypurza.events.dispatch_events import BudgetThresholdCrossed, TaskAdmitted, TaskHeld, TaskPreempted, budget_id
+from skypurza.events.dispatch_events import (
+    BudgetThresholdCrossed, TaskAdmitted, TaskBudgetStopped, TaskHeld, TaskPreempted, budget_id,
+)
 from skypurza.events.job_events import CancelRequested
+from skypurza.events.managed_events import ManagedJobCancelRequested
 from skypurza.events.service import Emit, EmitContext, InOrder, Reactions, ServiceContract, handles
 
 from . import admit, budgets
@@ -36,7 +41,8 @@ log = logging.getLogger("skypurza.dispatch")
 CONTRACT = ServiceContract(
     name="dispatch",
     consumes=FOLDED,
-    emits=(TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted, CancelRequested),
+    emits=(TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted, CancelRequested, TaskBudgetStopped,
+           ManagedJobCancelRequested),
     reads=OWN,
     # One decision at a time over the whole pending set: admission is an ordering.
     delivery=InOrder(),
@@ -44,7 +50,9 @@ CONTRACT = ServiceContract(
     emit_notes={TaskHeld: "the reason, re-emitted when it changes",
                 BudgetThresholdCrossed: "a budget's state changed (alert, exceeded, ok) in its current period",
                 TaskPreempted: "an admitted task preempted for a pending one (the queue's preemption policy)",
-                CancelRequested: "the preempted task's job, with the reason"},
+                CancelRequested: "the preempted (or budget-stopped) task's job, with the reason",
+                TaskBudgetStopped: "an admitted task of a spent `on_limit: stop` budget, once",
+                ManagedJobCancelRequested: "a budget-stopped managed job: cancelled for good, not recovered"},
 )
 
 
@@ -105,6 +113,33 @@ class DispatchService:
                                          managed_job_id=p.managed_job_id, queue=d.queue, kind=d.kind,
                                          reason=d.reason), key=f"held-{p.task_id}"))
         out += self._preemptions(decided)
+        out += self._budget_stops(now)
+        return out
+
+    def _budget_stops(self, now) -> Reactions:
+        """Stop the running work of a spent `on_limit: stop` budget: a TaskBudgetStopped per task
+        and the cancel that ends it. A managed job gets ManagedJobCancelRequested (a cancel for
+        good), never a TaskPreempted, which recovery answers with a relaunch."""
+        state = self.state
+        out: Reactions = []
+        for st in state.budget_stops(now):
+            book = state.admitted[st.task_id]
+            cluster = st.job[0] if st.job is not None else state.cluster_of.get(st.task_id, "")
+            out.append(Emit(TaskBudgetStopped(task_id=st.task_id, cluster=cluster, submitted_seq=book.submitted_seq,
+                                              managed_job_id=st.managed_job_id, queue=book.queue,
+                                              budget_id=st.budget_id, period_key=st.period_key,
+                                              job_id=st.job[1] if st.job is not None else None, reason=st.reason),
+                            key=f"budget-stop-{st.task_id}"))
+            state.stopped.add(st.task_id)
+            if st.managed_job_id is not None:
+                if st.managed_job_id not in state.stopped_managed:
+                    state.stopped_managed.add(st.managed_job_id)
+                    out.append(Emit(ManagedJobCancelRequested(managed_job_id=st.managed_job_id,
+                                                              requested_by=f"dispatch: {st.reason}"),
+                                    key=f"budget-stop-mjob-{st.managed_job_id}"))
+            elif st.job is not None:
+                out.append(Emit(CancelRequested(cluster=st.job[0], job_id=st.job[1], requested_by=f"dispatch: {st.reason}"),
+                                key=f"budget-stop-cancel-{st.task_id}"))
         return out
 
     def _preemptions(self, decided: list[admit.Decision]) -> Reactions:

@@ -15,7 +15,7 @@ from datetime import date, datetime, timezone
 
 from skypurza.events.bus import Stored
 from skypurza.events.dispatch_events import (
-    BudgetThresholdCrossed, DispatchPolicyApplied, TaskAdmitted, TaskHeld, TaskPreempted,
+    BudgetThresholdCrossed, DispatchPolicyApplied, TaskAdmitted, TaskBudgetStopped, TaskHeld, TaskPreempted,
 )
 from skypurza.events.dispatch_policy import DispatchPolicy
 from skypurza.events.managed_events import ManagedJobCancelRequested
@@ -25,7 +25,7 @@ from skypurza.events.models import (
 )
 from skypurza.events.principal import principal_of
 
-from . import admit, budgets, order, preempt, quota, reserve
+from . import admit, budgets, budgetstop, order, preempt, quota, reserve
 from .demand import Pending, pending_of
 from .policy import semantic_problems
 from .usage import Assoc, DecayedUsage
@@ -34,7 +34,7 @@ from .usage import Assoc, DecayedUsage
 FOLDED = (TaskSubmitted, DispatchPolicyApplied, JobQueued, JobSucceeded, JobFailed, JobCancelled,
           PlacementFailed, ProvisionFailed, ClusterTerminated, DownRequested, ManagedJobCancelRequested,
           UsageRecorded)
-OWN = (TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted)
+OWN = (TaskAdmitted, TaskHeld, BudgetThresholdCrossed, TaskPreempted, TaskBudgetStopped)
 
 
 @dataclass
@@ -75,6 +75,9 @@ class DispatchState:
     preempted: set[str] = field(default_factory=set)
     preempting: dict[str, set[str]] = field(default_factory=dict)
     crossings: list[tuple[budgets.BudgetStatus, float]] = field(default_factory=list)  # (status, alert_at): to announce
+    # Budget stops (budgetstop.py): the tasks stopped and the managed jobs cancelled, each said once.
+    stopped: set[str] = field(default_factory=set)
+    stopped_managed: set[int] = field(default_factory=set)
 
     def apply_all(self, items: Iterable[Stored]) -> None:
         for s in items:
@@ -111,6 +114,10 @@ class DispatchState:
             if ev.task_id in self.admitted:
                 self.preempted.add(ev.task_id)
                 self.preempting.setdefault(ev.by_task, set()).add(ev.task_id)
+        elif isinstance(ev, TaskBudgetStopped):
+            self.stopped.add(ev.task_id)
+            if ev.managed_job_id is not None:
+                self.stopped_managed.add(ev.managed_job_id)
         elif isinstance(ev, BudgetThresholdCrossed):
             self.budget_states[(ev.team, ev.user, ev.period_key)] = ev.state
             self.crossings = [(c, a) for c, a in self.crossings
@@ -254,9 +261,16 @@ class DispatchState:
         managed job's launch is recovered by the recovery service), not already preempted."""
         out = []
         for task, b in self.admitted.items():
-            if task in self.job_of and task not in self.preempted and b.queue and b.flavor:
+            if task in self.job_of and task not in self.preempted and task not in self.stopped and b.queue and b.flavor:
                 out.append(preempt.Admitted(task, b.queue, b.flavor, b.request, b.priority, b.submitted_seq, b.order))
         return out
+
+    def budget_stops(self, now: datetime) -> list[budgetstop.Stop]:
+        """The running work a spent `on_limit: stop` budget stops now, not stopped before."""
+        if self.policy is None or self.policy_problem or not self.admitted:
+            return []
+        spent = budgetstop.spent_stops(self.policy.budgets, self.spend, now)
+        return budgetstop.stops(spent, self.admitted, self.job_of, self.stopped, self.preempted)
 
     def preemption_for(self, held: admit.Hold) -> preempt.Preemption | None:
         """What to preempt so that this held task fits, when its queue's policy allows it and
