@@ -97,7 +97,7 @@ def test_a_spent_stop_budget_cancels_its_teams_running_job_and_holds_its_new_wor
                                    if p["cluster"] == "za2" and p["kind"] == "budget"], "team a's new launch held", 120)
             assert rows[0]["reason"].startswith("team-a: $100.00 of $100.00 monthly budget spent (hard limit)")
             budgets = json.loads(spz(env, "budgets", "-o", "json").stdout)["budgets"]
-            assert [(b["team"], b["state"]) for b in budgets] == [("team-a", "exceeded")]
+            assert [(b["team"], b["state"], b["on_limit"]) for b in budgets] == [("team-a", "exceeded", "stop")]
             assert _status(env, "zb") == "RUNNING"
         finally:
             for c in ("za", "zb", "za2"):

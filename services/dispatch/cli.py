@@ -222,8 +222,8 @@ def budgets_command(output: str = typer.Option("table", "-o", "--output", help="
         st = bd.status(b, state.spend, now)
         rows.append({"team": st.team, "user": st.user, "period": st.period, "period_key": st.period_key,
                      "spent_usd": st.spent_usd, "limit_usd": st.limit_usd, "fraction": st.fraction,
-                     "state": st.state, "hard": st.hard, "resets_at": st.resets_at.isoformat(),
-                     "runs_out_at": st.runs_out_at.isoformat() if st.runs_out_at else None})
+                     "state": st.state, "hard": st.hard, "on_limit": b.on_limit,
+                     "resets_at": st.resets_at.isoformat(), "runs_out_at": st.runs_out_at.isoformat() if st.runs_out_at else None})
     if output == "json":
         print_json({"budgets": rows})
         return
