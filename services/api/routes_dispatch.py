@@ -214,7 +214,7 @@ def router(deps: ApiDeps) -> APIRouter:
             s = d.budget_status(b, st.spend, now)
             rows.append({"team": s.team, "user": s.user, "period": s.period, "period_key": s.period_key,
                          "spent_usd": s.spent_usd, "limit_usd": s.limit_usd, "fraction": s.fraction,
-                         "state": s.state, "hard": s.hard, "resets_at": s.resets_at.isoformat(),
+                         "state": s.state, "hard": s.hard, "on_limit": b.on_limit, "resets_at": s.resets_at.isoformat(),
                          "runs_out_at": s.runs_out_at.isoformat() if s.runs_out_at else None})
         return {"budgets": rows}
 
