@@ -226,3 +226,114 @@ def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slu
     finally:
         con.close()
     assert row == ("sacct", billing, billing, elapsed, rig.gpu_weights, True), row
+
+
+# ------------------------------------------------------------------------------ an allocation we did not end
+
+def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_and_the_old_one_billed_from_sacct(
+        slurm_accounted_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admin's scancel (not ours): recovery runs the job again on a new allocation, and the old
+    allocation is still billed from sacct, once, as Slurm bills it."""
+    import asyncio
+    from dataclasses import replace
+
+    from managed_fixtures import wait_status
+    from nats_fixtures import connect_bus
+    from slurm_rig import CLUSTER
+
+    from skypurza.events import naming
+    from skypurza.events.service import ServiceRunner
+    from skypurza.services.optimizer.service import OptimizerService
+    from skypurza.services.provisioner.service import ProvisionerService
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+    from skypurza.services.recovery.service import RecoveryService
+    from skypurza.services.recovery.settings import RecoverySettings
+    from skypurza.services.recovery.submit import submit_managed_job
+
+    rig = slurm_accounted_rig
+    config = tmp_path / "slurm-config"
+    config.write_text(rig.slurm_config())
+    monkeypatch.setenv("SKYPURZA_SLURM_CONFIG", str(config))
+    monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run = (f'if [ -f {shared}/first ]; then echo "second run"; exit 0; fi\n'
+           f'touch {shared}/first\nsleep 120\n')
+    prefix = naming.slurm_job_name("test", "x")[:-1]
+
+    def ours() -> dict[str, str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], env=rig.env, capture_output=True, text=True,
+                             timeout=10).stdout
+        return {i: s for i, n, s in (line.split("|") for line in out.splitlines() if line.strip())
+                if n.startswith(prefix)}
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        prov = ProvisionerService(replace(ProvisionerSettings.load(), reconcile_interval_s=0, ack_wait_s=5.0,
+                                          local_root=str(tmp_path / "state")))
+        rec = RecoveryService(RecoverySettings(ec2_poll_s=0, heartbeat_timeout_s=0, reconcile_s=5, slurm_poll_s=1))
+        services = [OptimizerService(enabled=frozenset({"slurm"})), prov, rec]
+        runners = [ServiceRunner(bus, s) for s in services]
+        tasks = [asyncio.create_task(r.run()) for r in runners]
+        try:
+            task = {"name": "train", "resources": {"infra": f"slurm/{CLUSTER}/gpu"}, "run": run}
+            await submit_managed_job(bus, name="train", tasks=[task])
+            await wait_status(bus, 1, "RUNNING", timeout=60)
+            for _ in range(300):
+                if (shared / "first").exists():
+                    break
+                await asyncio.sleep(0.1)
+            first = ours()
+            # Someone else (an admin) ends the allocation: not spz's scancel.
+            for alloc in first:
+                subprocess.run(["scancel", alloc], env=rig.env, check=True, timeout=10)
+            got = await wait_status(bus, 1, "SUCCEEDED", timeout=90)
+            logs = [m.data.decode() async for m in bus.replay_raw(stream=bus.logs_stream)]
+            for _ in range(100):  # the old allocation's accounting follows its teardown
+                raw = [m.data async for m in bus.replay_raw()]
+                if {str(a["data"]["slurm_job_id"]) for a in _accounted_of(raw)} & set(first):
+                    break
+                await asyncio.sleep(0.2)
+            return first, got, logs, raw
+        finally:
+            for r in runners:
+                r.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+            await rec.close()
+            await prov.close()
+            await bus.close()
+
+    first, got, logs, raw = asyncio.run(main())
+    assert len(first) == 1, first
+    statuses = [e.status for e in got]
+    assert statuses[:3] == ["STARTING", "RUNNING", "RECOVERING"] and statuses[-2:] == ["RUNNING", "SUCCEEDED"], statuses
+    assert got[2].reason.startswith("node_lost") and "Slurm allocation" in got[2].reason, got[2].reason
+    assert any("second run" in line for line in logs)  # ran again, on a new allocation
+    assert not set(ours()) & set(first)
+    # The ledger, fed the log: the old allocation billed once, from sacct, as Slurm bills it.
+    old = int(next(iter(first)))
+    billing, elapsed, state = _sacct(rig, str(old))
+    assert state.startswith("CANCELLED") and billing == 7, (billing, state)
+    events = [a for a in _accounted_of(raw) if a["data"]["slurm_job_id"] == old]
+    assert len(events) == 1 and events[0]["data"]["source"] == "sacct", events  # published once, from sacct
+    proj = Projector(tmp_path / "l.duckdb")
+    try:
+        proj.write(proj.apply_raw([(i + 1, 0, line) for i, line in enumerate(raw)])[0])
+        rows = [(k, v) for k, v in proj.state.rows["slurm_allocations"].items() if k[1] == old]
+        assert len(rows) == 1, rows
+        (_, row), = rows
+        assert row["source"] == "sacct" and row["billing_int"] == billing and row["elapsed_s"] == elapsed, row
+        cfg = parse_ledger_config({})
+        due = due_usage(proj.state, datetime.now(UTC) + timedelta(minutes=1), timedelta(seconds=10), cfg, {})
+        bills = [ev for _, ev in due if not ev.lifetime_id and ev.billing_seconds and ev.cluster == rows[0][0][0]]
+        olds = [b for b in bills if b.billing_seconds == billing * elapsed]
+        assert len(olds) == 1, bills  # once
+    finally:
+        proj.close()
+
+
+def _accounted_of(raw: list[bytes]) -> list[dict]:
+    envs = [json.loads(line) for line in raw]
+    return [e for e in envs if e["type"] == f"io.skypurza.{SlurmAllocationAccounted.EVENT_NAME}.v1"]

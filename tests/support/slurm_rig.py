@@ -133,6 +133,14 @@ class SlurmRig:
         return home
 
     def stop(self) -> None:
+        """End every job, then the daemons, then any step of this rig's jobs still alive.
+
+        A batch step's slurmstepd is reparented to init when its slurmd goes and ignores SIGTERM,
+        so the jobs are cancelled while slurmctld can still tell the steps to end, and whatever is
+        left is killed: found by the SLURM_CONF it inherited from this rig's slurmd (job ids alone
+        are not ours: every rig numbers its jobs from 1)."""
+        if "slurmctld" in self.pids:
+            self._cancel_all_jobs()
         for name in reversed(list(self.pids)):
             pid = self.pids.pop(name)
             try:
@@ -148,13 +156,51 @@ class SlurmRig:
                 except ProcessLookupError:
                     pass
         # Jobs' steps (slurmstepd) outlive slurmd by design: end every one started for this rig.
-        for pid in _pids_naming(str(self.root)):
+        for pid in sorted(set(_pids_naming(str(self.root))) | set(self.leftover_pids())):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         while self.users:
             subprocess.run(["userdel", self.users.pop()], capture_output=True, timeout=30)
+
+    def _cancel_all_jobs(self, wait_s: float = 10.0) -> None:
+        """scancel every job of this rig's slurmctld (all of them are the rig's) and wait, bounded,
+        until squeue lists none, so their steps end while slurmd still runs."""
+        def jobs() -> list[str]:
+            try:
+                r = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, text=True,
+                                   timeout=10)
+            except (OSError, subprocess.SubprocessError):
+                return []
+            return [j for j in r.stdout.split() if j.isdigit()] if r.returncode == 0 else []
+
+        ids = jobs()
+        if not ids:
+            return
+        try:
+            subprocess.run(["scancel", *ids], env=self.env, capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and jobs():
+            time.sleep(0.1)
+
+    def leftover_pids(self) -> list[int]:
+        """Processes this rig started that are alive: its daemons by pid, anything naming its
+        directory, and every process (slurmstepd, a job's own) that inherited its SLURM_CONF."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        found = {p for p in self.pids.values() if _alive(p)} | set(_pids_naming(str(self.root)))
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if mine in environ and _alive(int(entry)):
+                found.add(int(entry))
+        return sorted(found)
 
     def _fake_gpus(self) -> None:
         for i in range(GPUS_PER_NODE * len(NODES)):
