@@ -518,6 +518,11 @@ def test_submit_as_user_runs_the_allocation_and_its_steps_as_the_mapped_unix_acc
     user = slurm_config.parse_user_config({"cluster_configs": {CLUSTER: {"submit_as_user": {"alice": unix}}}})
     adapter = SlurmAdapter(nats_server.url, "test", tmp_path / "state", config_path=config, user_config=user,
                            pending_timeout_s=5)
+    workdir = tmp_path / "proj"
+    workdir.mkdir()
+    (workdir / "data.txt").write_text("from-the-workdir\n")
+    cfg = tmp_path / "cfg.txt"
+    cfg.write_text("lr=0.2\n")
 
     async def main():
         bus = await connect_bus(nats_server)
@@ -533,7 +538,9 @@ def test_submit_as_user_runs_the_allocation_and_its_steps_as_the_mapped_unix_acc
             job_id = adapter._read("ua")["slurm_job_id"]
             owner = _squeue(slurm_rig, "-j", job_id, "-o", "%u").strip()
             job, _ = await queue_job(bus, cluster="ua", task_id="t-ua", user="alice",
-                                     task={"run": "echo who=$(id -un) home=$HOME; touch mine"})
+                                     task={"run": "echo who=$(id -un) home=$HOME wd=$(cat data.txt) "
+                                                  "cfg=$(cat ~/spz-ua/cfg.txt); touch mine",
+                                           "workdir": str(workdir), "file_mounts": {"~/spz-ua/cfg.txt": str(cfg)}})
             end = await job_end(bus, "ua", job.job_id, timeout=30)
             lines = [x["line"] for x in await job_lines(bus, "ua", job.job_id)]
             await adapter.terminate(ClusterRef(stage="test", cluster="ua", infra="slurm"))
@@ -545,9 +552,11 @@ def test_submit_as_user_runs_the_allocation_and_its_steps_as_the_mapped_unix_acc
     owner, end, lines = asyncio.run(main())
     assert owner == unix  # sbatch --uid: Slurm's accounting and limits see the user
     assert end.EVENT_NAME == "job_succeeded", lines
-    assert f"who={unix} home={home}" in lines, lines  # srun --uid: the step runs as the account, in its home
-    made = list(home.glob(".skypurza-slurm/test/ua/sky_workdir/mine"))
-    assert made and made[0].owner() == unix
+    # srun as the account, in its home, where the workdir and the mounts were put, as its own
+    assert f"who={unix} home={home} wd=from-the-workdir cfg=lr=0.2" in lines, lines
+    wd = home / naming.slurm_dir("test", "ua") / "sky_workdir"
+    for path in (wd / "mine", wd / "data.txt", wd, home / "spz-ua" / "cfg.txt"):
+        assert path.exists() and path.owner() == unix, path
 
 
 def test_the_optimizer_reads_the_partitions_again_once_they_are_older_than_the_ttl(
@@ -619,3 +628,51 @@ def test_submit_as_user_settings_are_checked_at_the_edge() -> None:
     assert submit_command(".skypurza-slurm/t/c", None) == "mkdir -p .skypurza-slurm/t/c && sbatch --parsable"
     as_user = submit_command(".skypurza-slurm/t/c", "alice_unix")
     assert "sbatch --parsable --uid=alice_unix --gid=" in as_user and "chown -R alice_unix: .skypurza-slurm" in as_user
+
+
+def test_a_rigs_teardown_leaves_no_process_of_it_behind(tmp_path: Path) -> None:
+    """A batch step's slurmstepd outlives its slurmd and ignores SIGTERM: the rig's stop ends the
+    jobs first, then the daemons, then kills what is left of its own (found in /proc, never by name)."""
+    import os
+    import tempfile
+
+    def of_rig(root: Path) -> list[tuple[int, str]]:
+        conf = f"SLURM_CONF={root}/etc/slurm.conf".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                zombie = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+            except OSError:
+                continue
+            if not zombie and (conf in env or str(root).encode() in cmd):
+                found.append((int(entry), cmd.replace(b"\0", b" ").decode(errors="replace")))
+        return found
+
+    root = Path(tempfile.mkdtemp(prefix="spz-slurm-"))
+    root.chmod(0o755)
+    rig = SlurmRig(root).start()
+    try:
+        job = subprocess.run(["sbatch", "--parsable", "-o", os.devnull, "--wrap", "exec sleep infinity"],
+                             env=rig.env, capture_output=True, text=True, timeout=20, cwd=rig.login_home)
+        assert job.returncode == 0, job.stderr
+        for _ in range(100):
+            if any("slurmstepd" in cmd for _, cmd in of_rig(root)):
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert any("slurmstepd" in cmd for _, cmd in of_rig(root)), of_rig(root)  # a step to leak
+    finally:
+        rig.stop()
+    left = []
+    for _ in range(50):  # a killed process leaves /proc at once; a moment for its parent to reap it
+        left = of_rig(root)
+        if not left:
+            break
+        subprocess.run(["sleep", "0.1"])
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    assert left == [], left

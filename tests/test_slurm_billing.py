@@ -315,7 +315,7 @@ def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_and_th
     # The ledger, fed the log: the old allocation billed once, from sacct, as Slurm bills it.
     old = int(next(iter(first)))
     billing, elapsed, state = _sacct(rig, str(old))
-    assert state.startswith("CANCELLED") and billing == 7, (billing, state)
+    assert state.startswith("CANCELLED") and billing >= 1 and elapsed >= 1, (billing, elapsed, state)
     events = [a for a in _accounted_of(raw) if a["data"]["slurm_job_id"] == old]
     assert len(events) == 1 and events[0]["data"]["source"] == "sacct", events  # published once, from sacct
     proj = Projector(tmp_path / "l.duckdb")
@@ -337,3 +337,105 @@ def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_and_th
 def _accounted_of(raw: list[bytes]) -> list[dict]:
     envs = [json.loads(line) for line in raw]
     return [e for e in envs if e["type"] == f"io.skypurza.{SlurmAllocationAccounted.EVENT_NAME}.v1"]
+
+
+def test_accountings_a_dead_provisioner_left_are_published_at_the_next_start_once(
+        slurm_accounted_rig, nats_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ways to die: after the scancel and before sacct was read (the record says `ending`),
+    and after sacct was read and before it was published (kept on disk). The next provisioner
+    publishes both from sacct, under the allocation's id; the one after publishes nothing."""
+    import asyncio
+    import os
+    from dataclasses import replace
+
+    from nats_fixtures import connect_bus
+    from slurm_rig import CLUSTER
+
+    from skypurza.events import naming
+    from skypurza.services.provisioner import slurm_account
+    from skypurza.services.provisioner.service import ProvisionerService, accounted_id
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    rig = slurm_accounted_rig
+    config = tmp_path / "slurm-config"
+    config.write_text(rig.slurm_config())
+    monkeypatch.setenv("SKYPURZA_SLURM_CONFIG", str(config))
+    state = tmp_path / "state"
+
+    def submit(cluster: str) -> int:
+        out = subprocess.run(["sbatch", "--parsable", "-J", naming.slurm_job_name("test", cluster), "-p", "debug",
+                              "-o", os.devnull, "--wrap", "exec sleep infinity"], env=rig.env, capture_output=True,
+                             text=True, timeout=20, cwd=rig.login_home)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().split(";")[0])
+
+    def record(cluster: str, job: int, **extra) -> dict:
+        return {"cluster": cluster, "stage": "test", "region": CLUSTER, "zone": "debug", "slurm_job_id": str(job),
+                "state": "running", "nodes": [], "accounting": {}, "launched_at": datetime.now(UTC).isoformat(),
+                **extra}
+
+    ending, kept = submit("ending"), submit("kept")
+    for _ in range(100):
+        running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=rig.env, capture_output=True,
+                                 text=True, timeout=10).stdout.split()
+        if {str(ending), str(kept)} <= set(running):
+            break
+        subprocess.run(["sleep", "0.2"])
+    subprocess.run(["sleep", "1.1"])  # at least a second of ElapsedRaw
+    # The first died after its scancel: the record, marked before the scancel, is all there is.
+    cdir = state / "slurm" / naming.subject_token("ending")
+    cdir.mkdir(parents=True)
+    from skypurza.services.provisioner.local import RECORD
+
+    (cdir / RECORD).write_text(json.dumps(record("ending", ending, ending=True)))
+    subprocess.run(["scancel", str(ending), str(kept)], env=rig.env, check=True, timeout=10)
+    # The second died after reading sacct: what it read is kept.
+    for _ in range(100):
+        _, _, st = _sacct(rig, str(kept))
+        if st.startswith("CANCELLED"):
+            break
+        subprocess.run(["sleep", "0.2"])
+    read = asyncio.run(slurm_account.account(_login_runner(rig), record("kept", kept), "kept", datetime.now(UTC),
+                                             wait_s=10, poll_s=0.2))
+    assert read is not None and read.source == "sacct"
+    slurm_account.keep(state / "slurm-accounts", read)
+
+    async def one_start() -> list:
+        bus = await connect_bus(nats_server)
+        prov = ProvisionerService(replace(ProvisionerSettings.load(), reconcile_interval_s=0, cleanup_interval_s=0,
+                                          local_root=str(state)))
+        try:
+            await prov.start(bus)
+            assert prov._settler is not None
+            await asyncio.wait_for(asyncio.shield(prov._settler), 60)
+            return [(e.id, e.data) async for e in _replay_accounted(bus)]
+        finally:
+            await prov.close()
+            await bus.close()
+
+    first = asyncio.run(one_start())
+    by_job = {ev.slurm_job_id: (eid, ev) for eid, ev in first}
+    assert len(first) == 2 and set(by_job) == {ending, kept}, first
+    for job in (ending, kept):
+        eid, ev = by_job[job]
+        billing, elapsed, st = _sacct(rig, str(job))
+        assert ev.source == "sacct" and ev.state == "CANCELLED" and st.startswith("CANCELLED")
+        assert ev.slurm_billing == billing and ev.elapsed_s == elapsed >= 1, (ev, billing, elapsed)
+        assert eid == accounted_id("test", ev)  # the allocation's own id: any repeat is a duplicate
+    assert not cdir.exists() and not list((state / "slurm-accounts").glob("*.json"))
+    assert len(asyncio.run(one_start())) == 2  # the next start publishes nothing more
+
+
+def _login_runner(rig):
+    from skypurza.services.provisioner.slurm_ssh import Result
+
+    async def run(command: str):
+        out = rig.ssh(command)
+        return Result(out.returncode, out.stdout, out.stderr)
+    return run
+
+
+async def _replay_accounted(bus):
+    async for stored in bus.replay():
+        if isinstance(stored.event, SlurmAllocationAccounted):
+            yield stored.envelope

@@ -442,7 +442,8 @@ class Agent:
         if steps and self.spec.infra == "slurm":
             x = self.spec.extra
             await asyncio.to_thread(slurmexec.sync_home, str(self.home), config=x["slurm_config"],
-                                    host=x["slurm_host"], remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster))
+                                    host=x["slurm_host"], remote_dir=naming.slurm_dir(self.spec.stage, self.spec.cluster),
+                                    uid=x.get("slurm_uid") or None)
         if self.spec.infra == "local":  # this machine's Python is shared: the task gets its own
             try:
                 await asyncio.to_thread(userenv.ensure_user_env, self.home)

@@ -104,7 +104,7 @@ class _Here:
 # The job's workdir and file mounts are first put in place in the agent's own home (mounts.py,
 # confined to it), then that home (but the agent's state) is copied to the cluster in one tar
 # stream over SSH: the workdir into the cluster's directory, each `~/...` mount under the
-# login user's home, as SkyPilot places them. The login and compute nodes share the home
+# login user's home (the mapped account's, owned by it, with submit_as_user), as SkyPilot places them. The login and compute nodes share the home
 # (as SkyPilot's Slurm backend assumes). Every node's agent syncs; one `flock` and a mark of the
 # content's digest make the first do the copy and the others find it done, so no step ever
 # reads a file another node is rewriting.
@@ -113,17 +113,23 @@ SYNC_TIMEOUT_S = 600.0
 STATE_DIR = ".spz-agent"
 
 
-def sync_command(remote_dir: str, digest: str) -> str:
-    """What the login node runs: under the lock, unpack stdin unless this content is there."""
+def sync_command(remote_dir: str, digest: str, uid: str | None = None) -> str:
+    """What the login node runs: under the lock, unpack stdin unless this content is there. With
+    `uid` (submit_as_user) it runs as that account, in its home, where its steps run: what it
+    unpacks is its own (the login identity is root there, as `sbatch --uid` needs)."""
     d = f'"$HOME"/{shlex.quote(remote_dir)}'
     mark = f"{d}/.synced-{digest}"
-    return "\n".join([
+    body = "\n".join([
         f"mkdir -p {d} || exit 1",
         f"exec 9>{d}/.sync.lock && flock -w 600 9 || exit 1",
         f"if [ -e {mark} ]; then cat >/dev/null; exit 0; fi",
         'tar -xf - -C "$HOME" --no-same-owner || exit 1',
         f"touch {mark}",
     ])
+    if not uid:
+        return body
+    home = 'export HOME="$(getent passwd "$(id -un)" | cut -d: -f6)"; [ -n "$HOME" ] && cd "$HOME" || exit 1'
+    return f"exec runuser -u {shlex.quote(uid)} -- bash -c {shlex.quote(home + chr(10) + body)}"
 
 
 def pack_command(home: str, remote_dir: str) -> list[str]:
@@ -134,7 +140,8 @@ def pack_command(home: str, remote_dir: str) -> list[str]:
             "-cf", "-", "."]
 
 
-def sync_home(home: str, *, config: str, host: str, remote_dir: str, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+def sync_home(home: str, *, config: str, host: str, remote_dir: str, timeout_s: float = SYNC_TIMEOUT_S,
+              uid: str | None = None) -> None:
     """Copy the agent's home to the cluster (blocking, bounded); RuntimeError with ssh's words."""
     import hashlib
     import subprocess
@@ -150,7 +157,7 @@ def sync_home(home: str, *, config: str, host: str, remote_dir: str, timeout_s: 
         for block in iter(lambda: archive.read(1 << 20), b""):
             digest.update(block)
         archive.seek(0)
-        sent = subprocess.run([*ssh_argv(config, host), sync_command(remote_dir, digest.hexdigest()[:32])],
+        sent = subprocess.run([*ssh_argv(config, host), sync_command(remote_dir, digest.hexdigest()[:32], uid)],
                               stdin=archive, capture_output=True, timeout=timeout_s)
     if sent.returncode != 0:
         raise RuntimeError(f"cannot copy the workdir to {host}: "

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -79,6 +79,7 @@ from skypurza.events.models import (
     TaskSubmitted,
 )
 from skypurza.events.service import Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
+from skypurza.events.slurm_config import slurm_config_path
 
 from . import cleanup, plan, userdata
 from .adapter import (
@@ -111,7 +112,8 @@ CONTRACT = ServiceContract(
                    StartRequested: "starts", ClusterIdle: "stop, or terminate with down"},
     emit_notes={JobQueued: "first job", ClusterTerminated: "teardown, reconciliation",
                 CleanupFailed: "teardown, background cleanup sweep", OrphanFound: "reconciliation",
-                SlurmAllocationAccounted: "a Slurm allocation ended (sacct over SSH), before ClusterTerminated/Stopped"},
+                SlurmAllocationAccounted: "a Slurm allocation ended (sacct over SSH), before ClusterTerminated/Stopped; "
+                                          "at start, those a dead provisioner had not published"},
 )
 
 
@@ -119,12 +121,17 @@ def _cluster_of(stored: Stored) -> str:
     return str(getattr(stored.event, "cluster", ""))
 
 
-def _accounts(backend: ComputeBackend, cluster: str) -> list[Emit]:
+def _accounts(backend: ComputeBackend, cluster: str, stage: str) -> list[Emit]:
     """What the backend read of the cluster's ended allocations (Slurm's sacct), to publish."""
     take = getattr(backend, "take_accounts", None)
     if take is None:
         return []
-    return [Emit(ev, key=f"slurm_allocation_accounted|{ev.slurm_job_id}") for ev in take(cluster)]
+    return [Emit(ev, id=accounted_id(stage, ev)) for ev in take(cluster)]
+
+
+def accounted_id(stage: str, ev: SlurmAllocationAccounted) -> str:
+    """One id per allocation, whichever handler (or restart) publishes it: a repeat is a duplicate."""
+    return derive_id(f"{stage}/slurm/{ev.slurm_cluster}/{ev.slurm_job_id}", CONTRACT.name, "slurm-accounted")
 
 
 class ProvisionerService:
@@ -145,6 +152,7 @@ class ProvisionerService:
         self._tearing_down_in: Counter[str] = Counter()  # their regions: a teardown releases those itself
         self._reconciler: asyncio.Task[None] | None = None
         self._cleaner: asyncio.Task[None] | None = None
+        self._settler: asyncio.Task[None] | None = None
         self._sweep_soon = asyncio.Event()
         self._sweep_lock = asyncio.Lock()  # one sweep at a time: each reads the attempts from the log
         self._touched = cleanup.TouchedRegions()
@@ -158,10 +166,40 @@ class ProvisionerService:
             self._reconciler = asyncio.create_task(self._reconcile_loop(), name="provisioner-reconcile")
         if self.settings.cleanup_interval_s > 0 and self._cleaner is None:
             self._cleaner = asyncio.create_task(self._cleanup_loop(), name="provisioner-cleanup")
+        if self._settler is None:
+            self._settler = asyncio.create_task(self._settle_accounts(), name="provisioner-slurm-accounts")
+
+    async def _publish_accounts(self, publish: Callable[[Emit], Awaitable[Any]], backend: ComputeBackend,
+                                cluster: str) -> None:
+        emits = _accounts(backend, cluster, self.bus.stage)
+        for emit in emits:
+            await publish(emit)
+        forget = getattr(backend, "forget_accounts", None)
+        if emits and forget is not None:
+            forget([e.event for e in emits])
+
+    async def _settle_accounts(self) -> None:
+        """Once at start: publish what a provisioner that died before publishing it had read of
+        ended Slurm allocations, and account those it had begun to end (their records say so)."""
+        if not self.backends.has("slurm") and not slurm_config_path().exists():
+            return  # no Slurm here: nothing was ever accounted
+        try:
+            backend = self.backends.get("slurm")
+            settle = getattr(backend, "settle_accounts", None)
+            events = await settle() if settle is not None else []
+            for ev in events:
+                await self.bus.publish(self.bus.envelope(ev, id=accounted_id(self.bus.stage, ev)))
+            if events:
+                log.info("published %d Slurm accounting(s) left by an earlier provisioner", len(events))
+                backend.forget_accounts(events)  # type: ignore[attr-defined]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never a blocker of the start: the next start tries again
+            log.warning("settling Slurm accountings failed: %s", exc)
 
     async def close(self) -> None:
-        await stop_tasks(self._reconciler, self._cleaner)
-        self._reconciler = self._cleaner = None
+        await stop_tasks(self._reconciler, self._cleaner, self._settler)
+        self._reconciler = self._cleaner = self._settler = None
         if self._backends is not None:
             await self._backends.close()
 
@@ -222,6 +260,8 @@ class ProvisionerService:
             result = await self._launch(backend, spec, pc, placement_id)
         finally:
             self._launching.discard(pc.cluster)
+        # An earlier allocation under this name that the launch ended (or found ended) is billed.
+        await self._publish_accounts(ctx.publish, backend, pc.cluster)
         if isinstance(result, Event):
             log.warning("launch of %s (attempt %d, %s) failed: %s", pc.cluster, pc.attempt,
                         pc.candidate.label(), getattr(result, "code", ""))
@@ -368,8 +408,7 @@ class ProvisionerService:
         try:
             ids = await backend.terminate(state.ref(self.bus.stage), release=False)
             ended = self.clock.now()
-            for account in _accounts(backend, state.cluster):
-                await ctx.publish(account)
+            await self._publish_accounts(ctx.publish, backend, state.cluster)
             if region:
                 await self._release_after_teardown(ctx, state.cluster, state.provisioned.candidate.infra, region)
             known = [n.instance_id for n in state.nodes]
@@ -410,7 +449,8 @@ class ProvisionerService:
         except FatalProvisionError as err:
             log.warning("cannot stop cluster %s: %s", ev.cluster, err)
             return []
-        return [*_accounts(backend, ev.cluster), ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
+        await self._publish_accounts(ctx.publish, backend, ev.cluster)
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     @handles(StartRequested)
     async def on_start(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -447,7 +487,8 @@ class ProvisionerService:
             log.warning("autostop of %s: cannot stop (%s); terminating", ev.cluster, err)
             await self._terminate(ctx, stored, state, backend, "autostop")
             return []
-        return [*_accounts(backend, ev.cluster), ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
+        await self._publish_accounts(ctx.publish, backend, ev.cluster)
+        return [ClusterStopped(cluster=ev.cluster, stopped_at=self.clock.now())]
 
     # ------------------------------------------------------------------ reconciliation
 

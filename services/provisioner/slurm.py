@@ -80,8 +80,6 @@ class SlurmAdapter(LocalAdapter):
         self._ssh_factory = ssh_factory
         self._ssh: dict[str, SlurmSsh] = {}
         self.account_wait_s = account_wait_s
-        # What ended allocations used, until the provisioner publishes it (take_accounts).
-        self._accounts: dict[str, list[Any]] = {}
 
     # ------------------------------------------------------------------ where things are
 
@@ -130,8 +128,8 @@ class SlurmAdapter(LocalAdapter):
                 if state in ("RUNNING", "CONFIGURING", "COMPLETING"):
                     await self._ensure_running(record)
                     return self._nodes(record)
-            if record is not None:
-                await self._teardown(record)
+            if record is not None:  # an earlier allocation under this name: ended and billed first
+                await self._teardown(record, account=True)
             alloc = await self._allocate(spec)
             record = self._slurm_record(spec, alloc)
             self._write(spec.cluster, record)
@@ -349,6 +347,11 @@ class SlurmAdapter(LocalAdapter):
                 raise _error(classify(res.stderr), None)
 
     async def _teardown(self, record: dict[str, Any], *, account: bool = False) -> None:
+        if account and record.get("state") == "running" and not record.get("ending"):
+            # On disk before the scancel: a provisioner that dies between the scancel and the
+            # accounting finds the record at its next start (settle_accounts).
+            record["ending"] = True
+            self._write(record["cluster"], record)
         await self._cancel(record)
         if account:
             await self._account(record)
@@ -358,7 +361,8 @@ class SlurmAdapter(LocalAdapter):
         shutil.rmtree(self.cluster_dir(record["cluster"]), ignore_errors=True)
 
     async def _account(self, record: dict[str, Any]) -> None:
-        """Read what the allocation used (sacct, bounded) once, for take_accounts."""
+        """Read what the allocation used (sacct, bounded) once, and keep it on disk until the
+        provisioner has published it (take_accounts, forget_accounts)."""
         if record.get("state") != "running" or record.get("accounted"):
             return  # a stopped cluster's allocation was accounted when it stopped
         record["accounted"] = True
@@ -369,11 +373,40 @@ class SlurmAdapter(LocalAdapter):
         ev = await slurm_account.account(run, record, record["cluster"], datetime.now(timezone.utc),
                                          wait_s=self.account_wait_s, poll_s=min(0.5, max(0.05, self.poll_s)))
         if ev is not None:
-            self._accounts.setdefault(record["cluster"], []).append(ev)
+            slurm_account.keep(self._accounts_dir(), ev)
+
+    def _accounts_dir(self) -> Path:
+        return self.root / "slurm-accounts"
 
     def take_accounts(self, cluster: str) -> list[Any]:
-        """The SlurmAllocationAccounted of the cluster's allocations that ended since the last call."""
-        return self._accounts.pop(cluster, [])
+        """The SlurmAllocationAccounted of the cluster's ended allocations not yet published."""
+        return [ev for ev in slurm_account.kept(self._accounts_dir()) if ev.cluster == cluster]
+
+    def forget_accounts(self, events: Iterable[Any]) -> None:
+        """The provisioner published these: nothing to publish again after a restart."""
+        slurm_account.forget(self._accounts_dir(), events)
+
+    async def settle_accounts(self) -> list[Any]:
+        """At the provisioner's start: every accounting not yet published, including that of an
+        allocation whose teardown a dead provisioner began (scancel, then no accounting): that
+        one is ended again (scancel is idempotent) and read from sacct now."""
+        base = self.root / "slurm"
+        for d in sorted(base.iterdir()) if base.is_dir() else ():
+            try:
+                record = json.loads((d / RECORD).read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("stage") != self.stage or not record.get("ending"):
+                continue
+            async with self._lock(record["cluster"]):
+                again = self._read(record["cluster"])
+                if again is not None and again.get("ending"):
+                    try:
+                        await self._teardown(again, account=True)
+                    except ProvisionError as exc:  # the login node away: the next start tries again
+                        log.warning("slurm %s: cannot settle allocation %s: %s", again.get("region"),
+                                    again.get("slurm_job_id"), exc)
+        return slurm_account.kept(self._accounts_dir())
 
     def _slurm_record(self, spec: LaunchSpec, alloc: dict[str, Any]) -> dict[str, Any]:
         ips = [n["addr"] for n in alloc["nodes"]]

@@ -4,9 +4,13 @@ Two reads, both bounded and neither ever a blocker of a teardown:
 - `facts` when the allocation starts running: the TRES Slurm gave it (`scontrol show job`), the
   partition's TRESBillingWeights and the cluster's PriorityFlags. Kept in the cluster's record:
   they are what the ledger bills with, and the fallback when the cluster keeps no accounting.
-- `account` after `scancel`: `sacct` until the allocation's row is final (End set), at most
+- `account` after the allocation ended (our `scancel`, or an end we learn of at teardown: a time
+  limit, a node failure, an admin's `scancel`): `sacct` until its row is final (End set), at most
   `wait_s`. Without slurmdbd (sacct says accounting is disabled), or when the row never becomes
   final, the event says `source="spz"`: the TRES read at start and our own start and end.
+
+What `account` read is kept on disk (`keep`) until the provisioner has published it (`forget`), so
+a provisioner that dies in between publishes it at its next start, under the same event id.
 
 The parsing is events/slurm_accounting.py (pure); the billing formula is the ledger's.
 """
@@ -16,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
+from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
 from skypurza.events.models import SlurmAllocationAccounted
@@ -91,3 +97,36 @@ async def account(run: Run, record: dict[str, Any], cluster: str, ended_at: date
         elapsed_s=max(0, int((ended_at - started).total_seconds())), start=started, end=max(ended_at, started),
         source="spz")
 
+
+
+# ------------------------------------------------------------------ kept until published
+
+def _kept_path(directory: Path, ev: SlurmAllocationAccounted) -> Path:
+    # The Slurm cluster's name is a user's Host line: hashed, so it is never a path of its own.
+    where = sha256(ev.slurm_cluster.encode()).hexdigest()[:16]
+    return directory / f"{int(ev.slurm_job_id)}-{where}.json"
+
+
+def keep(directory: Path, ev: SlurmAllocationAccounted) -> None:
+    """Write the accounting (atomically) until the provisioner has published it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = _kept_path(directory, ev)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(ev.model_dump_json())
+    tmp.replace(path)
+
+
+def kept(directory: Path) -> list[SlurmAllocationAccounted]:
+    """Every accounting kept and not yet forgotten (an unreadable file is logged and skipped)."""
+    out = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+        try:
+            out.append(SlurmAllocationAccounted.model_validate_json(path.read_text()))
+        except (OSError, ValueError) as exc:
+            log.warning("slurm accounting %s unreadable: %s", path, exc)
+    return out
+
+
+def forget(directory: Path, events: Iterable[SlurmAllocationAccounted]) -> None:
+    for ev in events:
+        _kept_path(directory, ev).unlink(missing_ok=True)
