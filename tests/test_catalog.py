@@ -301,6 +301,7 @@ def test_cli_gpus_list_json(app: typer.Typer, monkeypatch: pytest.MonkeyPatch, t
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["region"] == "us-east-1" and data["rows"][0]["instance_type"] == "p4d.24xlarge"
+    monkeypatch.setenv("COLUMNS", "160")  # the table's own width, whatever terminal (or none) runs the suite
     table = CliRunner().invoke(app, ["gpus", "list"])
     assert table.exit_code == 0 and "H100" in table.output and "ACCELERATOR" in table.output
     unknown = CliRunner().invoke(app, ["gpus", "list", "zz9"])

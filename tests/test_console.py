@@ -96,8 +96,10 @@ class Watch:
         self.problems.append(f"console error: {msg.text} ({url})")
 
     def _failed(self, request: Any) -> None:
-        # A stream the page stops when it leaves (a job's output) is aborted on purpose.
-        if request.failure == "net::ERR_ABORTED" and re.search(r"/logs(\?|$)", request.url):
+        # A stream the page stops when it leaves (a job's output) is aborted on purpose, and so is
+        # the sign-in check still in flight when the test navigates to another page (a past one):
+        # chromium cancels a leaving page's fetches. Any other failure is the page's.
+        if request.failure == "net::ERR_ABORTED" and re.search(r"/(logs|health)(\?|$)", request.url):
             return
         self.problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
 

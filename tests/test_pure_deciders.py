@@ -372,9 +372,15 @@ def test_every_service_setting_is_bounded(cls: Any, var: str, low: float, high: 
         load("abc")
 
 
-def test_defaults_are_unchanged_and_flags_are_strict() -> None:
+def test_defaults_are_unchanged_and_flags_are_strict(tmp_path: Path) -> None:
     assert ProvisionerSettings.load(env={}, config={}) == ProvisionerSettings()
-    assert RecoverySettings.load(env={}, config={}, aws_files=()) == RecoverySettings(ec2_poll_s=0.0)
+    # the EC2 and Slurm watches are off where no AWS credentials and no ~/.slurm/config exist
+    no_slurm = {"SKYPURZA_SLURM_CONFIG": str(tmp_path / "no-slurm-config")}
+    assert RecoverySettings.load(env=no_slurm, config={}, aws_files=()) == RecoverySettings(ec2_poll_s=0.0,
+                                                                                           slurm_poll_s=0.0)
+    (tmp_path / "slurm-config").write_text("Host c1\n  HostName 127.0.0.1\n")
+    assert RecoverySettings.load(env={"SKYPURZA_SLURM_CONFIG": str(tmp_path / "slurm-config")}, config={},
+                                 aws_files=()).slurm_poll_s == RecoverySettings().slurm_poll_s
     assert RecoverySettings.load(env={"AWS_PROFILE": "p"}, config={}, aws_files=()).ec2_poll_s == 15.0
     assert OptimizerSettings.load(env={}, config={}) == OptimizerSettings()
     assert OptimizerSettings.load(env={"SKYPURZA_ENABLED_INFRAS": "AWS,local"}, config={"allowed_infras": ["AWS"]}

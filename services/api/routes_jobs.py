@@ -111,14 +111,23 @@ async def _managed_logs(bus: Any, job_id: int, follow: bool, tail: int,
             if row is None:
                 break
             cluster = row.get("cluster")
-            if cluster and cluster not in streamed:
-                view = await read_view(bus, cluster)
-                if view.jobs:
-                    streamed.add(cluster)
-                    yield frame("launch", {"job_id": job_id, "cluster": cluster, "launch": len(streamed)})
-                    async for chunk in job_lines(bus, cluster, max(view.jobs), follow, tail, view, {}):
-                        yield chunk
+            # every cluster the job was placed on, in order (a pipeline's earlier tasks and a
+            # recovery's earlier clusters may have come and gone between two polls), then the current
+            waiting = [c for c in (await timetravel.managed_job_at(bus, job_id, None)).clusters if c not in streamed]
+            if cluster and cluster not in streamed and cluster not in waiting:
+                waiting.append(cluster)
+            sent = False
+            for name in waiting:
+                view = await read_view(bus, name)
+                if not view.jobs:
                     continue
+                streamed.add(name)
+                sent = True
+                yield frame("launch", {"job_id": job_id, "cluster": name, "launch": len(streamed)})
+                async for chunk in job_lines(bus, name, max(view.jobs), follow, tail, view, {}):
+                    yield chunk
+            if sent:
+                continue
             if not follow or row.get("status") in TERMINAL_STATUSES:
                 break
             yield KEEPALIVE
