@@ -13,6 +13,22 @@ pytest_plugins = ["nats_fixtures", "aws_fixtures", "slurm_fixtures"]
 import pytest  # noqa: E402
 
 from hang_report import arm  # noqa: E402
+from skypurza.events.natsserver import free_port  # noqa: E402
+
+
+def _own_api_port_per_worker() -> None:
+    """The suite runs on two xdist workers. `spz api start` without --port tries sky's default
+    46580 first, and two workers' planes starting at the same moment would both pick it (the
+    probe and the bind are apart); so every worker but the first gets its own first choice,
+    through the variable sky honours (SKYPILOT_API_SERVER_LOCAL_PORT)."""
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and worker != "gw0" and "SKYPILOT_API_SERVER_LOCAL_PORT" not in os.environ:
+        os.environ["SKYPILOT_API_SERVER_LOCAL_PORT"] = str(free_port())
+
+
+_own_api_port_per_worker()
 from leftovers import kill_under  # noqa: E402
 
 

@@ -160,8 +160,9 @@ def _sacct(rig, job: str) -> tuple[int, int, str]:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "--noconvert", "-j", job, "-o", "AllocTRES,ElapsedRaw,State"],
                          env=rig.env, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[-1]
     tres, elapsed, state = out.split("|")
-    billing = dict(item.split("=") for item in tres.split(","))["billing"]
-    return int(billing), int(elapsed), state
+    # AllocTRES is empty until the job is allocated (the loops below poll until it is final)
+    billing = dict(item.split("=", 1) for item in tres.split(",") if "=" in item).get("billing", "0")
+    return int(billing), int(elapsed or 0), state
 
 
 def test_autostop_ends_a_real_allocation_and_spz_billing_of_it_equals_saccts(slurm_accounted_rig,
