@@ -188,7 +188,7 @@ class ControlPlane:
             requested = ApiSettings(host=str(recorded.get("host") or LOOPBACK_HOST),
                                     deploy=bool(recorded.get("deploy")))
         rec_port = recorded.get("port") if isinstance(recorded.get("port"), int) else None
-        port = choose_api_port(requested.port, os.environ.get("SKYPILOT_API_SERVER_LOCAL_PORT"), rec_port,
+        port = choose_api_port(requested.port, os.environ.get("SKYPURZA_API_PORT") or os.environ.get("SKYPILOT_API_SERVER_LOCAL_PORT"), rec_port,
                                port_open, free_port)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

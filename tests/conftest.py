@@ -20,12 +20,13 @@ def _own_api_port_per_worker() -> None:
     """The suite runs on two xdist workers. `spz api start` without --port tries sky's default
     46580 first, and two workers' planes starting at the same moment would both pick it (the
     probe and the bind are apart); so every worker but the first gets its own first choice,
-    through the variable sky honours (SKYPILOT_API_SERVER_LOCAL_PORT)."""
+    through SKYPURZA_API_PORT (not sky's SKYPILOT_API_SERVER_LOCAL_PORT: a SKYPILOT_* variable
+    would reach the jobs' environment, which the env-contract tests compare exactly)."""
     import os
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and worker != "gw0" and "SKYPILOT_API_SERVER_LOCAL_PORT" not in os.environ:
-        os.environ["SKYPILOT_API_SERVER_LOCAL_PORT"] = str(free_port())
+    if worker and worker != "gw0" and "SKYPURZA_API_PORT" not in os.environ:
+        os.environ["SKYPURZA_API_PORT"] = str(free_port())
 
 
 _own_api_port_per_worker()
