@@ -150,14 +150,14 @@ def test_an_evicted_pod_of_a_managed_job_is_recovered_on_new_pods(contexts, nats
     from skypurza.services.recovery.submit import submit_managed_job
 
     full, roomy, kubelet = contexts
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    kubelet.env["SPZ_TEST_SHARED"] = str(shared)
+    marks = tmp_path / "first-run-marks"
+    marks.mkdir()
+    kubelet.env["SPZ_TEST_MARKS"] = str(marks)
     monkeypatch.setenv("SKYPURZA_K8S_CONTEXTS", "roomy")
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
-    run = ('if [ -f "$SPZ_TEST_SHARED/first" ]; then echo "second run"; exit 0; fi\n'
-           'touch "$SPZ_TEST_SHARED/first"\nsleep 120\n')
+    run = ('if [ -f "$SPZ_TEST_MARKS/first" ]; then echo "second run"; exit 0; fi\n'
+           'touch "$SPZ_TEST_MARKS/first"\nsleep 120\n')
 
     async def main():
         bus = await connect_bus(nats_server)
@@ -171,7 +171,7 @@ def test_an_evicted_pod_of_a_managed_job_is_recovered_on_new_pods(contexts, nats
             await submit_managed_job(bus, name="train", tasks=[task])
             await wait_status(bus, 1, "RUNNING", timeout=40)
             for _ in range(200):
-                if (shared / "first").exists():
+                if (marks / "first").exists():
                     break
                 await asyncio.sleep(0.1)
             (pod,) = roomy.pods()

@@ -258,10 +258,10 @@ def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_and_th
     monkeypatch.setenv("SKYPURZA_AGENT_KILL_GRACE_S", "1")
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    run = (f'if [ -f {shared}/first ]; then echo "second run"; exit 0; fi\n'
-           f'touch {shared}/first\nsleep 120\n')
+    marks = tmp_path / "first-run-marks"
+    marks.mkdir()
+    run = (f'if [ -f {marks}/first ]; then echo "second run"; exit 0; fi\n'
+           f'touch {marks}/first\nsleep 120\n')
     prefix = naming.slurm_job_name("test", "x")[:-1]
 
     def ours() -> dict[str, str]:
@@ -283,7 +283,7 @@ def test_a_managed_job_whose_allocation_someone_else_cancels_is_recovered_and_th
             await submit_managed_job(bus, name="train", tasks=[task])
             await wait_status(bus, 1, "RUNNING", timeout=60)
             for _ in range(300):
-                if (shared / "first").exists():
+                if (marks / "first").exists():
                     break
                 await asyncio.sleep(0.1)
             first = ours()
