@@ -7,6 +7,10 @@ Rows (medians of --runs):
 - on the `local` infra with the control plane up (`spz api start`, real nats-server, services,
   node agents): `spz launch -c NEW 'echo hi'` (exit, and its first line of output), `spz exec
   CLUSTER 'echo hi'` (exit), `spz jobs launch 'echo hi'` to SUCCEEDED (exit);
+- the views, end to end (a real `spz` process against a real nats-server and status service,
+  the clusters and managed jobs seeded on the log as bench/api.py seeds them): `spz status` with
+  100 and 5,000 clusters known, `spz jobs queue` (the default view: the newest 50) and `spz jobs
+  queue -a` with 5,000 managed jobs;
 - what a per-cluster verb reads (`read_cluster`, in this process): a new cluster, and one with
   --ticks usage events on its subject, beside the old read of its whole subject;
 - rendering `spz status`'s table of 5,000 clusters (cli/tables.py), beside rich's own table.
@@ -21,9 +25,10 @@ on PYTHONPATH: the old code path, same machine, same control plane, same run. Sk
 optimizer is timed too where `sky` is installed.
 
 Rows of the issue not timed here have their own benches: bus vs bare nats-py (bench/bus.py),
-replays (bench/replay.py), 1,000 placements (bench/optimizer.py), ledger replay (bench/ledger.py).
+replays (bench/replay.py), 1,000 placements (bench/optimizer.py), ledger replay (bench/ledger.py),
+a new local node's PlacementChosen -> NodeReady (bench/provision.py --skip aws).
 
-    python bench/latency.py [--runs 3] [--baseline DIR] [--skip local] [-o json]
+    python bench/latency.py [--runs 3] [--baseline DIR] [--skip local,views] [-o json]
 """
 
 from __future__ import annotations
@@ -165,6 +170,88 @@ def local_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str
     return out
 
 
+def _bench_api():
+    """bench/api.py, for its seeding of clusters (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("_bench_api", Path(__file__).with_name("api.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def view_rows(runs: int, trees: dict[str, Path | None], work: Path, clusters: tuple[int, int] = (100, 5_000),
+              jobs: int = 5_000) -> dict[str, dict]:
+    """`spz status` with `clusters` known, `spz jobs queue` (default and -a) with `jobs` managed
+    jobs: real processes against a real nats-server and the status service (what those views
+    ask), the log seeded first and the projection caught up before any is timed."""
+    import asyncio
+
+    from skypurza.events import status_queries
+    from skypurza.events.bus import Bus
+    from skypurza.events.managed_events import ManagedJobStatusChanged, ManagedJobSubmitted
+    from skypurza.events.natsserver import NatsServer
+
+    api = _bench_api()
+    stage = "benchviews"
+    server = NatsServer(store_dir=work / "views-js", port=free_port()).start()
+    env = {**os.environ, "SKYPURZA_HOME": str(work / "views-home"), "SKYPURZA_STAGE": stage,
+           "SKYPURZA_NATS_URL": server.url, "SKYPURZA_NO_PLUGINS": "1", "COLUMNS": "200"}
+    status = None
+
+    async def seed(n_clusters: int, n_jobs: int, first_job: int) -> None:
+        bus = await Bus.connect(server.url, stage, source="/bench/latency")
+        try:
+            if n_clusters:
+                await api.seed_clusters(bus, n_clusters, 10)
+            events = []
+            for j in range(first_job, first_job + n_jobs):
+                events.append(bus.envelope(ManagedJobSubmitted(managed_job_id=j, name=f"job-{j}",
+                                                               tasks=[{"run": "true"}], user="bench")))
+                events.append(bus.envelope(ManagedJobStatusChanged(
+                    managed_job_id=j, status="SUCCEEDED" if j % 3 else "RUNNING",
+                    kind="succeeded" if j % 3 else "started", cluster=f"c{j % max(n_clusters, 1):05d}")))
+            for start in range(0, len(events), 3000):
+                await bus.publish_many(events[start:start + 3000])
+            seq = await bus.last_seq()
+            deadline = time.monotonic() + 180
+            while True:  # the projection has caught up with everything seeded
+                try:
+                    await status_queries.status(bus, min_seq=seq, timeout=10)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the status service did not catch up with the seeded log")
+                    await asyncio.sleep(0.5)
+        finally:
+            await bus.close()
+
+    out: dict[str, dict] = {}
+    try:
+        status = subprocess.Popen([sys.executable, "-m", "skypurza.services.status.service", "--nats", server.url,
+                                   "--stage", stage, "--db", str(work / "views-status.duckdb")],
+                                  stdout=(work / "views-status.log").open("wb"), stderr=subprocess.STDOUT,
+                                  env={**os.environ, "SKYPURZA_NO_PLUGINS": "1"})
+        small, big = clusters
+        asyncio.run(seed(small, 0, 1))
+        for what, args in ((f"spz status, {small:,} clusters", ("status",)),):
+            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+        asyncio.run(seed(big, jobs, 1))  # the first `small` again (the same names), and the rest
+        for what, args in ((f"spz status, {big:,} clusters", ("status",)),
+                           (f"spz jobs queue, {jobs:,} jobs", ("jobs", "queue")),
+                           (f"spz jobs queue -a, {jobs:,} jobs", ("jobs", "queue", "-a"))):
+            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+    finally:
+        if status is not None:
+            status.terminate()
+            try:
+                status.wait(10)
+            except subprocess.TimeoutExpired:
+                status.kill()
+                status.wait(5)
+        server.stop()
+    return out
+
+
 def cluster_read_rows(runs: int, ticks: int, work: Path) -> dict[str, dict]:
     """What `exec`, `logs --status`, `down` read of a cluster (cli/clusterlog.py `read_cluster`):
     a new cluster and one with `ticks` UsageRecorded on its subject, beside the old read (the
@@ -266,7 +353,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--baseline", type=Path, help="a tree whose skypurza/ is the old code")
-    ap.add_argument("--skip", default="", help="comma-separated: cold,local,reads,tables")
+    ap.add_argument("--skip", default="", help="comma-separated: cold,local,views,reads,tables")
     ap.add_argument("--ticks", type=int, default=50_000, help="usage events on the old cluster (reads)")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     ap.add_argument("--no-bytecode", action="store_true", help="cold rows: keep PYTHONDONTWRITEBYTECODE")
@@ -288,6 +375,8 @@ def main() -> None:
             result.update(cold_rows(args.runs, trees, work))
         if "local" not in skip:
             result.update(local_rows(args.runs, trees, work))
+        if "views" not in skip:
+            result.update(view_rows(args.runs, trees, work))
         if "reads" not in skip:
             result.update(cluster_read_rows(args.runs, args.ticks, work))
         if "tables" not in skip:

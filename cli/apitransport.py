@@ -51,6 +51,12 @@ class ApiTransport:
     def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._json("POST", path, body=body)
 
+    def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("PATCH", path, body=body)
+
+    def delete(self, path: str) -> dict[str, Any]:
+        return self._json("DELETE", path)
+
     def _json(self, method: str, path: str, params: dict[str, Any] | None = None,
               body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
@@ -95,6 +101,27 @@ class ApiTransport:
                         event, data = None, []
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
+
+    def download(self, path: str, sink: Any, limit: int, **params: Any) -> tuple[int, bool]:
+        """Write a streamed plain response to `sink` (a binary file) as it comes, at most
+        `limit` bytes of it: (bytes written, whether it was cut there)."""
+        timeout = httpx.Timeout(STREAM_READ_S, connect=CONNECT_S)
+        written = 0
+        try:
+            with self.http.stream("GET", path, params={k: _q(v) for k, v in params.items() if v is not None},
+                                  headers={"Accept": "text/plain"}, timeout=timeout) as res:
+                if res.status_code >= 400:
+                    res.read()
+                    raise self._refused(res)
+                for chunk in res.iter_bytes():
+                    if written + len(chunk) > limit:
+                        sink.write(chunk[:limit - written])
+                        return limit, True
+                    sink.write(chunk)
+                    written += len(chunk)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return written, written >= limit
 
     # -------------------------------------------------------------------------------------- errors
 

@@ -10,10 +10,14 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.contract import Contract
-from skypurza.events.natsauth import authorization_block, deployment_users
+from skypurza.events.agentusers import list_users
+from skypurza.events.natsauth import authorization_block, cluster_agent_users, deployment_users
 from skypurza.events.natscreds import CREDS_ENV, credentials_file, write_deployment
 
 from .contracts import CLI, all_contracts
+
+
+AGENT_CONTRACT = "agent"  # the node agent's contract, whose grants each cluster's user narrows
 
 
 def deployment_contracts() -> list[Contract]:
@@ -21,9 +25,18 @@ def deployment_contracts() -> list[Contract]:
 
 
 def prepare(stage: str) -> Path:
-    """Write (or keep) every user's credentials; return the authorization block's path."""
-    users = deployment_users(stage, deployment_contracts())
-    return write_deployment([u.name for u in users], lambda passwords: authorization_block(users, passwords),
+    """Write (or keep) every user's credentials; return the authorization block's path. The
+    block also holds each cluster's own agent user (events/agentusers.py) as the provisioner left
+    them: their bcrypt hashes only, no credentials file (the nodes hold the passwords). The
+    supervisor is the one caller: the one writer of the block."""
+    contracts = deployment_contracts()
+    users = deployment_users(stage, contracts)
+    agents = list_users(naming.bus_agent_users_dir(stage))
+    agent = next(c for c in contracts if c.name == AGENT_CONTRACT)
+    agent_users = cluster_agent_users(agent, stage, agents, contracts) if agents else []
+    hashes = {naming.cluster_agent_user(c): u.password_hash for c, u in agents.items()}
+    return write_deployment([u.name for u in users],
+                            lambda passwords: authorization_block([*users, *agent_users], {**passwords, **hashes}),
                             directory=naming.bus_credentials_dir(stage), auth_file=naming.bus_auth_file(stage))
 
 

@@ -51,8 +51,14 @@ def api_start(
     port: Optional[int] = typer.Option(None, "--port", parser=TCP_PORT,
                                        help="The API server's port (default: SKYPILOT_API_SERVER_LOCAL_PORT, the "
                                             "stage's last one, or 46580), kept for the stage's next starts."),
-    nats_port: Optional[int] = typer.Option(None, "--nats-port", parser=TCP_PORT,
-                                            help="The stage's NATS port (127.0.0.1), kept for its next starts."),
+    nats_port: Optional[int] = typer.Option(None, "--nats-port", "--bus-port", parser=TCP_PORT,
+                                            help="The stage's NATS port, kept for its next starts."),
+    bus_host: str = typer.Option("127.0.0.1", "--bus-host", help="Where the bus (nats-server) listens: loopback "
+                                 "unless told; another host (0.0.0.0, an interface's address) needs --deploy."),
+    bus_advertise: Optional[str] = typer.Option(None, "--bus-advertise", metavar="HOST:PORT",
+                                                help="With --deploy: the bus address remote node agents (EC2, "
+                                                     "Kubernetes) are given, which they can reach (default: where "
+                                                     "the provisioner connects)."),
     foreground: bool = typer.Option(False, "--foreground", help="Run the supervisor in this process, its log on "
                                     "stdout (for systemd or Kubernetes); Ctrl-C or SIGTERM stops it."),
     deploy: bool = typer.Option(False, "--deploy", help="A team deployment: the API server takes tokens only and "
@@ -69,7 +75,18 @@ def api_start(
     check_output(output)
     from .control import ApiSettings, ControlPlane, ControlPlaneError
 
-    api_settings = ApiSettings(host=bind_host(host, deploy, enable_basic_auth), port=port, deploy=deploy)
+    from .busaddr import BusAddressError, check_bus_host, parse_advertise
+
+    try:
+        bus_bind = check_bus_host(bus_host, deploy)
+        if bus_advertise is not None and not deploy:
+            raise BusAddressError("--bus-advertise needs --deploy: only a deployment's bus hands remote agents "
+                                  "credentials")
+        advertised = parse_advertise(bus_advertise) if bus_advertise else ""
+    except BusAddressError as exc:
+        raise fail(str(exc), 2)
+    api_settings = ApiSettings(host=bind_host(host, deploy, enable_basic_auth), port=port, deploy=deploy,
+                               bus_host=bus_bind, bus_advertise=advertised)
     plane = ControlPlane(stage())
     try:
         current = plane.status()

@@ -1,9 +1,12 @@
-"""`spz users add|list|token|remove` and `spz teams add|list|remove`: who may use the API server.
+"""`spz users add|list|token|remove` and `spz teams add|list|update|remove|add-member|remove-member`:
+who may use the API server, and in which teams (workspaces).
 
 On the embedded control plane they publish the identity events (events/identity_events.py)
 through the bus like every other verb; the OS user running `spz` is the admin there. Changes
 are made with optimistic concurrency (services/api/directory_io.py): two `spz users add alice`
-at once make one alice. A token is printed once, by the command that makes it, and is on no log.
+at once make one alice. With an API server configured (`spz api login`) they go through its
+identity routes instead (cli/via_api_identity.py; an admin's token). A token is printed once, by
+the command that makes it, and is on no log.
 """
 
 from __future__ import annotations
@@ -39,10 +42,21 @@ def _team_value(value: Optional[str]) -> Optional[str]:
     return None if value is None else _name(value, "team name")
 
 
+def _team_values(values: Optional[list[str]]) -> list[str]:
+    return list(dict.fromkeys(_name(v, "team name") for v in values or []))
+
+
 def _role(value: str) -> str:
     if value not in _ROLES:
         raise typer.BadParameter(f"{value!r}; accepted: {', '.join(_ROLES)}")
     return value
+
+
+def _server() -> Any:
+    """The configured API server's transport, or None (the embedded bus)."""
+    from .transport import api
+
+    return api()
 
 
 async def _with_bus(source: str, work: Any) -> Any:
@@ -69,41 +83,57 @@ def _token_note(name: str) -> str:
 @users.command("add")
 def users_add(
     name: str = typer.Argument(..., callback=_user_arg, help="The user's name (lower-case letters, digits, - _)."),
-    team: str = typer.Option(..., "--team", callback=_team_value, help="The user's team (spz teams add)."),
+    team: list[str] = typer.Option(..., "--team", callback=_team_values,
+                                   help="A team of the user's (spz teams add); repeat for several: the first is "
+                                        "their primary team, the workspace a submission without -w runs in."),
     role: str = typer.Option("member", "--role", callback=_role, help="admin, member or viewer."),
     output: str = typer.Option("table", "-o", "--output", help="table or json (the token is in it once)."),
 ) -> None:
-    """Add a user to a team with a role, and print their first token once."""
+    """Add a user to one team or several with a role, and print their first token once."""
     check_output(output)
-    from skypurza.services.api.directory_io import add_user
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    token = run_async(_with_bus("users", lambda bus: add_user(bus, name, team, role)))  # type: ignore[arg-type]
+        token_id, token = via_api_identity.add_user(t, name, team, role)
+    else:
+        from skypurza.services.api.directory_io import add_user
+
+        issued = run_async(_with_bus("users", lambda bus: add_user(bus, name, team[0], role,  # type: ignore[arg-type]
+                                                                   team[1:])))
+        token_id, token = issued.token_id, issued.token
     if output == "json":
-        print_json({"user": name, "team": team, "role": role, "token_id": token.token_id, "token": token.token})
+        print_json({"user": name, "team": team[0], "teams": team, "role": role, "token_id": token_id, "token": token})
         return
-    typer.echo(f"Added user {name} to team {team} as {role}.", err=True)
+    typer.echo(f"Added user {name} to team{'s' if len(team) > 1 else ''} {', '.join(team)} as {role}.", err=True)
     typer.echo(_token_note(name), err=True)
-    typer.echo(token.token)
+    typer.echo(token)
 
 
 @users.command("list")
 def users_list(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
-    """Every user: team, role, live tokens (ids only)."""
+    """Every user: teams (the primary first), role, live tokens (ids only)."""
     check_output(output)
-    from skypurza.services.api.directory_io import load_directory
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    d = run_async(_with_bus("users", load_directory))
-    rows = [{"user": u.name, "team": u.team, "role": u.role,
-             "tokens": sorted(t.token_id for t in u.tokens.values()),
-             "service_account_tokens": sorted(t.token_id for t in u.tokens.values() if t.service_account)}
-            for u in sorted(d.users.values(), key=lambda u: u.name)]
+        rows = via_api_identity.user_rows(t)
+    else:
+        from skypurza.services.api.directory_io import load_directory
+
+        d = run_async(_with_bus("users", load_directory))
+        rows = [{"user": u.name, "team": u.team, "teams": list(u.teams), "role": u.role,
+                 "tokens": sorted(tok.token_id for tok in u.tokens.values()),
+                 "service_account_tokens": sorted(tok.token_id for tok in u.tokens.values() if tok.service_account)}
+                for u in sorted(d.users.values(), key=lambda u: u.name)]
     if output == "json":
         print_json(rows)
         return
     from .tables import print_table
 
     print_table(["USER", "TEAM", "ROLE", "TOKENS"],
-                [[r["user"], r["team"], r["role"], str(len(r["tokens"]))] for r in rows])
+                [[r["user"], ", ".join(r["teams"]), r["role"], str(len(r["tokens"]))] for r in rows])
 
 
 @users.command("token")
@@ -115,24 +145,36 @@ def users_token(
 ) -> None:
     """A new token for a user, printed once; their old token is revoked (not with --service-account)."""
     check_output(output)
-    from skypurza.services.api.directory_io import reissue_token
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    token = run_async(_with_bus("users", lambda bus: reissue_token(bus, name, service_account)))
+        token_id, token = via_api_identity.new_token(t, name, service_account)
+    else:
+        from skypurza.services.api.directory_io import reissue_token
+
+        issued = run_async(_with_bus("users", lambda bus: reissue_token(bus, name, service_account)))
+        token_id, token = issued.token_id, issued.token
     if output == "json":
-        print_json({"user": name, "token_id": token.token_id, "token": token.token,
-                    "service_account": service_account})
+        print_json({"user": name, "token_id": token_id, "token": token, "service_account": service_account})
         return
     typer.echo(("A service-account token" if service_account else "A new token; the old one is revoked.")
                + " " + _token_note(name), err=True)
-    typer.echo(token.token)
+    typer.echo(token)
 
 
 @users.command("remove")
 def users_remove(name: str = typer.Argument(..., callback=_user_arg, help="The user.")) -> None:
     """Remove a user; every token of theirs stops working at once."""
-    from skypurza.services.api.directory_io import remove_user
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    run_async(_with_bus("users", lambda bus: remove_user(bus, name)))
+        via_api_identity.remove_user(t, name)
+    else:
+        from skypurza.services.api.directory_io import remove_user
+
+        run_async(_with_bus("users", lambda bus: remove_user(bus, name)))
     typer.echo(f"Removed user {name}; their tokens no longer work.")
 
 
@@ -188,9 +230,15 @@ def teams_add(
     """Add a team (a workspace): where its users may run, and the labels its tasks get."""
     name = _name(name, "team name")
     infras, labels = _infra_list(infra, allowed_infras), _labels(label)
-    from skypurza.services.api.directory_io import add_team
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels)))
+        via_api_identity.add_team(t, name, infras, labels)
+    else:
+        from skypurza.services.api.directory_io import add_team
+
+        run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels)))
     typer.echo(f"Added team {name}" + (f" (infras: {', '.join(infras)})" if infras else "") + ".")
 
 
@@ -198,11 +246,17 @@ def teams_add(
 def teams_list(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
     """Every team: allowed infras, labels, members."""
     check_output(output)
-    from skypurza.services.api.directory_io import load_directory
+    server = _server()
+    if server is not None:
+        from . import via_api_identity
 
-    d = run_async(_with_bus("teams", load_directory))
-    rows = [{"team": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
-             "users": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]
+        rows = via_api_identity.team_rows(server)
+    else:
+        from skypurza.services.api.directory_io import load_directory
+
+        d = run_async(_with_bus("teams", load_directory))
+        rows = [{"team": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
+                 "users": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]
     if output == "json":
         print_json(rows)
         return
@@ -228,9 +282,15 @@ def teams_update(
         raise fail("nothing to change: give --allowed-infras, --label or --clear-labels", 2)
     infras = None if allowed_infras is None else _infra_list(None, allowed_infras)
     labels = {} if clear_labels else (None if label is None else _labels(label))
-    from skypurza.services.api.directory_io import update_team
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels)))
+        now_infras, now_labels = via_api_identity.update_team(t, name, infras, labels)
+    else:
+        from skypurza.services.api.directory_io import update_team
+
+        now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels)))
     typer.echo(f"Updated team {name}: infras {', '.join(now_infras) or 'all'}; labels "
                + (", ".join(f"{k}={v}" for k, v in now_labels.items()) or "none") + ".")
 
@@ -239,10 +299,67 @@ def teams_update(
 def teams_remove(name: str = typer.Argument(..., help="The team.")) -> None:
     """Remove a team; refused while users belong to it (it says who)."""
     name = _name(name, "team name")
-    from skypurza.services.api.directory_io import remove_team
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
 
-    run_async(_with_bus("teams", lambda bus: remove_team(bus, name)))
+        via_api_identity.remove_team(t, name)
+    else:
+        from skypurza.services.api.directory_io import remove_team
+
+        run_async(_with_bus("teams", lambda bus: remove_team(bus, name)))
     typer.echo(f"Removed team {name}.")
+
+
+def _membership_out(output: str, team: str, user: str, teams: tuple[str, ...], said: str) -> None:
+    if output == "json":
+        print_json({"team": team, "user": user, "teams": list(teams), "primary": teams[0]})
+        return
+    typer.echo(f"{said} {user}'s teams: {', '.join(teams)} (primary: {teams[0]}).")
+
+
+@teams.command("add-member")
+def teams_add_member(
+    name: str = typer.Argument(..., help="The team."),
+    user: str = typer.Argument(..., callback=_user_arg, help="The user (spz users list)."),
+    primary: bool = typer.Option(False, "--primary", help="Make it the user's primary team: the workspace a "
+                                                           "submission without -w runs in (and is billed to)."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Put a user in one more team: a workspace they may submit into with -w/--workspace."""
+    check_output(output)
+    name = _name(name, "team name")
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
+
+        now = via_api_identity.add_member(t, name, user, primary)
+    else:
+        from skypurza.services.api.directory_io import add_member
+
+        now = run_async(_with_bus("teams", lambda bus: add_member(bus, name, user, primary)))
+    _membership_out(output, name, user, now, f"Added {user} to team {name}.")
+
+
+@teams.command("remove-member")
+def teams_remove_member(
+    name: str = typer.Argument(..., help="The team."),
+    user: str = typer.Argument(..., callback=_user_arg, help="The user."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Take a user out of a team; refused for their only team (a user is always in one)."""
+    check_output(output)
+    name = _name(name, "team name")
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
+
+        now = via_api_identity.remove_member(t, name, user)
+    else:
+        from skypurza.services.api.directory_io import remove_member
+
+        now = run_async(_with_bus("teams", lambda bus: remove_member(bus, name, user)))
+    _membership_out(output, name, user, now, f"Removed {user} from team {name}.")
 
 
 def register(app: typer.Typer) -> None:

@@ -47,21 +47,13 @@ def logs_command(
     if hook is not None:
         raise fail("--hook: spz has no lifecycle hooks, so there is no hook log; spz logs --provision shows "
                    "how the cluster came up", 2)
-    if provision or autostop:
-        from .transport import not_over_api
+    from .transport import api
 
-        not_over_api("spz logs --provision/--autostop", "the history is read from the log; spz events tail "
-                     "--server comes later")
-        from .clusterhistory import AUTOSTOP_EVENTS, PROVISION_EVENTS
-
-        raise typer.Exit(_history(cluster, PROVISION_EVENTS if provision else AUTOSTOP_EVENTS,
-                                  "provisioning" if provision else "autostop"))
-    from .transport import api, not_over_api
-
-    if sync_down:
-        not_over_api("spz logs --sync-down", "the API server streams output; redirect spz logs to a file")
-        raise typer.Exit(_sync_down(cluster, job_id))
     t = api()
+    if provision or autostop:
+        raise typer.Exit(_history(cluster, "provision" if provision else "autostop", t))
+    if sync_down:
+        raise typer.Exit(_sync_down(cluster, job_id, t))
     status = StatusLine()
     try:
         if t is not None:
@@ -79,19 +71,27 @@ def logs_command(
     raise typer.Exit(code)
 
 
-def _history(cluster: str, kinds: set[str], what: str) -> int:
-    from .clusterhistory import history_lines
+def _history(cluster: str, kind: str, t: Any = None) -> int:
+    """`--provision` / `--autostop`: read from the log, or asked of the API server (the same lines)."""
+    from .clusterhistory import AUTOSTOP_EVENTS, PROVISION_EVENTS, history_lines
+
+    what = "provisioning" if kind == "provision" else "autostop"
 
     async def run() -> list[str]:
         from .control import connect_bus
 
         bus = await connect_bus(stage(), "logs")
         try:
-            return await history_lines(bus, cluster, kinds)
+            return await history_lines(bus, cluster, PROVISION_EVENTS if kind == "provision" else AUTOSTOP_EVENTS)
         finally:
             await bus.close()
 
-    lines = run_async(run())
+    if t is not None:
+        from . import via_api_history
+
+        lines = via_api_history.history(t, cluster, kind)
+    else:
+        lines = run_async(run())
     if not lines:
         print_line(f"No {what} history for cluster {cluster}.")
         return 1 if what == "provisioning" else 0
@@ -100,7 +100,9 @@ def _history(cluster: str, kinds: set[str], what: str) -> int:
     return 0
 
 
-def _sync_down(cluster: str, job_id: int | None) -> int:
+def _sync_down(cluster: str, job_id: int | None, t: Any = None) -> int:
+    """The job's output written to ~/sky_logs/CLUSTER/JOB/rank-N.log, from the log or downloaded
+    through the API server (the same files)."""
     from .clusterhistory import sky_logs_dir, sync_down
 
     async def run() -> tuple[int | None, list[Any]]:
@@ -119,7 +121,13 @@ def _sync_down(cluster: str, job_id: int | None) -> int:
 
     from .clusterlog import EXIT_NOT_FOUND
 
-    found, files = run_async(run())
+    cut: list[Any] = []
+    if t is not None:
+        from . import via_api_history
+
+        found, files, cut = via_api_history.sync_down(t, cluster, job_id, sky_logs_dir())
+    else:
+        found, files = run_async(run())
     if found is None:
         typer.echo(f"No job {job_id} on cluster {cluster}." if job_id else f"Cluster {cluster} has no jobs.", err=True)
         return EXIT_NOT_FOUND
@@ -129,6 +137,11 @@ def _sync_down(cluster: str, job_id: int | None) -> int:
     typer.echo(f"Job {found}'s logs of cluster {cluster} (a file per node): {files[0].parent}")
     for f in files:
         typer.echo(f"  {f}")
+    from skypurza.events.clusterhistory import MAX_LOG_FILE_BYTES
+
+    for f in cut:
+        typer.echo(f"{f}: cut at {MAX_LOG_FILE_BYTES // 2**20} MiB (the most the API server sends "
+                   "of one file); spz logs prints all of it", err=True)
     return 0
 
 
@@ -244,13 +257,11 @@ def status_command(
     check_output(output)
     if terminate_orphans and not refresh:
         raise typer.BadParameter("--terminate-orphans goes with --refresh", param_hint="--terminate-orphans")
-    from .transport import api, not_over_api
+    from .transport import api
 
     t = api()
     if t is None:
         options.all_users_note(all_users)
-    elif refresh:
-        not_over_api("spz status -r", "reconciling with the clouds is the server's")
     if show_services:
         options.unused("--show-services", "SkyServe services are not supported yet; there are none to show")
     if show_pools:
@@ -258,13 +269,23 @@ def status_command(
     if ip or endpoints or endpoint is not None:
         raise typer.Exit(_addresses(clusters or [], ip=ip, endpoint=endpoint, t=t))
     report: dict[str, Any] | None = None
-    if refresh:
+    refreshed: list[dict[str, Any]] | None = None
+    if refresh and t is not None:  # the provisioner's pass, asked through the server; its refreshed view
+        from . import via_api_history
+
+        report, refreshed = via_api_history.refresh(t, terminate_orphans, all_, all_users)
+        _print_reconcile(report, to_stderr=output == "json")
+    elif refresh:
         from .cmd_provision import refresh_command
 
         report = refresh_command(terminate_orphans=terminate_orphans)
         _print_reconcile(report, to_stderr=output == "json")
 
-    async def run() -> list[dict[str, Any]]:
+    # The managed jobs in progress come on the same connection as the clusters (one connect,
+    # not two); only the table shows them.
+    with_managed = show_managed_jobs and output != "json"
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         from .control import connect_bus
 
         bus = await connect_bus(stage(), "status")
@@ -272,16 +293,19 @@ def status_command(
             rows = None if refresh else await _status_service(bus, "status", all=all_)
             if rows is None:
                 rows = [c.as_dict() for c in await _clusters_from_log(bus, all_)]
-            return [cluster_row(r) for r in rows]
+            return [cluster_row(r) for r in rows], (await _managed_rows(bus) if with_managed else None)
         finally:
             await bus.close()
 
-    if t is not None:
+    managed: list[dict[str, Any]] | None = None
+    if refreshed is not None:
+        rows = [cluster_row(r) for r in refreshed]
+    elif t is not None:
         from . import via_api
 
         rows = [cluster_row(r) for r in via_api.status_rows(t, all_, all_users)]
     else:
-        rows = run_async(run())
+        rows, managed = run_async(run())
     if not all_:
         rows = [r for r in rows if r["status"] != "TERMINATED"]
     missing: list[str] = []
@@ -297,14 +321,15 @@ def status_command(
     if output == "json":
         print_json(rows)
         return
-    managed = _managed_in_progress(t) if show_managed_jobs else []
+    if managed is None:
+        managed = _managed_in_progress(t) if show_managed_jobs else []
     if not rows:
         if not missing:
             print_line("No existing clusters.")
         _print_managed(managed)
         return
     now = datetime.now(timezone.utc)
-    from .jobwatch import since
+    from .tables import since
 
     def line(r: dict[str, Any]) -> list[str]:
         where = "/".join(str(p) for p in (r["infra"], r["region"], r["zone"]) if p)
@@ -420,7 +445,7 @@ def _managed_in_progress(t: Any = None) -> list[dict[str, Any]]:
     (through an API server `t`: its GET /api/v1/jobs)."""
     if t is not None:
         from .apitransport import ApiError
-        from .cmd_jobs import queue_row
+        from .jobrows import queue_row
 
         try:
             return [queue_row(r) for r in t.get("/api/v1/jobs", skip_finished=True)["jobs"]]
@@ -428,25 +453,30 @@ def _managed_in_progress(t: Any = None) -> list[dict[str, Any]]:
             raise fail(str(exc))
 
     async def run() -> list[dict[str, Any]]:
-        from skypurza.services.recovery.submit import read_jobs
-
         from .control import connect_bus
-
-        from .cmd_jobs import _projected_jobs, queue_row
 
         bus = await connect_bus(stage(), "status")
         try:
-            rows = await _projected_jobs(bus, skip_finished=True)
-            if isinstance(rows, list):
-                from skypurza.events.managed_events import TERMINAL_STATUSES
-
-                return [queue_row(r) for r in rows if r.get("status") not in TERMINAL_STATUSES]
-            jobs = await read_jobs(bus)
-            return [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True) if not s.terminal]
+            return await _managed_rows(bus)
         finally:
             await bus.close()
 
     return run_async(run())
+
+
+async def _managed_rows(bus: Any) -> list[dict[str, Any]]:
+    """The managed jobs not yet ended: the status service's projection, else the log's fold."""
+    from .jobrows import projected_jobs, queue_row
+
+    rows = await projected_jobs(bus, skip_finished=True)
+    if isinstance(rows, list):
+        from skypurza.events.managed_events import TERMINAL_STATUSES
+
+        return [queue_row(r) for r in rows if r.get("status") not in TERMINAL_STATUSES]
+    from skypurza.services.recovery.submit import read_jobs  # the fold of the log: only when no service answers
+
+    jobs = await read_jobs(bus)
+    return [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True) if not s.terminal]
 
 
 def _print_managed(jobs: list[dict[str, Any]]) -> None:
@@ -529,7 +559,7 @@ def queue_command(
     if output == "json":
         print_json(rows)
         return
-    from .jobwatch import duration, since
+    from .tables import duration, since
 
     now = datetime.now(timezone.utc)
     by_cluster: dict[str, list[dict[str, Any]]] = {}
@@ -632,3 +662,11 @@ def cancel_command(
             await bus.close()
 
     raise typer.Exit(run_async(run()))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `status`, `queue`, `logs` and `cancel` to the spz app (cli/commandtable.py)."""
+    app.command("status")(status_command)
+    app.command("queue")(queue_command)
+    app.command("logs")(logs_command)
+    app.command("cancel")(cancel_command)

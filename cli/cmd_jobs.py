@@ -22,7 +22,7 @@ import typer
 
 from . import bounds, fanout, options
 from .context import check_output, fail, print_json, run_async, stage
-from .jobrows import final_note as _final_note, queue_row  # noqa: F401  (queue_row: cmd_inspect uses it)
+from .jobrows import final_note as _final_note, projected_jobs as _projected_jobs, queue_row  # noqa: F401
 
 jobs_app = typer.Typer(name="jobs", help="Managed jobs: run to the end, recovered from spot preemption.",
                        no_args_is_help=True, rich_markup_mode="rich")
@@ -484,19 +484,6 @@ async def _job_records(job_id: int | None, name: str | None, *, controller: bool
 
 # ------------------------------------------------------------------------------------------ queue
 
-async def _projected_jobs(bus: Any, skip_finished: bool, limit: int | None = None) -> list[dict[str, Any]] | None:
-    """The status service's projection, up to date with the log as it is now (the newest `limit`
-    jobs, cut by the projection's query: the default view reads 50 rows, not every job); None
-    when no status service answers."""
-    from skypurza.events import status_queries
-
-    try:
-        return await status_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
-                                               limit=limit, timeout=3.0)
-    except Exception:
-        return None
-
-
 def queue_command(
     all_: bool = typer.Option(False, "-a", "--all", help="Every job (default: the latest 50)."),
     skip_finished: bool = typer.Option(False, "-s", "--skip-finished", help="Only unfinished jobs."),
@@ -535,8 +522,6 @@ def queue_command(
     high = options.parse_local_time(before, "--before") if before is not None else None
 
     async def run() -> list[dict[str, Any]]:
-        from skypurza.services.recovery.submit import read_jobs
-
         from .control import connect_bus
 
         bus = await connect_bus(stage(), "jobs-queue")
@@ -546,7 +531,9 @@ def queue_command(
             rows = None if refresh else await _projected_jobs(bus, skip_finished, cut)
             if isinstance(rows, list):
                 rows = [queue_row(r) for r in rows]
-            else:
+            else:  # no status service answered: the fold of the log
+                from skypurza.services.recovery.submit import read_jobs
+
                 jobs = await read_jobs(bus)
                 rows = [queue_row(s.summary()) for _, s in sorted(jobs.items(), reverse=True)]
             if infra is not None:
@@ -581,7 +568,7 @@ def queue_command(
     if output == "json":
         print_json(rows)
         return
-    from .jobwatch import since
+    from .tables import since
     from .tables import parse_time, print_line, print_table
 
     if not rows:

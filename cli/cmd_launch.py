@@ -13,6 +13,7 @@ import typer
 
 from . import bounds, options
 from .context import check_output, fail, print_json, run_async, stage
+from skypurza.events.verbs import retry_delay_s  # noqa: F401  (moved there: the launch through a server waits the same)
 from .verbs import _TASK, _config, _confirm, _detached_hint, _prepare, _stream, _watched
 
 
@@ -112,16 +113,13 @@ def launch_command(
     from .transport import api
 
     t = api()
-    if t is not None and retry_until_up:
-        raise fail("spz launch -r is not available through an API server yet; unset SKYPURZA_API_SERVER (or spz api "
-                   "logout) to run it on the embedded control plane", 2)
     try:
         if t is not None:
             from . import via_api
 
             code, summary = via_api.launch(t, task, public, name_, idle=idle, down=down_, detach_run=detach_run,
                                            async_=async_, status=status, out=out, no_setup=no_setup or fast,
-                                           wait_for=wait_for, workspace=workspace)
+                                           wait_for=wait_for, workspace=workspace, retry_until_up=retry_until_up)
         else:
             code, summary = run_async(_launch(task, public, name_, cfg, idle=idle, down=down_,
                                               no_setup=no_setup or fast, detach_run=detach_run, async_=async_,
@@ -284,11 +282,6 @@ def _idle_and_wait_for(task: Any, idle_minutes: int | None, wait_for: str | None
     return idle, wait_for
 
 
-def retry_delay_s(attempt: int) -> float:
-    """-r/--retry-until-up: seconds before submission `attempt + 1` (10 s, doubling, at most 5 minutes)."""
-    return float(min(10 * 2 ** min(attempt - 1, 10), 300))
-
-
 async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:
     """Follow the cluster's events until ClusterStarted (the cluster is UP again)."""
     from skypurza.events import naming
@@ -400,3 +393,9 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
         return await _stream(bus, cluster, job.job_id, status, out)
     finally:
         await bus.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `launch` and `exec` to the spz app (cli/commandtable.py names this module for them)."""
+    app.command("launch")(launch_command)
+    app.command("exec")(exec_command)

@@ -444,3 +444,11 @@ def autostop_command(
             await bus.close()
 
     raise typer.Exit(run_async(run()))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `stop`, `start`, `down` and `autostop` to the spz app (cli/commandtable.py)."""
+    app.command("stop")(stop_command)
+    app.command("start")(start_command)
+    app.command("down")(down_command)
+    app.command("autostop")(autostop_command)

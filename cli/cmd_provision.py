@@ -27,7 +27,7 @@ def refresh_command(terminate_orphans: bool = False, infras: list[str] | None = 
 async def _refresh(stage_name: str, terminate: bool, infras: list[str] | None) -> dict[str, Any]:
     from skypurza.services.provisioner.backends import Backends
     from skypurza.services.provisioner.cleanup import RetryPolicy
-    from skypurza.services.provisioner.reconcile import reconcile
+    from skypurza.services.provisioner.reconcile import reconcile, refresh_infras
     from skypurza.services.provisioner.settings import ProvisionerSettings
     from skypurza.services.provisioner.state import live_clusters
 
@@ -39,11 +39,7 @@ async def _refresh(stage_name: str, terminate: bool, infras: list[str] | None) -
     backends = Backends(settings, stage=stage_name, nats_url=url)
     try:
         if infras is None:
-            live = await live_clusters(bus)
-            wanted = {ev.candidate.infra for ev in live.values()} | set(settings.reconcile_infras)
-            if _aws_configured(settings):
-                wanted.add("aws")
-            infras = sorted(wanted)
+            infras = refresh_infras(await live_clusters(bus), settings)
         policy = RetryPolicy(attempts=max(1, settings.cleanup_attempts), backoff_s=max(0.0, settings.cleanup_backoff_s))
         report = await reconcile(bus, backends, terminate=terminate, grace_s=settings.reconcile_grace_s,
                                  infras=infras, cleanup_policy=policy)
@@ -51,18 +47,6 @@ async def _refresh(stage_name: str, terminate: bool, infras: list[str] | None) -
     finally:
         await backends.close()
         await bus.close()
-
-
-def _aws_configured(settings: Any) -> bool:
-    """AWS is checked when it is configured at all (regions set, or credentials found)."""
-    if settings.aws_regions:
-        return True
-    try:
-        import boto3
-
-        return boto3.session.Session().get_credentials() is not None
-    except Exception:
-        return False
 
 
 def reconcile_cmd(

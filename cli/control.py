@@ -58,9 +58,14 @@ class ApiSettings:
     host: str = LOOPBACK_HOST
     port: int | None = None  # None: the recorded one, else 46580 (SKYPILOT_API_SERVER_LOCAL_PORT), else free
     deploy: bool = False
+    # Where the deployment's bus listens and what remote agents are told (cli/busaddr.py).
+    bus_host: str = LOOPBACK_HOST
+    bus_advertise: str = ""
 
     def argv(self, port: int) -> list[str]:
-        return ["--api-host", self.host, "--api-port", str(port), *(["--deploy"] if self.deploy else [])]
+        bus = ([] if self.bus_host == LOOPBACK_HOST else ["--bus-host", self.bus_host]) + (
+            ["--bus-advertise", self.bus_advertise] if self.bus_advertise else [])
+        return ["--api-host", self.host, "--api-port", str(port), *(["--deploy"] if self.deploy else []), *bus]
 
 
 def choose_api_port(requested: int | None, env_port: str | None, recorded: int | None,
@@ -186,13 +191,16 @@ class ControlPlane:
             recorded = {}
         if requested is None:
             requested = ApiSettings(host=str(recorded.get("host") or LOOPBACK_HOST),
-                                    deploy=bool(recorded.get("deploy")))
+                                    deploy=bool(recorded.get("deploy")),
+                                    bus_host=str(recorded.get("bus_host") or LOOPBACK_HOST),
+                                    bus_advertise=str(recorded.get("bus_advertise") or ""))
         rec_port = recorded.get("port") if isinstance(recorded.get("port"), int) else None
         port = choose_api_port(requested.port, os.environ.get("SKYPURZA_API_PORT") or os.environ.get("SKYPILOT_API_SERVER_LOCAL_PORT"), rec_port,
                                port_open, free_port)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"host": requested.host, "port": port, "deploy": requested.deploy}))
+        tmp.write_text(json.dumps({"host": requested.host, "port": port, "deploy": requested.deploy,
+                                   "bus_host": requested.bus_host, "bus_advertise": requested.bus_advertise}))
         tmp.replace(path)
         return requested, port
 

@@ -1,11 +1,24 @@
-"""A managed job as the CLI shows it: its `-o json` row, the note its end gets, and `jobs queue
---infra`'s filter (shared by the embedded `spz jobs` verbs, cli/cmd_jobs.py, and their forms
+"""A managed job as the CLI shows it: its `-o json` row, the status service's projection of them,
+the note its end gets, and `jobs queue --infra`'s filter (shared by the embedded `spz jobs` verbs, cli/cmd_jobs.py, and their forms
 through an API server, cli/via_api_jobs.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+
+
+async def projected_jobs(bus: Any, skip_finished: bool, limit: int | None = None) -> list[dict[str, Any]] | None:
+    """The status service's projection, up to date with the log as it is now (the newest `limit`
+    jobs, cut by the projection's query: the default view reads 50 rows, not every job); None
+    when no status service answers."""
+    from skypurza.events import status_queries
+
+    try:
+        return await status_queries.jobs_queue(bus, skip_finished=skip_finished, min_seq=await bus.last_seq(),
+                                               limit=limit, timeout=3.0)
+    except Exception:
+        return None
 
 
 def final_note(status: Any, job_id: int, state: Any) -> None:

@@ -18,6 +18,7 @@ from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.logchunks import ChunkFilter, LogLine, format_line, parse_log  # noqa: F401  (moved there)
 
 from .clusterlog import Cluster, Job, apply, read_cluster
+from .tables import duration, since  # noqa: F401  (moved there: the views need them without the watch)
 
 # `spz jobs logs` (cli/cmd_jobs.py) still polls: it reads this long after its job ended.
 DRAIN_S = 0.5
@@ -242,28 +243,6 @@ def _job_status_text(job: Job, ahead: int = 0) -> str:
     if job.status == "RUNNING":
         return f"Job {job.job_id}: running on {job.num_nodes} node(s)"
     return f"Job {job.job_id}: {job.status}"
-
-
-def since(t: datetime | None, now: datetime) -> str:
-    if t is None:
-        return "-"
-    secs = int((now - t).total_seconds())
-    if secs < 60:
-        return f"{secs}s ago"
-    if secs < 3600:
-        return f"{secs // 60}m ago"
-    if secs < 86400:
-        return f"{secs // 3600}h ago"
-    return f"{secs // 86400}d ago"
-
-
-def duration(start: datetime | None, end: datetime | None, now: datetime) -> str:
-    if start is None:
-        return "-"
-    secs = int(((end or now) - start).total_seconds())
-    h, rem = divmod(secs, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h {m}m {s}s" if h else (f"{m}m {s}s" if m else f"{s}s")
 
 
 RETRYABLE_ERRORS = ("capacity", "spot_capacity", "quota")

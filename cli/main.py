@@ -1,10 +1,12 @@
 """`spz`: the SkyPurza command line, with the verbs of `sky`.
 
-Each command module adds its commands through `register(app)`; heavy imports (pydantic models,
-the catalog, nats) happen inside the commands so that `spz --help` and `spz launch --dryrun`
-start fast. The command modules are the open broker's and are always there: one that fails to
-import is an error, never skipped. Platform commands (the ledger's accounting) join last, as
-CLI plugins through an entry-point group (cli/plugins.py); the CLI runs without them.
+Each command module adds its commands through `register(app)`, and only the module of the command
+that runs is imported (cli/lazyapp.py; `spz --help` lists them from cli/commandtable.py); heavy
+imports (pydantic models, the catalog, nats) happen inside the commands so that `spz --help` and
+`spz launch --dryrun` start fast. The command modules are the open broker's and are always
+there: one that fails to import is an error, never skipped. Platform commands (the ledger's
+accounting) join last, as CLI plugins through an entry-point group (cli/plugins.py), loaded
+where they matter (their commands, `--help`, `events`, `audit`); the CLI runs without them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ richlight.install()  # before typer's help renderer loads: ~150 ms of every --he
 
 import typer  # noqa: E402
 
-from . import cmd_api, cmd_audit, cmd_catalog, cmd_cluster, cmd_events, cmd_identity, cmd_jobs, cmd_provision, cmd_taskspec, options, plugins
+from . import lazyapp, options
 from .context import settings
 
 options.quiet_flag_types()  # `--help` prints no `<bool>` on the flags
@@ -50,6 +52,8 @@ class _App(typer.Typer):
             raise SystemExit(error_line(message, code).exit_code) from None
 
 
+catalog = lazyapp.Catalog()  # every command, loaded when first asked for (cli/commandtable.py)
+
 app = _App(
     name="spz",
     help="SkyPurza: run SkyPilot task YAMLs on the cheapest place with capacity; an event-sourced control plane.",
@@ -58,19 +62,7 @@ app = _App(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-# Order is the order of `spz --help`.
-COMMAND_MODULES = [
-    cmd_cluster,    # launch, exec, status, queue, logs, cancel, stop, start, down, autostop
-    cmd_jobs,       # jobs launch|queue|cancel|logs
-    cmd_taskspec,   # check-yaml, schema
-    cmd_catalog,    # gpus list, catalog refresh|show, check
-    cmd_events,     # events tail|replay|schema|dlq
-    cmd_api,        # api start|stop|status|logs, serve
-    cmd_provision,  # reconcile (hidden for now; `spz status --refresh` calls it too)
-    cmd_audit,      # audit (the status projection; platform plugins add theirs)
-    cmd_identity,   # users add|list|token|remove, teams add|list|remove
-]
+app.info.cls = catalog.bind(app)
 
 
 def _version(value: bool) -> None:
@@ -96,12 +88,10 @@ def main(
             raise typer.BadParameter(str(exc), param_hint="--stage")
 
 
-for _module in COMMAND_MODULES:
-    _module.register(app)
-
-# cost-report, ledger billing|settle|settlements, events export, events replay --into, the
-# ledger's part of audit
-plugins.load(app, cmd_events.events)
+def load_all() -> typer.Typer:
+    """Every command module and plugin registered on the app (docs, tests that walk the tree)."""
+    catalog.load_all()
+    return app
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ generated `authorization {}` block (no anonymous client), the `control` user mak
 and buckets before any service starts, and each child connects as its own user: the services
 by `--nats-creds-dir` (one user per service), the API server and, through the provisioner's
 environment, local node agents by SKYPURZA_NATS_CREDS. Passwords stay in their 0600 files.
+Remote clusters' agents each get a user of their own, minted by the provisioner
+(events/agentusers.py): the supervisor notices a change of that set, writes the block again (its
+one writer) and reloads nats-server with SIGHUP. `--bus-host` is where nats-server listens
+(loopback by default), `--bus-advertise` the address remote agents are given.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ STOP_GRACE_S = 15.0
 # After this long without dying, a child's back-off starts again from its first step.
 STABLE_S = 60.0
 HEALTH_PROBE_S = 0.5
+AGENT_USERS_POLL_S = 0.25  # how soon a cluster's new agent user is live (and changes coalesced)
 SETUP_TIMEOUT_S = 20.0
 
 
@@ -122,10 +127,16 @@ class Child:
 
 class Supervisor:
     def __init__(self, stage: str, port: int, services: str, api_host: str = "127.0.0.1", api_port: int = 0,
-                 deploy: bool = False) -> None:
+                 deploy: bool = False, bus_host: str = "127.0.0.1", bus_advertise: str = "") -> None:
+        from .busaddr import check_bus_host, local_host, parse_advertise
+
         self.stage = stage
         self.port = port
-        self.url = f"nats://127.0.0.1:{port}"
+        self.bus_host = check_bus_host(bus_host, deploy)
+        self.local_host = local_host(self.bus_host)
+        self.url = f"nats://[{self.local_host}]:{port}" if ":" in self.local_host else f"nats://{self.local_host}:{port}"
+        # The address remote agents are given (the provisioner's SKYPURZA_AGENT_NATS_URL).
+        self.bus_advertise = parse_advertise(bus_advertise) if bus_advertise else ""
         self.state_dir = naming.state_dir(stage)
         self.state_file = naming.control_state_file(stage)
         logs = naming.control_logs_dir(stage)
@@ -141,7 +152,7 @@ class Supervisor:
 
             auth = busauth.prepare(stage)
             auth_blocks = (f"include {json.dumps(os.path.relpath(auth, conf.parent))}\n",)
-        conf.write_text(NatsServer(store_dir=store, port=port, extra_blocks=auth_blocks).config_text())
+        conf.write_text(NatsServer(store_dir=store, port=port, extra_blocks=auth_blocks, host=self.bus_host).config_text())
         self.nats = Child("nats-server", [nats_server_binary(), "-c", str(conf)], logs / "nats-server.log",
                           first_delay=0.2, max_delay=5.0)
         self.services = Child(
@@ -151,7 +162,7 @@ class Supervisor:
             logs / "services.log", first_delay=1.0, max_delay=30.0, extra={"services": services},
             # The only bus the services process opens without a user of its own is a local node
             # agent's (it inherits this environment through the provisioner): the agent user.
-            own_env=self._creds_env("agent"))
+            own_env={**self._creds_env("agent"), **self._agent_users_env()})
         # The API server (none with api_port 0): tokens only in a deployment; on the embedded
         # default a loopback caller without a token is the OS user (services/api/__main__.py).
         self.api: Child | None = None
@@ -166,9 +177,53 @@ class Supervisor:
                 extra={"url": self.api_url, "host": api_host, "port": api_port, "deploy": deploy},
                 own_env=self._creds_env("api"))
         self._next_probe = 0.0
+        self._next_agents_look = 0.0
+        self._agents_seen: tuple = ()
+        if deploy:
+            from skypurza.events.agentusers import fingerprint
+
+            self._agents_seen = fingerprint(naming.bus_agent_users_dir(stage))  # in the block prepared above
         self.stopping = False
         self.started_at = _now()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def _agent_users_env(self) -> dict[str, str]:
+        """A deployment's provisioner mints each remote cluster's own agent user
+        (events/agentusers.py) and hands remote agents the advertised bus address."""
+        if not self.secured:
+            return {}
+        from skypurza.events.agentusers import AGENT_USERS_ENV, PER_CLUSTER
+
+        return {AGENT_USERS_ENV: PER_CLUSTER, **({"SKYPURZA_AGENT_NATS_URL": self.bus_advertise}
+                                                 if self.bus_advertise else {})}
+
+    def _reload_agent_users(self) -> bool:
+        """When the provisioner added or removed a cluster's agent user: the authorization block
+        written again (this process is its one writer) and nats-server reloaded (SIGHUP), once
+        for however many changed since the last look. True when it reloaded."""
+        from skypurza.events.agentusers import fingerprint
+
+        now = time.monotonic()
+        if not self.secured or now < self._next_agents_look:
+            return False
+        self._next_agents_look = now + AGENT_USERS_POLL_S
+        seen = fingerprint(naming.bus_agent_users_dir(self.stage))
+        if seen == self._agents_seen:
+            return False
+        from skypurza.events.natscreds import CredentialsError
+
+        from . import busauth
+
+        try:
+            busauth.prepare(self.stage)
+        except (OSError, CredentialsError, ValueError) as exc:  # the old block stays; tried again next look
+            print(f"cannot write the bus's authorization block: {exc}", flush=True)
+            return False
+        self._agents_seen = seen
+        if self.nats.alive():
+            self.nats.proc.send_signal(signal.SIGHUP)  # a restarted nats-server reads the new block anyway
+        print(f"bus users reloaded: {len(seen)} cluster agent user(s)", flush=True)
+        return True
 
     def _creds_dir_args(self) -> list[str]:
         return ["--nats-creds-dir", str(naming.bus_credentials_dir(self.stage))] if self.secured else []
@@ -197,7 +252,8 @@ class Supervisor:
     def write_state(self) -> None:
         state = {
             "nats_url": self.url, "port": self.port, "started_at": self.started_at,
-            "bus_secured": self.secured,
+            "bus_secured": self.secured, "bus_host": self.bus_host,
+            **({"bus_advertise": self.bus_advertise} if self.bus_advertise else {}),
             "supervisor": {"pid": os.getpid(), "log": str(naming.control_logs_dir(self.stage) / "supervisor.log")},
             "processes": {"nats-server": self.nats.record(), "services": self.services.record(),
                           **({"api-server": self.api.record()} if self.api else {})},
@@ -211,7 +267,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        if port_open(self.port):
+        if port_open(self.port, self.local_host):
             print(f"port {self.port} is already in use: refusing to start a second nats-server", flush=True)
             return 3
         self.nats.spawn(self.env)
@@ -238,6 +294,7 @@ class Supervisor:
                 if api_ready(self.api_url):
                     self.api.ready = self.api.ever_ready = True
                     changed = True
+            self._reload_agent_users()
             if changed:
                 self.write_state()
             time.sleep(POLL_S)
@@ -265,7 +322,7 @@ class Supervisor:
             return True
         if now < child.restart_at:
             return False
-        if child is self.nats and port_open(self.port):
+        if child is self.nats and port_open(self.port, self.local_host):
             child.restart_at = now + 0.5  # the old socket is still closing; never bind twice
             return False
         child.restarts += 1
@@ -286,7 +343,7 @@ class Supervisor:
         while time.monotonic() < deadline:
             if not self.nats.alive():
                 return False
-            if port_open(self.port):
+            if port_open(self.port, self.local_host):
                 return True
             time.sleep(0.02)
         return False
@@ -314,14 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-host", default="127.0.0.1")
     p.add_argument("--api-port", type=int, default=0, help="The API server's port (0: no API server).")
     p.add_argument("--deploy", action="store_true", help="The API server takes tokens only (a team deployment).")
+    p.add_argument("--bus-host", default="127.0.0.1", help="Where nats-server listens (off loopback: --deploy only).")
+    p.add_argument("--bus-advertise", default="", help="HOST:PORT remote node agents reach the bus at.")
     p.add_argument(CONTROL_PLANE_FLAG, dest="control_plane", required=True,
                    help="the stage's state directory (how `spz api stop` recognises this process)")
     args = p.parse_args(argv)
     from skypurza.events.natscreds import CredentialsError
 
     try:
-        supervisor = Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy)
-    except (OSError, CredentialsError, ValueError) as exc:  # the deployment's credentials cannot be written
+        supervisor = Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy,
+                                bus_host=args.bus_host, bus_advertise=args.bus_advertise)
+    except (OSError, CredentialsError, ValueError) as exc:  # BusAddressError is a ValueError  # the deployment's credentials cannot be written
         print(f"cannot prepare the control plane of stage {args.stage}: {exc}", flush=True)
         return 3
     return supervisor.run()

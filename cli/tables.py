@@ -86,3 +86,25 @@ def print_line(text: str) -> None:
     from .console import console as make_console
 
     make_console().print(text)
+
+
+def since(t: datetime | None, now: datetime) -> str:
+    if t is None:
+        return "-"
+    secs = int((now - t).total_seconds())
+    if secs < 60:
+        return f"{secs}s ago"
+    if secs < 3600:
+        return f"{secs // 60}m ago"
+    if secs < 86400:
+        return f"{secs // 3600}h ago"
+    return f"{secs // 86400}d ago"
+
+
+def duration(start: datetime | None, end: datetime | None, now: datetime) -> str:
+    if start is None:
+        return "-"
+    secs = int(((end or now) - start).total_seconds())
+    h, rem = divmod(secs, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m}m {s}s" if h else (f"{m}m {s}s" if m else f"{s}s")

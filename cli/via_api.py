@@ -455,11 +455,14 @@ START_TIMEOUT_S = 1800.0  # a stopped cloud cluster's instances start in minutes
 
 def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, idle: int | None, down: bool,
            detach_run: bool, async_: bool, status: Any, out: Callable[[str], None], no_setup: bool = False,
-           wait_for: str | None = None, workspace: str | None = None) -> tuple[int, dict[str, Any]]:
+           wait_for: str | None = None, workspace: str | None = None,
+           retry_until_up: bool = False) -> tuple[int, dict[str, Any]]:
     """`spz launch` through the server: on a cluster that is up (a stopped one is started
     first), the job queued there (POST /api/v1/clusters/{name}/jobs); else a new cluster
     (POST /api/v1/tasks), its progress from the events stream. Then its job's output as
-    `spz logs` prints it."""
+    `spz logs` prints it. `retry_until_up` (-r): as on the embedded bus, a submission that found
+    no capacity anywhere is submitted again after a back-off (cmd_launch.retry_delay_s), here by
+    this client (the server keeps no state of its own); Ctrl-C stops it."""
     from .clusterlog import exit_code_of
     from .jobwatch import SubmissionFailed
     from .verbs import _detached_hint
@@ -483,26 +486,38 @@ def launch(t: ApiTransport, task: Any, public: dict[str, Any], cluster: str, *, 
         if wait_for is not None and async_:
             raise fail("--wait-for on a new cluster needs it up: leave out --async, or set it later with "
                        f"spz autostop {cluster} -i {idle} --wait-for {wait_for}", 2)
-        status.update("Submitting to the API server")
-        try:
-            sub = t.post("/api/v1/tasks", {**_body(task, public), "cluster": cluster, "down": down,
-                                           "idle_minutes": idle, **({"workspace": workspace} if workspace else {})})
-        except ApiError as exc:
-            raise _fail(exc)
-        task_id, seq = sub["task_id"], int(sub.get("seq") or 0)
-        summary.update(task_id=task_id, submitted_seq=seq)
-        if async_:
-            status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; see it: "
-                        "spz status")
-            summary["status"] = "SUBMITTED"
-            return 0, summary
-        try:
-            job_id, nodes = _wait_for_job(t, task_id, cluster, seq, status)
-        except SubmissionFailed as exc:
-            status.stop()
-            status.note(f"[red]✗ {exc}[/red]")
-            summary.update(status="FAILED", reason=str(exc))
-            return 1, summary
+        attempt = 0
+        while True:
+            status.update("Submitting to the API server")
+            try:
+                sub = t.post("/api/v1/tasks", {**_body(task, public), "cluster": cluster, "down": down,
+                                               "idle_minutes": idle, **({"workspace": workspace} if workspace else {})})
+            except ApiError as exc:
+                raise _fail(exc)
+            task_id, seq = sub["task_id"], int(sub.get("seq") or 0)
+            summary.update(task_id=task_id, submitted_seq=seq)
+            if async_:
+                status.note(f"Submitted task {task_id} for cluster {cluster}. Follow: spz logs {cluster}; see it: "
+                            "spz status")
+                summary["status"] = "SUBMITTED"
+                return 0, summary
+            try:
+                job_id, nodes = _wait_for_job(t, task_id, cluster, seq, status)
+                break
+            except SubmissionFailed as exc:
+                if retry_until_up and exc.retryable:
+                    from skypurza.events.verbs import retry_delay_s
+
+                    attempt += 1
+                    delay = retry_delay_s(attempt)
+                    status.note(f"[yellow]{exc}[/yellow]\nNo capacity anywhere yet (-r): submitting again in "
+                                f"{delay:.0f} s (attempt {attempt + 1}); Ctrl-C stops.")
+                    time.sleep(delay)
+                    continue
+                status.stop()
+                status.note(f"[red]✗ {exc}[/red]")
+                summary.update(status="FAILED", reason=str(exc))
+                return 1, summary
         summary["job_id"] = job_id
         if wait_for is not None and idle is not None:
             # `sky launch -i N --wait-for X` is `sky launch` then `sky autostop -i N --wait-for X`.
@@ -554,7 +569,9 @@ def _wait_for_job(t: ApiTransport, task_id: str, cluster: str, seq: int, status:
                 status.note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next "
                             "placement")
             elif kind == "placement_failed" and mine:
-                raise SubmissionFailed(f"no placement for the task: {ev.reason}")
+                from .jobwatch import out_of_capacity
+
+                raise SubmissionFailed(f"no placement for the task: {ev.reason}", retryable=out_of_capacity(ev))
             elif kind == "provision_failed" and mine:
                 raise SubmissionFailed(f"launch failed: {ev.code}: {ev.message}")
             elif kind == "cluster_provisioned":

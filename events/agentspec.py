@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 AGENT_SETTING_VARS = (
     "SKYPURZA_AGENT_HEARTBEAT_S", "SKYPURZA_AGENT_KILL_GRACE_S", "SKYPURZA_AGENT_LOG_LEVEL",
     "SKYPURZA_AGENT_SAMPLE_S", "SKYPURZA_AGENT_XID_SOURCE", "SKYPURZA_CHECKPOINT_SYNC_S", "SKYPURZA_BUCKET_STORE",
+    "SKYPURZA_AGENT_GPU_SOURCE", "SKYPURZA_AGENT_TOOL_TIMEOUT_S",
 )
+
+
+# A file descriptor the local backend gives an agent it starts: the agent writes "ready\n" to it once
+# NodeReady is stored and closes it, so the backend reacts to that (or to the agent's exit: end of
+# file) instead of polling the ready file. The agent takes it out of its environment at once, so no
+# job inherits it.
+READY_FD_VAR = "SKYPURZA_AGENT_READY_FD"
+READY_LINE = b"ready\n"
 
 
 def agent_settings_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -39,7 +39,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, Servi
 
 from . import naming
 from .bussettings import BusSettings, parse_servers
-from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, make_envelope
+from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, envelope_of
 from .natscreds import BusCredentials, CredentialsError, credentials_from_env
 
 log = logging.getLogger("skypurza.bus")
@@ -186,6 +186,27 @@ async def fetch(sub: Any, *, batch: int, timeout: float) -> list[Any]:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError
+
+
+def _concurrent(answer: Callable[[Any], Awaitable[None]], bound: int) -> Callable[[Any], Awaitable[None]]:
+    """A subscription callback that answers each message in a task of its own, at most `bound` at
+    once: the callback waits for a slot, so past the bound messages queue in nats-py as before."""
+    slots = asyncio.Semaphore(bound)
+    running: set[asyncio.Task[None]] = set()  # held: a task only weakly referenced may be collected
+
+    async def one(msg: Any) -> None:
+        try:
+            await answer(msg)
+        finally:
+            slots.release()
+
+    async def cb(msg: Any) -> None:
+        await slots.acquire()
+        task = asyncio.ensure_future(one(msg))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    return cb
 
 
 class Bus:
@@ -440,7 +461,7 @@ class Bus:
         if id is None and cause is not None:
             cause_id = cause if isinstance(cause, str) else cause.id
             id = derive_id(cause_id, handler or self.source, key)
-        return make_envelope(event, source=self.source, id=id, time=time)
+        return envelope_of(event, source=self.source, id=id, time=time)
 
     def subject_of(self, env: Envelope) -> str:
         return naming.event_subject(self.stage, env.aggregate, env.aggregate_id, env.event_name)
@@ -503,15 +524,30 @@ class Bus:
             for env in envs:  # all checked before any is published
                 self._hooks.before(env)
         acks: list[api.PubAck] = []
+        publish_async = self.js.publish_async
         for start in range(0, len(envs), window):
             chunk = envs[start:start + window]
-            futs = [await self.send(e) for e in chunk]
+            # `send`, inlined: this loop is the bus's hot path (issue 21, bench/bus.py).
+            futs = [await publish_async(self.subject_of(e), e.to_json(), headers={"Nats-Msg-Id": e.id})
+                    for e in chunk]
+            # One bounded wait for the whole window rather than a timer per append; what is
+            # still unanswered after it is retried by id, one by one, as `settle` does.
+            pending = [f for f in futs if not f.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=ACK_WAIT_S)
             for env, fut in zip(chunk, futs):
-                ack = await self.settle(env, fut)
+                ack = await self._settled(env, fut)
                 acks.append(ack)
                 if self._hooks is not None:
                     self._hooks.after(env, ack)
         return acks
+
+    async def _settled(self, env: Envelope, fut: asyncio.Future) -> api.PubAck:
+        """The ack of an append already waited for: its result, or the append retried by id."""
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            return fut.result()
+        fut.cancel()  # frees its pending-publish slot (a no-op on a future already done)
+        return await self._append(env, expected_last_seq=None, occ_subject=None)
 
     async def send(self, env: Envelope) -> asyncio.Future:
         """Start one append without waiting for its ack (no hooks run here: see `settle`)."""
@@ -774,18 +810,28 @@ class Bus:
         return body
 
     async def serve_queries(self, service: str,
-                            handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]) -> list[Any]:
+                            handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]],
+                            concurrency: int = 1) -> list[Any]:
+        """Answer each query with its handler's result as JSON (a result that is `bytes` is JSON
+        already: sent as it is). With `concurrency` > 1 up to that many requests of one query are
+        answered at once (nats-py runs a subscription's callbacks one after the other, so one slow
+        answer, or one waiting for its `min_seq`, would hold up every other); past the bound the
+        next request waits for a slot."""
         subs = []
         for query, handler in handlers.items():
-            async def cb(msg: Any, handler: Callable[[dict[str, Any]], Awaitable[Any]] = handler) -> None:
+            async def answer(msg: Any, handler: Callable[[dict[str, Any]], Awaitable[Any]] = handler) -> None:
                 try:
                     result = await handler(json.loads(msg.data or b"{}"))
-                    data = json.dumps(result, default=str).encode()
+                    data = result if isinstance(result, bytes) else json.dumps(result, default=str).encode()
                 except Exception as exc:  # the caller sees the error, the service goes on
                     log.exception("query failed")
                     data = json.dumps({"__error__": f"{type(exc).__name__}: {exc}"}).encode()
-                await msg.respond(data)
+                try:
+                    await msg.respond(data)
+                except Exception as exc:  # the bus went away mid-answer: the caller times out and asks again
+                    log.warning("answering a %s query failed: %s: %s", query, type(exc).__name__, exc)
 
+            cb = answer if concurrency <= 1 else _concurrent(answer, concurrency)
             subs.append(await self.nc.subscribe(naming.query_subject(self.stage, service, query),
                                                 queue=service, cb=cb))
         return subs

@@ -13,12 +13,14 @@ re-exports the base, so `envelope` stays the one place callers find `Event` and 
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import SchemaValidator
 
 from . import models as _models  # noqa: F401  (importing the models fills the registry)
 from .registry import (  # noqa: F401  (re-exported: the event base, for callers of `envelope`)
@@ -37,7 +39,13 @@ _ID_NAMESPACE = uuid.UUID("5b1f3c52-7a0e-4d7b-9a57-6b1d2f0c9e11")
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    """A random (version 4) UUID in its usual text form: what `str(uuid.uuid4())` gives, built
+    without the UUID object (every event published pays for one)."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def derive_id(cause_id: str, handler: str, key: str = "") -> str:
@@ -86,6 +94,14 @@ class Envelope(BaseModel):
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=False).encode()
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Envelope":  # type: ignore[override]
+        # A typed envelope (decoded, or built by the bus) given plain `data` becomes a plain one:
+        # its `data` field is the event's model and would not serialise a dict.
+        if update and "data" in update and not isinstance(update["data"], Event) and type(self) is not Envelope:
+            fields = {**self.__dict__, **(self.__pydantic_extra__ or {}), **update}
+            return Envelope.model_validate(fields)
+        return super().model_copy(update=update, deep=deep)
+
     def data_dict(self) -> dict[str, Any]:
         """`data` as a plain JSON-able dict (a decoded envelope may carry the typed event)."""
         data: Any = self.data
@@ -132,6 +148,41 @@ def make_envelope(
     )
 
 
+# What validation would mark as set on an envelope built from these fields (the two constants
+# are defaults): `envelope_of` builds the same instance without validating.
+_MADE_FIELDS = frozenset({"id", "source", "type", "time", "subject", "data"})
+
+
+def envelope_of(
+    event: Event,
+    *,
+    source: str,
+    id: str | None = None,
+    time: datetime | None = None,
+) -> Envelope:
+    """The envelope the bus publishes: `data` is the typed event itself, as on a decoded one.
+
+    Same bytes on the wire as `make_envelope` (`to_json` serialises the event once, through the
+    typed envelope), without dumping the event to a dict and validating it back: the event was
+    validated when it was built, and every other field is ours. Publishing pays this per event
+    (issue 21). Anything unexpected (a time that is not a datetime) takes the validating path.
+    """
+    if not isinstance(event, Event) or not isinstance(source, str) or not (id is None or isinstance(id, str)) \
+            or not (time is None or isinstance(time, datetime)):
+        return make_envelope(event, source=source, id=id, time=time)
+    cls = _typed_envelope(type(event))
+    env = cls.__new__(cls)
+    object.__setattr__(env, "__dict__", {
+        "specversion": "1.0", "id": id or new_id(), "source": source, "type": event.type_name(),
+        "time": time or utcnow(), "subject": f"{event.AGGREGATE}/{event.aggregate_id()}",
+        "datacontenttype": "application/json", "data": event,
+    })
+    object.__setattr__(env, "__pydantic_fields_set__", set(_MADE_FIELDS))
+    object.__setattr__(env, "__pydantic_extra__", {})
+    object.__setattr__(env, "__pydantic_private__", None)
+    return env
+
+
 # Fast path of `decode`: our writers serialise `type` before `data`; for a known type at the
 # current version the JSON is parsed straight into an envelope whose `data` is the typed event.
 _TYPE_IN_JSON = re.compile(rb'"type":"io\.skypurza\.([a-z0-9_]+)\.v([0-9]+)"')
@@ -146,6 +197,28 @@ def _typed_envelope(cls: type[Event]) -> type[Envelope]:
     return model
 
 
+# `"type":"io.skypurza.<name>.v<N>"` as matched -> (the type name, the typed envelope's JSON
+# validator), for the types known here at their current version: found once per type, not per
+# event (the replay of a projection decodes every event of the log; issue 21). Only hits are
+# kept, so a type registered later is still found.
+_FAST_TYPES: dict[bytes, tuple[str, Callable[[bytes], Any]]] = {}
+
+
+def _fast_type(m: re.Match[bytes]) -> tuple[str, Callable[[bytes], Any]] | None:
+    cls = REGISTRY.get(m.group(1).decode())
+    if cls is None or cls.VERSION != int(m.group(2)):
+        return None
+    model = _typed_envelope(cls)
+    validator = model.__pydantic_validator__
+    # The validator itself, without `model_validate_json`'s per-call work in Python; a model not
+    # built yet (a mock validator) goes through `model_validate_json`, which builds it.
+    validate = validator.validate_json if isinstance(validator, SchemaValidator) else model.model_validate_json
+    fast = (cls.type_name(), validate)
+    if isinstance(validator, SchemaValidator):
+        _FAST_TYPES[m.group(0)] = fast
+    return fast
+
+
 def decode(payload: bytes) -> Decoded:
     """Bytes from the log -> envelope and typed event. Raises PoisonEvent only for bad payloads.
 
@@ -155,15 +228,16 @@ def decode(payload: bytes) -> Decoded:
     """
     m = _TYPE_IN_JSON.search(payload, 0, 512)
     if m is not None:
-        cls = REGISTRY.get(m.group(1).decode())
-        if cls is not None and cls.VERSION == int(m.group(2)):
+        fast = _FAST_TYPES.get(m.group(0)) or _fast_type(m)
+        if fast is not None:
+            type_name, validate_json = fast
             try:
-                env = _typed_envelope(cls).model_validate_json(payload)
+                env = validate_json(payload)
             except ValidationError:
                 pass  # the general path below says precisely what is wrong
             else:
-                if env.type == cls.type_name():
-                    return Decoded(env, env.data, "ok")  # type: ignore[arg-type]
+                if env.type == type_name:
+                    return Decoded(env, env.data, "ok")
     try:
         # pydantic-core parses and validates the JSON in one pass (much faster than json.loads).
         env = Envelope.model_validate_json(payload)

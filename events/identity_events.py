@@ -1,7 +1,7 @@
 """Events of the `team` and `user` aggregates: who may use the broker, in which team, with what role.
 
-Emitted by: `spz teams add|remove`, `spz users add|token|remove` (the embedded control plane's
-admin, the OS user) and, later, the API server's identity endpoints. Folded by the API server
+Emitted by: `spz teams add|update|remove|add-member|remove-member`, `spz users add|token|remove`
+(the embedded control plane's admin, the OS user) and the API server's identity endpoints. Folded by the API server
 (services/api/identity.py `Directory`) to authenticate and authorize its callers.
 
 A token is never on the log: TokenIssued carries its id and the sha256 of the token, which is
@@ -70,6 +70,26 @@ class UserAdded(_UserEvent):
     EVENT_NAME = "user_added"
     team: str
     role: Role
+
+
+@register
+class UserJoinedTeam(_UserEvent):
+    """`user` is in one more team (`spz teams add-member`, `spz users add --team A --team B`): a
+    workspace they may submit into with `-w`. A user's first team is their primary one, stamped on
+    a submission without `-w`; `primary` makes this one it (an existing membership moves first)."""
+
+    EVENT_NAME = "user_joined_team"
+    team: str
+    primary: bool = False
+
+
+@register
+class UserLeftTeam(_UserEvent):
+    """`user` is no longer in `team` (`spz teams remove-member`). A user is always in one team at
+    least: leaving the last one is refused where it is asked, and a fold ignores it."""
+
+    EVENT_NAME = "user_left_team"
+    team: str
 
 
 @register

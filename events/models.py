@@ -7,7 +7,9 @@ from .alert_events import AlertDelivered, AlertRaised, AlertResolved  # noqa: F4
 from .cluster_events import *  # noqa: F401,F403
 from .dispatch_events import DispatchPolicyApplied, TaskAdmitted, TaskHeld  # noqa: F401
 from .health_events import GpuUnhealthy  # noqa: F401
-from .identity_events import TeamAdded, TeamRemoved, TeamUpdated, TokenIssued, TokenRevoked, UserAdded, UserRemoved  # noqa: F401
+from .identity_events import (  # noqa: F401
+    TeamAdded, TeamRemoved, TeamUpdated, TokenIssued, TokenRevoked, UserAdded, UserJoinedTeam, UserLeftTeam, UserRemoved,
+)
 from .job_events import *  # noqa: F401,F403
 from .ledger_events import *  # noqa: F401,F403
 from .managed_events import *  # noqa: F401,F403

@@ -7,6 +7,7 @@ No other module writes a resource name: a test greps the tree for literal `skypu
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -120,6 +121,7 @@ def upload_object(digest: str) -> str:
     return f"{algo}-{hexdigest}"
 
 
+@functools.lru_cache(maxsize=64)  # on every publish's subject: the stage is checked once
 def subject_prefix(stage: str) -> str:
     check_stage(stage)
     return f"{PROJECT}.{stage}"
@@ -225,6 +227,14 @@ def inbox_prefix(user: str) -> str:
 # API server, which are users by their contract's name.
 BUS_CONTROL_USER = "control"  # the deployment's own set-up (streams, buckets, the first admin)
 BUS_PUBLIC_USER = "public"  # outsiders: the CloudEvents mirror, read only
+# A cluster's own node agent user in a deployment (events/agentusers.py): `agent@<cluster>`. No
+# contract name holds an `@`, so it never clashes with a service's user.
+BUS_CLUSTER_AGENT_PREFIX = "agent@"
+
+
+def cluster_agent_user(cluster: str) -> str:
+    """The bus user of one cluster's node agents in a deployment."""
+    return f"{BUS_CLUSTER_AGENT_PREFIX}{cluster}"
 
 
 # ---------------------------------------------------------------- metrics
@@ -307,6 +317,17 @@ def bus_credentials_dir(stage: str) -> Path:
 def bus_auth_file(stage: str) -> Path:
     """A deployment's nats-server `authorization {}` block (0600: it holds the passwords)."""
     return state_dir(stage) / "nats-auth.conf"
+
+
+def bus_agent_users_dir(stage: str) -> Path:
+    """A deployment's per-cluster agent users, one 0600 file per cluster holding only its bcrypt
+    hash (events/agentusers.py); the supervisor renders them into the authorization block."""
+    return state_dir(stage) / "bus-agents"
+
+
+def bus_agent_key_file(stage: str) -> Path:
+    """The deployment's key (0600) every cluster's agent password is derived from."""
+    return state_dir(stage) / "bus-agents.key"
 
 
 def control_logs_dir(stage: str) -> Path:

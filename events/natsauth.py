@@ -13,6 +13,9 @@ nats-server user whose permissions are what its contract declares and nothing mo
 - subscribe: its own inbox (`naming.inbox_prefix`: replies of one user are not another's), the
   query subjects it answers, beats or samples it reads.
 
+In a deployment each cluster on remote nodes gets its own agent user besides (`agent@<cluster>`,
+`cluster_agent_permissions`): the agent's grants narrowed to that cluster's subject tokens.
+
 Two users have no contract: `control` (the deployment's set-up on the server host: streams,
 buckets, the first admin; full access) and `public` (outsiders: subscribe to the CloudEvents
 mirror, publish nothing). The CLI has no user: laptops talk to the API server, never the bus.
@@ -135,6 +138,55 @@ def contract_permissions(contract: Contract, stage: str, durables: Mapping[str, 
             sub.append(filt)
     return Permissions(publish=_dedup(pub), subscribe=_dedup(sub), deny_publish=_dedup(deny),
                        allow_responses=bool(access.answers))
+
+
+def cluster_agent_permissions(agent: Contract, stage: str, cluster: str, durables: Mapping[str, str]) -> Permissions:
+    """The node agent's grants (its contract's, `contract_permissions`) narrowed to one cluster:
+    the user a deployment gives that cluster's nodes (events/agentusers.py). Every subject that
+    names a cluster gets this cluster's token: its events (`evt.cluster.<c>.<type>`), its job
+    output (`log.<c>.>`), its beats and samples (`hb.<c>.*`, `sample.<c>.*`), the consumers it
+    creates (only with a filter inside its own events or logs: nats-server checks that the
+    filter in the request is the one in the subject), and its own inbox. What names no cluster
+    stays as the shared agent has it: stream info, message gets by sequence, the secrets KV (a
+    job's secrets are found by an unguessable key) and the uploads store (content-addressed).
+    A node can therefore never publish as another cluster's node."""
+    tok = naming.subject_token(cluster)
+    p = naming.subject_prefix(stage)
+    events, logs = naming.events_stream(stage), naming.logs_stream(stage)
+    own_events = naming.aggregate_subjects(stage, "cluster", cluster)
+    own_logs = naming.logs_subject_filter(stage, cluster)
+    narrowed: dict[str, list[str]] = {
+        naming.all_logs_subject(stage): [own_logs],
+        naming.heartbeats_filter(stage): [f"{p}.hb.{tok}.*"],
+        naming.samples_filter(stage): [f"{p}.sample.{tok}.*"],
+        f"{JS_API}.DIRECT.GET.{events}.>": [f"{JS_API}.DIRECT.GET.{events}.{own_events}"],
+        f"{JS_API}.DIRECT.GET.{logs}.>": [f"{JS_API}.DIRECT.GET.{logs}.{own_logs}"],
+        # Unfiltered creates (`CONSUMER.CREATE.<stream>`, `.<name>`) would read every cluster.
+        f"{JS_API}.CONSUMER.CREATE.{events}": [],
+        f"{JS_API}.CONSUMER.CREATE.{events}.>": [f"{JS_API}.CONSUMER.CREATE.{events}.*.{own_events}"],
+        f"{JS_API}.CONSUMER.CREATE.{logs}": [],
+        f"{JS_API}.CONSUMER.CREATE.{logs}.>": [f"{JS_API}.CONSUMER.CREATE.{logs}.*.{own_logs}"],
+    }
+    for cls in agent.emits:
+        if cls.AGGREGATE != "cluster":  # a new agent event elsewhere needs its own narrowing here
+            raise ValueError(f"{agent.name} emits {cls.__name__} on aggregate {cls.AGGREGATE!r}: "
+                             "a cluster's agent user can only be narrowed on the cluster aggregate")
+        narrowed[naming.event_filter(stage, "cluster", cls.EVENT_NAME)] = [
+            naming.event_filter(stage, "cluster", cls.EVENT_NAME, cluster)]
+    base = contract_permissions(agent, stage, durables)
+    inbox = {f"{naming.inbox_prefix(agent.name)}.>": [f"{naming.inbox_prefix(naming.cluster_agent_user(cluster))}.>"]}
+    return Permissions(publish=_dedup(n for s in base.publish for n in narrowed.get(s, [s])),
+                       subscribe=_dedup(n for s in base.subscribe for n in inbox.get(s, [s])),
+                       deny_publish=base.deny_publish, allow_responses=False)
+
+
+def cluster_agent_users(agent: Contract, stage: str, clusters: Iterable[str],
+                        contracts: Sequence[Contract]) -> list[BusUser]:
+    """One narrowed user per cluster (`naming.cluster_agent_user`), denied every durable as the
+    shared agent is (`contracts`: the deployment's)."""
+    durables = durable_names(stage, contracts)
+    return [BusUser(naming.cluster_agent_user(c), cluster_agent_permissions(agent, stage, c, durables))
+            for c in sorted(set(clusters))]
 
 
 def public_permissions(stage: str) -> Permissions:

@@ -6,7 +6,9 @@ permissions), writes one file per user under `naming.bus_credentials_dir(stage)`
 (a restarted deployment keeps its users' credentials). It imports no contract (the bus imports
 this module), so it takes the users and the block's renderer from its caller (cli/busauth.py). A process finds its own by a path:
 `SKYPURZA_NATS_CREDS` (what the supervisor gives the services, the API server and, through the
-provisioner's environment, local node agents), read by `Bus.connect`.
+provisioner's environment, local node agents), read by `Bus.connect`; where no file can be put
+first (a Kubernetes pod), SKYPURZA_NATS_USER and SKYPURZA_NATS_PASSWORD (a remote cluster's own
+agent user, events/agentusers.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from pathlib import Path
 from . import naming
 
 CREDS_ENV = "SKYPURZA_NATS_CREDS"
+# Where no file can be placed first (a Kubernetes pod's env): the user and password themselves.
+# A job never inherits them (the agent strips every SKYPURZA_* variable from a job's environment).
+USER_ENV = "SKYPURZA_NATS_USER"
+PASSWORD_ENV = "SKYPURZA_NATS_PASSWORD"
 _MAX_FILE_BYTES = 4096
 
 
@@ -68,9 +74,22 @@ def read_credentials(path: Path) -> BusCredentials:
     return BusCredentials(user, password)
 
 
-def credentials_from_env() -> BusCredentials | None:
-    path = os.environ.get(CREDS_ENV)
-    return read_credentials(Path(path)) if path else None
+def credentials_from_env(environ: Mapping[str, str] | None = None) -> BusCredentials | None:
+    env = os.environ if environ is None else environ
+    path = env.get(CREDS_ENV)
+    if path:
+        return read_credentials(Path(path))
+    user, password = env.get(USER_ENV, ""), env.get(PASSWORD_ENV, "")
+    if user or password:
+        if not user or not password:
+            raise CredentialsError(f"{USER_ENV} and {PASSWORD_ENV} go together: set both or neither")
+        return BusCredentials(user, password)
+    return None
+
+
+def credentials_env(creds: BusCredentials) -> dict[str, str]:
+    """The environment a node agent connects as `creds` with (a pod's env)."""
+    return {USER_ENV: creds.user, PASSWORD_ENV: creds.password}
 
 
 def write_deployment(users: Sequence[str], render: Callable[[Mapping[str, str]], str], *, directory: Path,

@@ -58,6 +58,7 @@ class NatsServer:
     extra_blocks: tuple[str, ...] = ()
     max_mem: str | None = None
     max_file: str | None = None
+    host: str = "127.0.0.1"  # where it listens (a deployment's `--bus-host`); clients here use `url`
 
     @property
     def url(self) -> str:
@@ -65,7 +66,8 @@ class NatsServer:
 
     def config_text(self) -> str:
         head = f"server_name: \"{self.server_name}\"\n" if self.server_name else ""
-        head += f"listen: 127.0.0.1:{self.port}\n"
+        # IPv6 in brackets, quoted (a bare `[` would start a list in nats-server's config).
+        head += f"listen: \"[{self.host}]:{self.port}\"\n" if ":" in self.host else f"listen: {self.host}:{self.port}\n"
         if self.http_port is not None:
             head += f"http: 127.0.0.1:{self.http_port}\n"
         js = jetstream_block(str(self.store_dir), sync_always=self.sync_always, max_mem=self.max_mem,

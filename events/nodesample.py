@@ -28,7 +28,7 @@ class XidCount(BaseModel):
 
 
 class GpuSample(BaseModel):
-    """One GPU. A field nvidia-smi reports as [N/A] or [Not Supported] is None."""
+    """One GPU. A field nvidia-smi reports as [N/A] or [Not Supported] (DCGM: N/A) is None."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     index: int = Field(ge=0, lt=MAX_GPUS)
@@ -40,12 +40,14 @@ class GpuSample(BaseModel):
     power_w: float | None = None
     temperature_c: float | None = None
     ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_volatile: int | None = None  # single-bit, volatile: DCGM only (nvidia-smi's query has no column)
     throttle_reasons: list[str] = Field(default_factory=list, max_length=MAX_THROTTLE_REASONS)
     xids: list[XidCount] = Field(default_factory=list, max_length=MAX_XIDS)  # since boot, from the kernel log
 
 
 class UnlistedDevice(BaseModel):
-    """A PCI device the kernel logged Xids for that nvidia-smi does not list (fell off the bus)."""
+    """A GPU that answers no query: a PCI device the kernel logged Xids for that nvidia-smi does
+    not list, or one DCGM lists without readings (fell off the bus)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     pci_bus_id: str = Field(max_length=40)
@@ -69,7 +71,8 @@ class NodeSample(BaseModel):
     busy_gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS)
     gpus: list[GpuSample] = Field(default_factory=list, max_length=MAX_GPUS)
     unlisted: list[UnlistedDevice] = Field(default_factory=list, max_length=MAX_GPUS)
-    gpu_error: str = Field(default="", max_length=MAX_NOTE_CHARS)  # nvidia-smi failed: why, in one line
+    gpu_error: str = Field(default="", max_length=MAX_NOTE_CHARS)  # the GPU source failed: why, in one line
+    gpu_source: str = Field(default="", max_length=40)  # where GPUs were read ("dcgm", "nvidia-smi", "")
     xid_source: str = Field(default="", max_length=40)  # where Xids were read ("dmesg", "journalctl", "")
 
 

@@ -5,7 +5,8 @@ The status service (services/status/, open) answers on `naming.query_subject(sta
 Accounting (cost report, settlement) is the ledger's: events/ledger_queries.py.
 
 `min_seq` (optional, every read query): answer only once the projection has committed the log up
-to that stream sequence (waits at most `wait_s`), e.g. the sequence of an event just published.
+to that stream sequence (waits at most `wait_s`, 30 s at most), e.g. the sequence of an event just
+published; past the wait it answers as it stands, or with `strict` answers an error.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 async def status(bus: Bus, all: bool = False, clusters: list[str] | None = None, user: str | None = None,
-                 min_seq: int | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Clusters, newest first; terminated ones only with `all`."""
-    return await bus.request(SERVICE, "status", _params(all=all, clusters=clusters, user=user, min_seq=min_seq),
-                             timeout=timeout)
+                 min_seq: int | None = None, timeout: float = 10.0, strict: bool = False) -> list[dict[str, Any]]:
+    """Clusters, newest first; terminated ones only with `all`. `strict`: an error rather than an
+    answer older than `min_seq` (for a caller that keeps the answer as of `min_seq`)."""
+    return await bus.request(SERVICE, "status", _params(all=all, clusters=clusters, user=user, min_seq=min_seq,
+                                                        strict=strict or None), timeout=timeout)
 
 
 async def queue(bus: Bus, clusters: list[str] | str | None = None, skip_finished: bool = False,

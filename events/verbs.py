@@ -49,3 +49,9 @@ def cancel_targets(jobs: Mapping[int, Any], job_ids: Sequence[int] = (), all_: b
         return CancelChoice(tuple(j for j in dict.fromkeys(job_ids) if not jobs[j].terminal), ended)
     running = [j for j in open_ids if jobs[j].status != "PENDING"] or open_ids
     return CancelChoice(tuple(running[-1:]))
+
+
+def retry_delay_s(attempt: int) -> float:
+    """`launch -r/--retry-until-up`: seconds before submission `attempt + 1` (10 s, doubling, at
+    most 5 minutes); the embedded launch and the one through an API server wait the same."""
+    return float(min(10 * 2 ** min(attempt - 1, 10), 300))

@@ -179,3 +179,71 @@ def test_policies_chain_in_order_and_unchanged_is_none() -> None:
     with pytest.raises(AdmissionRefused) as info:
         asyncio.run(admit([Plugin("a", add("A")), Plugin("r", refuse)], req))
     assert info.value.status == 403  # only 403 or 422
+
+
+async def _cluster_up(server, name: str, user: str, team: str) -> None:
+    """A cluster `user` of `team` launched through an API server, up (one node)."""
+    from ledger_history import cand
+
+    from skypurza.events.models import ClusterProvisioned, PlacementChosen, TaskSubmitted
+    from skypurza.events.principal import stamp
+    from skypurza.events.types import NodeInfo
+
+    bus = await connect_bus(server)
+    try:
+        task_id = f"t-{name}"
+        await bus.publish(stamp(bus.envelope(TaskSubmitted(task_id=task_id, cluster=name, task={"run": "x"},
+                                                           user=user, team=team)), user, team))
+        c = cand()
+        pc = bus.envelope(PlacementChosen(task_id=task_id, cluster=name, attempt=1, candidate=c, num_nodes=1))
+        await bus.publish(pc)
+        await bus.publish(ClusterProvisioned(cluster=name, task_id=task_id, placement_id=pc.id, candidate=c,
+                                             nodes=[NodeInfo(rank=0, instance_id="i-0", private_ip="10.0.0.1",
+                                                             zone="us-east-1a")],
+                                             hourly_price_micros=c.hourly_price_micros, launched_at=pc.time))
+    finally:
+        await bus.close()
+
+
+def _queued(server) -> list:
+    async def main() -> list:
+        bus = await connect_bus(server)
+        try:
+            return [s async for s in bus.replay() if s.event is not None and s.event.EVENT_NAME == "job_queued"]
+        finally:
+            await bus.close()
+
+    return asyncio.run(main())
+
+
+def test_the_admission_policy_sees_a_task_queued_on_a_cluster_and_may_refuse_or_change_it(plugged,
+                                                                                          nats_server) -> None:
+    api, token = plugged
+    asyncio.run(_cluster_up(nats_server, "ex1", "alice", "ml"))
+    who = api.as_(token)
+    res = api.http.post("/api/v1/clusters/ex1/jobs", headers=who, json={"task": TASK, "setup": "skip"})
+    assert res.status_code == 202, res.text
+    assert (res.json()["job_id"], res.json()["team"]) == (1, "ml")
+    denied = problem(api.http.post("/api/v1/clusters/ex1/jobs", headers=who, json={"task": "run: echo forbidden\n"}),
+                     403)
+    assert denied["detail"] == "alice: tasks may not run 'forbidden' (policy no-forbidden)"
+    assert denied["type"].endswith("/admission-refused")
+    bad = problem(api.http.post("/api/v1/clusters/ex1/jobs", headers=who, json={"task": "name: bad\nrun: x\n"}), 422)
+    assert bad["detail"] == "the task name 'bad' is reserved"
+    crash = problem(api.http.post("/api/v1/clusters/ex1/jobs", headers=who, json={"task": "name: crash\nrun: x\n"}),
+                    500)
+    assert "admission policy policy failed" in crash["detail"]
+    # Through the CLI too: `spz exec` over the server says the policy's reason in one line.
+    env = {k: v for k, v in os.environ.items() if k not in ("SKYPURZA_NATS_URL",)}
+    env.update({"SKYPURZA_API_SERVER": api.url, "SKYPURZA_API_TOKEN": token, "SKYPURZA_STAGE": "test",
+                "SKYPURZA_HOME": str(Path(api.log).parent / "home"), "SKYPURZA_NO_PLUGINS": "1"})
+    r = _spz(env, "exec", "ex1", "echo forbidden")
+    assert r.returncode == 1 and "tasks may not run 'forbidden'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    queued = _queued(nats_server)
+    assert [q.event.job_id for q in queued] == [1]  # nothing refused was published
+    task = queued[0].event.task
+    assert task.labels() == {"project": "llm", "admitted-by": "policy", "kind": "cluster_job"}
+    assert task.envs == {"ADMITTED": "ml"} and stamped_principal(queued[0].envelope) == ("alice", "ml")
+    out = api.close()
+    assert "Traceback" not in out, out[-3000:]

@@ -30,7 +30,8 @@ BAD = ["../x", "..", "a/b", "a*", ">", "a b", "é", "a\x00b", "x" * 300, "a.b", 
 BODIES = {("post", "/api/v1/clusters/{name}/jobs"): {"task": "run: echo\n"},
           ("post", "/api/v1/clusters/{name}/autostop"): {"idle_minutes": 5},
           ("post", "/api/v1/clusters/{name}/jobs/cancel"): {"all": True},
-          ("patch", "/api/v1/teams/{name}"): {"labels": {}}}
+          ("patch", "/api/v1/teams/{name}"): {"labels": {}},
+          ("post", "/api/v1/teams/{name}/members"): {"user": "root"}}
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_help_imports_no_bus_no_duckdb_no_models() -> None:
     report = json.loads(r.stderr.strip().splitlines()[-1])
     assert report["code"] in (0, None) and "launch" in r.stdout and "check-yaml" in r.stdout, r.stdout
     modules = report["modules"]
-    assert "skypurza.cli.cmd_jobs" in modules and "typer" in modules  # the probe really ran the CLI
+    assert "skypurza.cli.lazyapp" in modules and "typer" in modules  # the probe really ran the CLI
     heavy = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert heavy == [], f"spz --help imported {heavy}"
 

@@ -103,7 +103,9 @@ def test_a_plugin_that_fails_to_load_is_named_not_hidden(tmp_path):
 
 
 def test_an_open_command_module_that_fails_to_import_is_an_error():
-    """cli/main.py used to skip a command module that raised ModuleNotFoundError for itself."""
+    """cli/main.py used to skip a command module that raised ModuleNotFoundError for itself. Now
+    a module is imported when its command runs (cli/lazyapp.py): that command fails, naming the
+    module, never "No such command"; SKYPURZA_DEBUG=1 shows where."""
     script = textwrap.dedent("""
         import sys
         from importlib.abc import MetaPathFinder
@@ -115,9 +117,15 @@ def test_an_open_command_module_that_fails_to_import_is_an_error():
                 return None
 
         sys.meta_path.insert(0, Gone())
-        import skypurza.cli.main
+        sys.argv[0] = "spz"
+        from skypurza.cli.main import app
+        app()
     """)
-    res = spz(script=script)
+    res = spz("jobs", "queue", script=script)
     assert res.returncode == 1
-    assert "Traceback" in res.stderr and "cmd_jobs" in res.stderr.splitlines()[-1]
-    assert res.stderr.splitlines()[-1].startswith("ImportError")
+    assert "No module named 'skypurza.cli.cmd_jobs'" in res.stderr and "No such command" not in res.stderr
+    assert "Traceback" not in res.stderr
+    debug = spz("jobs", "queue", script=script, env={"SKYPURZA_DEBUG": "1"})
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and "cmd_jobs" in debug.stderr.splitlines()[-1]
+    assert debug.stderr.splitlines()[-1].startswith("ModuleNotFoundError")

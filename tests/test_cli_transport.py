@@ -23,6 +23,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +53,19 @@ def _ok(r: subprocess.CompletedProcess, code: int = 0) -> subprocess.CompletedPr
 
 @pytest.fixture(params=["embedded", "api"])
 def way(request: pytest.FixtureRequest, tmp_path: Path):
+    with _way(request.param, tmp_path) as w:
+        yield w
+
+
+@contextmanager
+def _way(name: str, tmp_path: Path, extra: dict[str, str] | None = None) -> Iterator[Way]:
+    """The control plane (with `extra` in its environment), and the verbs' environment: `embedded`
+    on its bus as alice, `api` through its API server with member alice's token."""
     with local_cli(tmp_path, STAGE) as base:
         for var in SERVER_VARS:
             base.pop(var, None)
-        if request.param == "embedded":
+        base.update(extra or {})
+        if name == "embedded":
             yield Way("embedded", {**base, "SKYPURZA_USER": "alice"}, base)
             return
         base["SKYPURZA_USER"] = "carol"  # the plane's OS user: admin on the embedded server, not alice
@@ -94,6 +105,23 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
     verbose = _ok(spz(env, "status", "-v")).stdout
     assert "HEAD IP" in verbose and "127.0.0.1" in verbose and "8080" in verbose
 
+    # ------------------------------------------------------------- status -r, logs --sync-down / --provision
+    r = _ok(spz(env, "status", "-r", "-o", "json"))  # through a server: the provisioner's pass, then its view
+    assert [(c["name"], c["status"]) for c in json.loads(r.stdout)] == [("t1", "UP")]
+    assert "Reconciled with: local" in r.stderr and "Orphan" not in r.stderr, r.stderr
+    laptop = {**env, "HOME": str(tmp_path / "laptop")}  # --sync-down writes under ~/sky_logs, as sky
+    synced = tmp_path / "laptop" / "sky_logs" / "t1" / "1" / "rank-0.log"
+    r = _ok(spz(laptop, "logs", "t1", "1", "--sync-down"))
+    assert synced.read_text() == "hello-1\nhello-2\n"
+    assert r.stdout.splitlines() == [f"Job 1's logs of cluster t1 (a file per node): {synced.parent}", f"  {synced}"]
+    assert _ok(spz(laptop, "logs", "t1", "7", "--sync-down"), 102).stderr.strip() == "No job 7 on cluster t1."
+    prov = _ok(spz(env, "logs", "t1", "--provision")).stdout.splitlines()
+    names = [line.split(" ")[1].rstrip(":") for line in prov]  # oldest first: the node is ready, then the cluster up
+    assert names == ["task_submitted", "placement_chosen", "node_ready", "cluster_provisioned"], prov
+    assert "user=alice" in prov[0] and "local" in prov[1] and "1 node(s)" in prov[3]
+    assert _ok(spz(env, "logs", "nope", "--provision"), 1).stdout.strip() == "No provisioning history for cluster nope."
+    assert _ok(spz(env, "logs", "t1", "--autostop")).stdout.strip() == "No autostop history for cluster t1."
+
     # ------------------------------------------------------------- exec, and what it refuses
     r = _ok(spz(env, "exec", "t1", "echo exec-hi"))
     assert r.stdout.splitlines() == ["exec-hi"]
@@ -112,6 +140,8 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
         ("t1", 3, "RUNNING", "alice"), ("t1", 2, "SUCCEEDED", "alice"), ("t1", 1, "SUCCEEDED", "alice")]
     r = _ok(spz(env, "autostop", "t1", "-i", "30"))
     assert r.stdout.strip() == "Autostop of t1: stop after 30 idle minute(s)."
+    auto = _ok(spz(env, "logs", "t1", "--autostop")).stdout.splitlines()
+    assert len(auto) == 1 and " autostop_set: idle_minutes=30 " in auto[0], auto
     if way.bob is not None:
         # Through the server another member may read alice's cluster, not act on it.
         as_bob = {**env, "SKYPURZA_API_TOKEN": way.bob}
@@ -122,6 +152,9 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
             assert len(err.strip().splitlines()) == 1, err
         err = _ok(spz({**env, "SKYPURZA_API_TOKEN": "spz_wrong_token"}, "status"), 1).stderr
         assert "refused the token (401)" in err and "spz_wrong_token" not in err
+        err = _ok(spz(as_bob, "status", "-r", "--terminate-orphans"), 1).stderr  # anyone's instances: admins'
+        assert "not allowed" in err and "for admins" in err and len(err.strip().splitlines()) == 1, err
+        _log_files_route(env["SKYPURZA_API_SERVER"], env["SKYPURZA_API_TOKEN"])
     r = _ok(spz(env, "cancel", "-y", "t1", "3"))
     assert "Job 3: CANCELLED" in r.stdout
 
@@ -132,6 +165,10 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
     assert "Cluster t1: cancelling job(s) 4 first (--graceful)." in r.stdout
     assert "Cluster t1: TERMINATED." in r.stderr
     assert "no cluster named t1 (it was terminated)" in _ok(spz(env, "down", "-y", "t1"), 1).stderr
+
+    # ------------------------------------------------------------- launch -r retries for want of capacity only
+    r = _ok(spz(env, "launch", "-y", "-c", "nowhere", "-r", "--infra", "local", "--gpus", "H100:8", "echo x"), 1)
+    assert "no placement" in r.stderr and "submitting again" not in r.stderr, r.stderr
 
     # ------------------------------------------------------------- managed jobs, the cost report
     r = _ok(spz(env, "jobs", "launch", "-y", "-n", "mj", "--infra", "local", "echo managed-hi"))
@@ -170,6 +207,26 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
         assert r.stderr.strip().splitlines()[-1] == "False", r.stderr
 
 
+def _log_files_route(url: str, token: str) -> None:
+    """The routes behind --sync-down and --provision, asked directly: a node's file streamed and cut
+    at `max_bytes`, a node that printed nothing an empty file, names and kinds checked at the edge."""
+    import httpx
+
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+        got = http.get("/api/v1/clusters/t1/jobs/1/logs/files/0")
+        assert (got.status_code, got.text) == (200, "hello-1\nhello-2\n")
+        assert got.headers["content-type"].startswith("text/plain")
+        assert 'filename="rank-0.log"' in got.headers["content-disposition"]
+        assert http.get("/api/v1/clusters/t1/jobs/1/logs/files/0", params={"max_bytes": 5}).text == "hello"
+        assert (http.get("/api/v1/clusters/t1/jobs/1/logs/files/3").text, got.status_code) == ("", 200)
+        for path, code in (("/api/v1/clusters/t1/jobs/9/logs/files/0", 404), ("/api/v1/clusters/nope/history/provision", 404),
+                           ("/api/v1/clusters/t1/jobs/1/logs/files/0?max_bytes=0", 422),
+                           ("/api/v1/clusters/t1/jobs/1/logs/files/5000", 422), ("/api/v1/clusters/t1/history/setup", 422),
+                           ("/api/v1/clusters/t1%2A/history/provision", 422)):
+            res = http.get(path)
+            assert res.status_code == code and res.headers["content-type"] == "application/problem+json", (path, res.text)
+
+
 def test_an_unreachable_configured_server_is_one_line_not_a_hang(tmp_path: Path) -> None:
     env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": STAGE,
            "SKYPURZA_API_SERVER": f"http://127.0.0.1:{free_port()}", "SKYPURZA_API_TOKEN": "spz_a_b"}
@@ -181,5 +238,50 @@ def test_an_unreachable_configured_server_is_one_line_not_a_hang(tmp_path: Path)
             "spz api start" in r.stderr and "spz_a_b" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
     # A flag the server does not offer is refused before anything is asked of it.
-    r = _ok(spz(env, "status", "-r"), 2)
+    r = _ok(spz(env, "jobs", "logs", "--controller", "1"), 2)
     assert "not available through an API server yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+FULL = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+
+@pytest.mark.parametrize("name", ["embedded", "api"])
+def test_launch_r_submits_again_until_a_place_has_capacity(name: str, tmp_path: Path) -> None:
+    """`launch -r`: the only place (an emulated Kubernetes context, tests/support/kube_emulator.py)
+    has no room for the first pod, so the submission fails for want of capacity; the CLI submits
+    again after the back-off (through a server, the client does, as on the bus) and the second
+    attempt runs the job (a real node agent in the pod, started by the test's kubelet)."""
+    from kube_emulator import Kubelet, KubeCluster, write_kubeconfig
+
+    kube = KubeCluster("full").start()
+    kube.add_node("full-gpu", cpus=32, memory_gib=128, gpus=4, labels={"nvidia.com/gpu.product": "NVIDIA-L4"},
+                  taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    write_kubeconfig(tmp_path / "kubeconfig", {"full": kube})
+    decided: list[str | None] = []
+
+    def first_pod_finds_no_room(pod: dict) -> str | None:
+        decided.append(FULL if not decided else None)
+        return decided[-1]
+
+    scheduler = kube.schedule(first_pod_finds_no_room)
+    kubelet = Kubelet(kube, tmp_path / "pods", env={"SKYPURZA_AGENT_HEARTBEAT_S": "1", "SKYPURZA_AGENT_SAMPLE_S": "0"})
+    port = str(free_port())
+    plane = {"SKYPURZA_NATS_PORT": port, "SKYPURZA_AGENT_NATS_URL": f"nats://127.0.0.1:{port}",
+             "SKYPURZA_KUBECONFIG": str(tmp_path / "kubeconfig"), "SKYPURZA_K8S_CONTEXTS": "full",
+             "SKYPURZA_K8S_PROVISION_TIMEOUT_S": "20", "SKYPURZA_LIVE_SPOT_PRICES": "0",
+             "SKYPURZA_RECONCILE_INTERVAL_S": "0", "SKYPURZA_CLEANUP_INTERVAL_S": "0"}
+    try:
+        with _way(name, tmp_path, plane) as w:
+            started = time.monotonic()
+            r = _ok(spz(w.env, "launch", "-y", "-r", "-c", "retried", "--infra", "k8s", "--gpus", "L4:1",
+                        "echo up-at-last", timeout=240))
+            assert r.stdout.splitlines() == ["up-at-last"], r.stdout + r.stderr
+            assert "No capacity on kubernetes/full" in r.stderr and "no placement for the task" in r.stderr, r.stderr
+            assert "No capacity anywhere yet (-r): submitting again in 10 s (attempt 2); Ctrl-C stops." in r.stderr
+            assert "✓ Job 1 on retried succeeded." in r.stderr and time.monotonic() - started >= 10
+            assert decided == [FULL, None]
+            _ok(spz(w.env, "down", "-y", "retried"))
+    finally:
+        kubelet.stop()
+        scheduler.stop()
+        kube.stop()

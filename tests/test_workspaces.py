@@ -206,7 +206,7 @@ def test_a_submissions_workspace_over_http_stamps_its_team_and_brings_its_labels
         assert mine.status_code == 202 and mine.json()["team"] == "ml", mine.text
         body = problem(api.http.post("/api/v1/tasks", headers=api.as_(alice), json={"task": task, "workspace": "cv"}),
                        403)
-        assert "alice works in workspace ml only" in body["detail"]
+        assert body["detail"].startswith("alice is not in team cv; their teams: ml"), body
         problem(api.http.post("/api/v1/jobs", headers=api.as_(alice), json={"task": task, "workspace": "cv"}), 403)
         theirs = api.http.post("/api/v1/tasks", headers=api.as_(root), json={"task": task, "workspace": "cv"})
         assert theirs.status_code == 202 and theirs.json()["team"] == "cv", theirs.text

@@ -28,6 +28,7 @@ from .state import NewerEventError
 from ..aiotasks import stop_tasks
 
 Handler = Callable[[dict[str, Any]], Any]
+MAX_WAIT_S = 30.0  # the longest a query waits for its `min_seq` (a request names its own wait_s)
 
 
 class ProjectionService:
@@ -35,6 +36,9 @@ class ProjectionService:
     name: str
     query_service: str  # the request-reply service name: naming.query_subject(stage, this, query)
     halt_retry_s: float = 30.0
+    # How many requests of one of its own queries are answered at once (events/bus.py
+    # `serve_queries`); `position` and `audit` are answered one at a time.
+    query_concurrency: int = 1
     log: logging.Logger
 
     def __init__(self, db_path: Path | None = None, *, batch: int = 5000, readers: int = 2):
@@ -116,7 +120,8 @@ class ProjectionService:
         self._readers = asyncio.Queue()
         for _ in range(self.n_readers):
             self._readers.put_nowait(self.projector.con.cursor())
-        subs = await bus.serve_queries(self.query_service, self._handlers())
+        subs = await bus.serve_queries(self.query_service, self.query_handlers(), concurrency=self.query_concurrency)
+        subs += await bus.serve_queries(self.query_service, self._handlers())
         tasks = [asyncio.create_task(self._project_loop(), name=f"{self.name}-project")]
         tasks += [asyncio.create_task(c, name=f"{self.name}-loop") for c in self.background()]
         self._ready.set()
@@ -207,12 +212,24 @@ class ProjectionService:
     def reading(self, fn: Callable[[Any, dict[str, Any]], Any]) -> Handler:
         """A query handler on a read cursor; with `min_seq`, once the projection has committed it."""
         async def handler(params: dict[str, Any]) -> Any:
-            if params.get("min_seq"):
-                await self.wait_written(int(params["min_seq"]), float(params.get("wait_s", 10.0)))
+            await self.caught_up_with(params)
             return await self._read(lambda cur: fn(cur, params))
         return handler
 
+    async def caught_up_with(self, params: dict[str, Any]) -> None:
+        """A query's `min_seq`: wait (`wait_s`, at most MAX_WAIT_S) until the projection has committed
+        it; then answer as it is, or, with `strict`, refuse (the caller would keep a stale answer)."""
+        if params.get("min_seq"):
+            wait = float(params.get("wait_s", 10.0))
+            wait = min(wait, MAX_WAIT_S) if wait >= 0 else 0.0  # (NaN too)
+            seq = int(params["min_seq"])
+            if not await self.wait_written(seq, wait) and params.get("strict"):
+                assert self.projector is not None
+                raise TimeoutError(f"the {self.name} projection has committed the log up to "
+                                   f"{self.projector.written_seq}, not yet {seq}")
+
     def _handlers(self) -> dict[str, Handler]:
+        """Every projection's own queries (a subclass's `query_handlers` are served beside them)."""
         async def position(params: dict[str, Any]) -> Any:
             assert self.projector is not None
             return {"checkpoint": self.projector.written_seq, "applied_seq": self.projector.state.last_seq,
@@ -222,7 +239,7 @@ class ProjectionService:
         async def audit(params: dict[str, Any]) -> Any:
             return await self.audit(params.get("keep"))
 
-        return {**self.query_handlers(), "position": position, "audit": audit}
+        return {"position": position, "audit": audit}
 
     async def audit(self, keep: str | None = None) -> dict[str, Any]:
         """Replay the log into a fresh file and compare it with the live tables (replay.audit_live)."""

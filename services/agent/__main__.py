@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
-from skypurza.events.agentspec import AgentSpec
+from skypurza.events.agentspec import READY_FD_VAR, AgentSpec
 from skypurza.events.bus import CANNOT_CONNECT
 from skypurza.events.settings import SettingsError
 
@@ -30,8 +31,19 @@ def _dump_tasks() -> None:
         logging.getLogger("skypurza.agent").warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
+def _ready_fd() -> int | None:
+    """The local backend's ready pipe, taken out of the environment so no job inherits its name."""
+    value = os.environ.pop(READY_FD_VAR, "")
+    try:
+        fd = int(value)
+    except ValueError:
+        return None
+    return fd if fd > 2 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     spec = AgentSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    ready_fd = _ready_fd()
     try:
         settings = AgentSettings.load()
     except SettingsError as exc:
@@ -44,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         agent = Agent(spec, heartbeat_s=settings.heartbeat_s, kill_grace_s=settings.kill_grace_s,
                       checkpoint_sync_s=settings.checkpoint_sync_s, bucket_store=settings.bucket_store,
-                      sample_s=settings.sample_s, xid_source=settings.xid_source)
+                      sample_s=settings.sample_s, xid_source=settings.xid_source, ready_fd=ready_fd,
+                      gpu_source=settings.gpu_source, tool_timeout_s=settings.tool_timeout_s)
         loop = asyncio.get_running_loop()
         # SIGTERM stops the agent, not the jobs: a restarted agent adopts them.
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from skypurza.events import naming
-from skypurza.events.agentspec import AgentSpec
+from skypurza.events.agentspec import READY_LINE, AgentSpec
 from skypurza.events import deadletters
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import CANNOT_CONNECT, Bus, Stored, log_chunk_id
@@ -60,7 +60,7 @@ from .decide import (
 from .envcontract import (CUDA_VISIBLE_DEVICES, UNSET_IN_SETUP, JobContext, cluster_task_id, cuda_visible_devices, gpus_per_node,
                           job_environment)
 from .gpus import detect_gpus
-from .procs import Chunk, LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
+from .procs import Chunk, ExitWatch, LogTail, PhaseFiles, exit_status, group_alive, kill_group, pid_alive, spawn
 from .view import ClusterView, JobView
 
 log = logging.getLogger("skypurza.agent")
@@ -79,6 +79,9 @@ LOG_ATTEMPTS = 8
 PARTIAL_LINE_FLUSH_S = 1.0
 LOG_PUBLISH_TIMEOUT_S = 5.0
 LOG_RETRY_DELAYS_S = (0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0)
+# A running phase's output file is read this often (the file, not a pipe: a restarted agent reads
+# on from where the last one stopped). The phase's exit does not wait for it (procs.ExitWatch).
+OUTPUT_READ_S = 0.1
 
 
 # What a node agent reads (its own cluster's aggregate, folded by view.py) and may publish; its
@@ -139,8 +142,10 @@ class Agent:
     def __init__(self, spec: AgentSpec, *, heartbeat_s: float = 5.0, kill_grace_s: float = 10.0,
                  tick_s: float = 1.0, clock: Clock = SYSTEM_CLOCK, detect_gpu: bool = True,
                  checkpoint_sync_s: float | None = None, bucket_store: str | None = None,
-                 sample_s: float = 0.0, xid_source: str = "auto"):
+                 sample_s: float = 0.0, xid_source: str = "auto", ready_fd: int | None = None,
+                 gpu_source: str = "auto", tool_timeout_s: float = 10.0):
         self.spec = spec
+        self.ready_fd = ready_fd  # the local backend's pipe (agentspec.READY_FD_VAR), told once
         self.rank = spec.rank
         self.home = Path(spec.home).expanduser() if spec.home else Path.home()
         self.state = self.home / STATE_DIRNAME
@@ -160,6 +165,7 @@ class Agent:
         self._ending: str | None = None
         self._pgids: dict[tuple[int, str], int] = {}
         self._watchers: set[asyncio.Task] = set()
+        self._user_env: asyncio.Task | None = None  # a local node's ~/sky-user-env being made
         self._prepared: dict[int, _Prepared] = {}
         self._parked: set[int] = set()  # seqs this agent has parked (each is parked once)
         self._decide_error = ""
@@ -168,6 +174,8 @@ class Agent:
         self._subject = naming.aggregate_subjects(spec.stage, "cluster", spec.cluster)
         self.sample_s = sample_s  # 0: no node samples (sampling.py)
         self.xid_source = xid_source
+        self.gpu_source = gpu_source  # auto: DCGM when it answers, else nvidia-smi (sampling.py)
+        self.tool_timeout_s = tool_timeout_s
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -180,6 +188,9 @@ class Agent:
                                       pid=os.getpid(), agent_id=self.agent_id, gpus=gpus))
         # Tells whoever started this agent (the local backend waits for it) that it is connected.
         (self.state / READY_FILE).write_text(str(os.getpid()))
+        self._tell_ready()
+        if self.spec.infra == "local":
+            self._user_env_made()  # made while the first job is still on its way, not after it comes
         heartbeat = asyncio.create_task(self._heartbeats())
         sampler = asyncio.create_task(self._samples()) if self.sample_s > 0 else None
         follower: asyncio.Task | None = None
@@ -201,8 +212,32 @@ class Agent:
                 await self._wait()
             return 0
         finally:
-            await stop_tasks(heartbeat, sampler, follower, *self._watchers)
+            await stop_tasks(heartbeat, sampler, follower, self._user_env, *self._watchers)
             await self.bus.close()
+
+    def _user_env_made(self) -> asyncio.Task:
+        """The local node's user environment (userenv.ensure_user_env), made once in the background;
+        one that failed is tried again by the next job that needs it (which reports the error)."""
+        task = self._user_env
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._user_env = asyncio.create_task(asyncio.to_thread(userenv.ensure_user_env, self.home))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+        return task
+
+    def _tell_ready(self) -> None:
+        """The backend waiting on our ready pipe learns it now, not at its next look at the file."""
+        fd, self.ready_fd = self.ready_fd, None
+        if fd is None:
+            return
+        try:
+            os.write(fd, READY_LINE)
+        except OSError as exc:  # the backend went away: the ready file still says it
+            log.debug("ready pipe: %s", exc)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     async def _connect(self) -> Bus:
         delay = 0.5
@@ -446,7 +481,7 @@ class Agent:
                                     uid=x.get("slurm_uid") or None)
         if self.spec.infra == "local":  # this machine's Python is shared: the task gets its own
             try:
-                await asyncio.to_thread(userenv.ensure_user_env, self.home)
+                await asyncio.shield(self._user_env_made())
             except (OSError, subprocess.SubprocessError) as exc:
                 raise RuntimeError(f"cannot make the node's user environment (~/{userenv.USER_ENV_DIRNAME}): "
                                    f"{exc}") from None
@@ -506,21 +541,25 @@ class Agent:
         redact = self._redactor(job.job_id)
         loop = asyncio.get_running_loop()
         partial_since: float | None = None  # when the unterminated tail was first seen (loop clock)
-        while True:
-            exited = (proc.poll() is not None) if proc is not None else not pid_alive(pid)
-            waited = partial_since is not None and loop.time() - partial_since >= PARTIAL_LINE_FLUSH_S
-            chunks = tail.read_chunks(final=exited, flush_partial=waited)
-            if not tail.has_partial:
-                partial_since = None
-            elif partial_since is None or chunks:  # a new unterminated tail: it waits from now
-                partial_since = loop.time()
-            for chunk in chunks:
-                await self._log_line(job.job_id, redact(chunk.line), phase, chunk)
-            if chunks:
-                files.write_offset(tail.committed, tail.seq)
-            if exited:
-                break
-            await asyncio.sleep(0.1)
+        watch = ExitWatch(pid)  # the phase's exit ends the wait below at once
+        try:
+            while True:
+                exited = (proc.poll() is not None) if proc is not None else not pid_alive(pid)
+                waited = partial_since is not None and loop.time() - partial_since >= PARTIAL_LINE_FLUSH_S
+                chunks = tail.read_chunks(final=exited, flush_partial=waited)
+                if not tail.has_partial:
+                    partial_since = None
+                elif partial_since is None or chunks:  # a new unterminated tail: it waits from now
+                    partial_since = loop.time()
+                for chunk in chunks:
+                    await self._log_line(job.job_id, redact(chunk.line), phase, chunk)
+                if chunks:
+                    files.write_offset(tail.committed, tail.seq)
+                if exited:
+                    break
+                await watch.wait(OUTPUT_READ_S)
+        finally:
+            watch.close()
         code = files.read_exit()
         if code is None:
             if proc is not None:
@@ -719,7 +758,8 @@ class Agent:
         # needed before NodeReady, and most agents never take one (issue 21).
         from . import sampling
 
-        sampler = sampling.Sampler(self.home, xid_source=self.xid_source)
+        sampler = sampling.Sampler(self.home, xid_source=self.xid_source, gpu_source=self.gpu_source,
+                                   timeout_s=self.tool_timeout_s)
         subject = naming.sample_subject(self.spec.stage, self.spec.cluster, self.rank)
         while True:
             try:

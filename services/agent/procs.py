@@ -167,6 +167,36 @@ def spawn(files: PhaseFiles, script: str, workdir: Path, env: dict[str, str]) ->
     return proc
 
 
+class ExitWatch:
+    """Wakes its waiter the moment process `pid` exits (a pidfd, readable at the exit), so a
+    phase's end is reported at once rather than at the next look; where a pidfd cannot be had
+    (an old kernel, the process already gone) `wait` is the bounded pause it replaces."""
+
+    def __init__(self, pid: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[None] = self._loop.create_future()
+        self._fd: int | None = None
+        try:
+            self._fd = os.pidfd_open(pid)
+            self._loop.add_reader(self._fd, self._wake)
+        except (AttributeError, OSError):  # no pidfd here: the caller's bound is the wait
+            self.close()
+
+    def _wake(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until the process exits or `timeout` seconds pass, whichever is first."""
+        await asyncio.wait({self._exited}, timeout=timeout)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+
 def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)

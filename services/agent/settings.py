@@ -7,6 +7,8 @@
     SKYPURZA_BUCKET_STORE=s3|dir        # where checkpoint buckets live (unset: storage.store_kind)
     SKYPURZA_AGENT_SAMPLE_S=10          # node samples (CPU, memory, disk, GPUs); 0 (off) or 0.2-3600
     SKYPURZA_AGENT_XID_SOURCE=auto      # where Xid errors are read: auto, dmesg, journalctl, none
+    SKYPURZA_AGENT_GPU_SOURCE=auto      # where GPUs are read: auto (DCGM, else nvidia-smi), dcgm, nvidia-smi
+    SKYPURZA_AGENT_TOOL_TIMEOUT_S=10    # each sampling command (dcgmi, nvidia-smi, dmesg) is killed after; 0.2-120
 
 The environment only: a node is started with the environment it needs (the local backend's
 processes inherit it, EC2 user-data sets it) and has no `~/.skypurza/config.yaml` of the
@@ -28,6 +30,7 @@ HOUR_S = 3600.0
 DAY_S = 86400.0
 MIN_SAMPLE_S = 0.2
 XID_SOURCES = ("auto", "dmesg", "journalctl", "none")
+GPU_SOURCES = ("auto", "dcgm", "nvidia-smi")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class AgentSettings:
     # one to the control plane (docs/DESIGN.md, *Node samples*).
     sample_s: float = 10.0
     xid_source: str = "auto"
+    gpu_source: str = "auto"
+    tool_timeout_s: float = 10.0
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -56,6 +61,10 @@ class AgentSettings:
             sample_s=_sample_s(src.seconds("SKYPURZA_AGENT_SAMPLE_S", base.sample_s, high=HOUR_S)),
             xid_source=src.choice("SKYPURZA_AGENT_XID_SOURCE", base.xid_source, XID_SOURCES, fold=str.lower)
             or "auto",
+            gpu_source=src.choice("SKYPURZA_AGENT_GPU_SOURCE", base.gpu_source, GPU_SOURCES, fold=str.lower)
+            or "auto",
+            tool_timeout_s=src.seconds("SKYPURZA_AGENT_TOOL_TIMEOUT_S", base.tool_timeout_s, low=MIN_SAMPLE_S,
+                                       high=120.0),
         )
 
 

@@ -10,6 +10,7 @@ row: such lines are kept as errors, never guessed into numbers.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from skypurza.events.nodesample import MAX_GPUS, MAX_NOTE_CHARS, MAX_XIDS, GpuSample, UnlistedDevice, XidCount
@@ -107,20 +108,35 @@ def parse_xids(kernel_log: str) -> dict[tuple[int, int, int], dict[int, int]]:
     return out
 
 
+def _merged(have: list[XidCount], codes: dict[int, int]) -> list[XidCount]:
+    """Xids already known (DCGM's last one) and the kernel log's; the kernel log's count wins."""
+    merged = {x.code: x.count for x in have}
+    merged.update(codes)
+    return [XidCount(code=c, count=n) for c, n in sorted(merged.items())][:MAX_XIDS]
+
+
 def with_xids(gpus: list[GpuSample], xids: dict[tuple[int, int, int], dict[int, int]]) -> list[GpuSample]:
-    """Each GPU with the Xids the kernel logged for its PCI device."""
+    """Each GPU with the Xids the kernel logged for its PCI device (added to those it has)."""
     out = []
     for gpu in gpus:
         key = bus_key(gpu.pci_bus_id)
         codes = xids.get(key, {}) if key else {}
-        out.append(gpu.model_copy(update={"xids": [XidCount(code=c, count=n) for c, n in sorted(codes.items())]})
-                   if codes else gpu)
+        out.append(gpu.model_copy(update={"xids": _merged(gpu.xids, codes)}) if codes else gpu)
     return out
 
 
-def unlisted(xids: dict[tuple[int, int, int], dict[int, int]], gpus: list[GpuSample]) -> list[UnlistedDevice]:
-    """Xids of PCI devices nvidia-smi does not list (a GPU that fell off the bus has no row)."""
+def unlisted(xids: dict[tuple[int, int, int], dict[int, int]], gpus: list[GpuSample],
+             unreachable: Sequence[UnlistedDevice] = ()) -> list[UnlistedDevice]:
+    """Xids of PCI devices the GPU source does not list (a GPU that fell off the bus has no row),
+    and the devices it lists without readings (DCGM's unreachable), each once."""
     listed = {bus_key(g.pci_bus_id) for g in gpus}
-    return [UnlistedDevice(pci_bus_id=f"{d:04x}:{b:02x}:{dev:02x}",
+    out = []
+    for dev in unreachable:
+        key = bus_key(dev.pci_bus_id)
+        codes = xids.get(key, {}) if key else {}
+        out.append(dev.model_copy(update={"xids": _merged(dev.xids, codes)}) if codes else dev)
+        listed.add(key)
+    out += [UnlistedDevice(pci_bus_id=f"{d:04x}:{b:02x}:{dev:02x}",
                            xids=[XidCount(code=c, count=n) for c, n in sorted(codes.items())])
-            for (d, b, dev), codes in sorted(xids.items()) if (d, b, dev) not in listed][:MAX_GPUS]
+            for (d, b, dev), codes in sorted(xids.items()) if (d, b, dev) not in listed]
+    return out[:MAX_GPUS]

@@ -3,13 +3,15 @@
 - `GET /api/v1/health`: no auth; the version and stage, and the caller when a valid Bearer
   token comes with it.
 - `GET /api/v1/clusters`: the status service's answer over the bus (events/status_queries.py),
-  the caller's own clusters (an admin's: all); `?all_users=true` everyone's the caller may read.
+  the caller's own clusters (an admin's: all); `?all_users=true` everyone's the caller may read;
+  kept per log position and caller, with an ETag (If-None-Match: 304; listing.py).
 - `POST /api/v1/tasks`: a task and the launch overrides (services/api/tasks.py), published as
   the CLI publishes it, the envelope stamped with the caller (events/principal.py).
 - the routers it wires: one cluster, its queue, its lifecycle and job cancel
   (routes_clusters.py); a task queued on an existing cluster, as spz exec and spz launch -c
   (routes_clusterjobs.py); a job's logs and the CloudEvents as server-sent events
-  (routes_streams.py, sse.py); managed jobs, their logs and the cost report (routes_jobs.py);
+  (routes_streams.py, sse.py); a cluster's provisioning and autostop history and a job's log files
+  (routes_history.py); a reconciliation with the clouds, as spz status -r (routes_reconcile.py); managed jobs, their logs and the cost report (routes_jobs.py);
   users and teams, for admins (routes_identity.py); what the web console reads besides (a
   cluster's timeline, a managed job's history, tokens: routes_console.py), dispatch's queue,
   policy and budgets and the open alerts (routes_dispatch.py), the metrics page for Prometheus
@@ -39,13 +41,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from skypurza.events import naming, status_queries
+from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.principal import stamp
 from skypurza.events.service import declared_bus
 
-from . import (routes_clusterjobs, routes_clusters, routes_console, routes_dispatch, routes_identity, routes_jobs,
-               routes_metrics, routes_observability, routes_streams, timetravel, workspaces)
+from . import (routes_clusterjobs, routes_clusters, routes_console, routes_dispatch, routes_history, routes_identity,
+               routes_jobs, routes_metrics, routes_observability, routes_reconcile, routes_streams, timetravel,
+               workspaces)
 from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
@@ -54,7 +57,7 @@ from .extensions import (ADMISSION_POLICIES, AUTHENTICATORS, AuthRefused, Creden
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
-from .singleflight import EncodedRows, SingleFlight
+from . import listing
 from .sse import StreamSlots
 from .tasks import MAX_BODY_BYTES, Refused, TaskRequest, build_submission, load_task
 
@@ -143,7 +146,7 @@ def _path_name_with_slash(scope: Any) -> bool:
 
 def create_app(settings: ApiSettings) -> FastAPI:
     state: dict[str, Any] = {}
-    listings = SingleFlight()  # concurrent `GET /api/v1/clusters` of one log position: one status query
+    listings = listing.ClusterListings()  # `GET /api/v1/clusters` per log position and caller (listing.py)
     plugins = settings.authenticators if settings.authenticators is not None else load_group(AUTHENTICATORS)
     policies = (settings.admission_policies if settings.admission_policies is not None
                 else load_group(ADMISSION_POLICIES))
@@ -276,7 +279,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @app.get("/api/v1/clusters", summary="Clusters: your own, or everyone's you may read (all_users)",
              response_model=None)
-    async def clusters(who: Principal = Depends(principal),
+    async def clusters(request: Request, who: Principal = Depends(principal),
                        all_users: bool = Query(False, description="Everyone's clusters, for reading (sky's -u)."),
                        include_terminated: bool = Query(False, description="Terminated clusters too."),
                        at: str | None = Query(None, max_length=timetravel.MAX_AT_CHARS,
@@ -294,16 +297,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
             return {"clusters": visible(who, past, all_users), "all_users": all_users, "at": when.isoformat(),
                     "truncated": truncated}
         try:
-            seq = await b.last_seq()
-            listing = await listings.run(("status", include_terminated, seq), lambda: EncodedRows.of(
-                status_queries.status(b, all=include_terminated, min_seq=seq, timeout=STATUS_TIMEOUT_S)))
+            now = await listings.listing(b, who, all_users, include_terminated, STATUS_TIMEOUT_S)
         except Exception as exc:
             log.warning("status query failed: %s: %s", type(exc).__name__, exc)
             raise Problem(503, "unavailable", "Service unavailable",
                           f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
                           "running (spz api status)?", {"Retry-After": "5"})
-        shown = visible(who, listing.rows, all_users)
-        return listing.response(shown, {"all_users": all_users})
+        return listing.response(now, request.headers.get("if-none-match"))
 
     @app.post("/api/v1/tasks", status_code=202, summary="Launch a task on a new cluster (as spz launch)")
     async def submit(body: TaskRequest, who: Principal = Depends(principal)) -> dict[str, Any]:
@@ -337,6 +337,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(routes_clusterjobs.router(deps))
     slots = StreamSlots()  # one bound on a caller's streams, whichever family they are of
     app.include_router(routes_streams.router(deps, slots))
+    app.include_router(routes_history.router(deps, slots))
+    app.include_router(routes_reconcile.router(deps))
     app.include_router(routes_jobs.router(deps, slots))
     app.include_router(routes_identity.router(deps))
     app.include_router(routes_console.router(deps))

@@ -14,6 +14,8 @@ from skypurza.events.identity_events import (
     TokenIssued,
     TokenRevoked,
     UserAdded,
+    UserJoinedTeam,
+    UserLeftTeam,
     UserRemoved,
 )
 from skypurza.events.cluster_events import (
@@ -32,8 +34,9 @@ CONTRACT = Contract(
     name="api",
     emits=(TaskSubmitted, JobQueued, StopRequested, StartRequested, DownRequested, ClusterTerminated, AutostopSet,
            CancelRequested, ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, TeamUpdated, UserAdded,
-           UserRemoved, TokenIssued, TokenRevoked, DispatchPolicyApplied),
-    consumes=(TeamAdded, TeamUpdated, TeamRemoved, UserAdded, UserRemoved, TokenIssued, TokenRevoked),
+           UserRemoved, UserJoinedTeam, UserLeftTeam, TokenIssued, TokenRevoked, DispatchPolicyApplied),
+    consumes=(TeamAdded, TeamUpdated, TeamRemoved, UserAdded, UserJoinedTeam, UserLeftTeam, UserRemoved, TokenIssued,
+              TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
                 JobQueued: "`POST /api/v1/clusters/{name}/jobs` (spz exec, spz launch -c on a cluster that is up): the "
                            "next job id by optimistic concurrency, stamped",
@@ -48,6 +51,9 @@ CONTRACT = Contract(
                 ManagedJobSubmitted: "`POST /api/v1/jobs`, stamped",
                 ManagedJobCancelRequested: "`POST /api/v1/jobs/{id}/cancel`, stamped",
                 UserAdded: "`POST /api/v1/users`, admins only", UserRemoved: "`DELETE /api/v1/users/{name}`, admins only",
+                UserJoinedTeam: "`POST /api/v1/teams/{name}/members` and `POST /api/v1/users` with `other_teams`, "
+                                "admins only",
+                UserLeftTeam: "`DELETE /api/v1/teams/{name}/members/{user}`, admins only",
                 TokenIssued: "`POST /api/v1/users` and `/users/{name}/token`, admins only",
                 TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one) and "
                               "`DELETE /api/v1/users/{name}/tokens/{id}`, admins only",
@@ -55,8 +61,10 @@ CONTRACT = Contract(
                 TeamUpdated: "`PATCH /api/v1/teams/{name}`, admins only",
                 DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
-                   TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels"},
-    # The status, ledger, metrics and GPU health queries it answers requests with, jobs' output (SSE), a task's
-    # secrets and uploads (the secured bus's grants).
-    bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth"), logs="read", secrets="write", objects="write"),
+                   TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels",
+                   UserJoinedTeam: "a user's teams: the workspaces -w may name", UserLeftTeam: "a user's teams"},
+    # The status, ledger, metrics and GPU health queries it answers requests with, the provisioner's reconcile
+    # (spz status -r), jobs' output (SSE), a task's secrets and uploads (the secured bus's grants).
+    bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth", "provisioner"), logs="read",
+                  secrets="write", objects="write"),
 )

@@ -9,7 +9,7 @@ CLI's `spz users` / `spz teams` (cli/cmd_identity.py) on the embedded bus.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,8 @@ from skypurza.events.identity_events import (
     TokenIssued,
     TokenRevoked,
     UserAdded,
+    UserJoinedTeam,
+    UserLeftTeam,
     UserRemoved,
 )
 from skypurza.events.registry import Event
@@ -30,6 +32,7 @@ from skypurza.events.registry import Event
 from .identity import Directory, IssuedToken, issue_token
 
 OCC_ATTEMPTS = 8
+MAX_TEAMS_PER_USER = 32  # a bound on what a principal carries into every request
 
 
 class IdentityError(Exception):
@@ -103,23 +106,67 @@ async def remove_team(bus: Bus, team: str) -> None:
         members = d.members(team)
         if members:
             raise IdentityError(f"team {team} still has {len(members)} user(s): {', '.join(members)}; "
-                                f"remove them first (spz users remove NAME)")
+                                f"take them out first (spz teams remove-member {team} NAME, or spz users remove NAME)")
         return _Change([TeamRemoved(team=team)])
 
     await _change(bus, "team", team, decide)
 
 
-async def add_user(bus: Bus, user: str, team: str, role: Role) -> IssuedToken:
+def _known_team(d: Directory, team: str) -> None:
+    if team not in d.teams:
+        known = ", ".join(sorted(d.teams)) or "none yet"
+        raise IdentityError(f"no team {team} (teams: {known}); add it first: spz teams add {team}")
+
+
+async def add_user(bus: Bus, user: str, team: str, role: Role, more_teams: Sequence[str] = ()) -> IssuedToken:
+    """A user in `team` (their primary one) and `more_teams`, with their first token."""
     token = issue_token()
+    others = [t for t in dict.fromkeys(more_teams) if t != team]
 
     def decide(d: Directory) -> _Change:
         if user in d.users:
-            raise IdentityError(f"user {user} exists (team {d.users[user].team}); a new token: spz users token {user}")
-        if team not in d.teams:
-            known = ", ".join(sorted(d.teams)) or "none yet"
-            raise IdentityError(f"no team {team} (teams: {known}); add it first: spz teams add {team}")
-        return _Change([UserAdded(user=user, team=team, role=role),
+            raise IdentityError(f"user {user} exists (teams {', '.join(d.users[user].teams)}); a new token: "
+                                f"spz users token {user}; another team: spz teams add-member TEAM {user}")
+        if 1 + len(others) > MAX_TEAMS_PER_USER:
+            raise IdentityError(f"{1 + len(others)} teams; a user is in at most {MAX_TEAMS_PER_USER}")
+        for t in (team, *others):
+            _known_team(d, t)
+        joined: list[Event] = [UserJoinedTeam(user=user, team=t) for t in others]
+        return _Change([UserAdded(user=user, team=team, role=role), *joined,
                         TokenIssued(user=user, token_id=token.token_id, token_sha256=token.sha256)], token)
+
+    return await _change(bus, "user", user, decide)
+
+
+async def add_member(bus: Bus, team: str, user: str, primary: bool = False) -> tuple[str, ...]:
+    """`user` joins `team` (`primary`: it becomes their first team); returns their teams now."""
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        _known_team(d, team)
+        teams = d.users[user].teams
+        if team in teams and (not primary or teams[0] == team):
+            raise IdentityError(f"{user} is already in team {team} (teams: {', '.join(teams)})")
+        if team not in teams and len(teams) >= MAX_TEAMS_PER_USER:
+            raise IdentityError(f"{user} is in {len(teams)} teams, the most a user may be in")
+        now = (team, *[t for t in teams if t != team]) if primary else (*teams, team)
+        return _Change([UserJoinedTeam(user=user, team=team, primary=primary)], now)
+
+    return await _change(bus, "user", user, decide)
+
+
+async def remove_member(bus: Bus, team: str, user: str) -> tuple[str, ...]:
+    """`user` leaves `team`; refused for their last team. Returns their teams now."""
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        teams = d.users[user].teams
+        if team not in teams:
+            raise IdentityError(f"{user} is not in team {team} (teams: {', '.join(teams)})")
+        if len(teams) == 1:
+            raise IdentityError(f"team {team} is {user}'s only team, and a user is always in one: add another "
+                                f"first (spz teams add-member TEAM {user}), or remove the user (spz users remove {user})")
+        return _Change([UserLeftTeam(user=user, team=team)], tuple(t for t in teams if t != team))
 
     return await _change(bus, "user", user, decide)
 

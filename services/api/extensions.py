@@ -9,9 +9,12 @@ The seam the platform plugs into (SkyPilot's admin policies are the model for th
   this plug-in's caller). `AuthRefused(reason)` is a 401 with the reason. Tokens (`spz_...`) are
   built in and asked first; plug-ins are asked in name order, the first answer wins.
 - `skypurza.admission_policies`: each entry is a callable `(request) -> result` (plain or async),
-  asked in name order for every submission before it is published (`POST /api/v1/tasks` and
-  `POST /api/v1/jobs`). `request` is an `AdmissionRequest` (kind, who, the task as the task spec's
-  public mapping, the cluster). The result is None (admitted unchanged) or a new task mapping (a
+  asked in name order for every submission before it is published (`POST /api/v1/tasks`,
+  `POST /api/v1/jobs` and `POST /api/v1/clusters/{name}/jobs`). `request` is an `AdmissionRequest`
+  (kind, who, the task as the task spec's public mapping, the cluster): `kind` is "task" (a new
+  cluster), "managed_job", or "cluster_job" (a task queued on the cluster `cluster`, which is up:
+  `spz exec`, `spz launch -c`); `team` is the team the submission will be stamped with (the
+  workspace: `-w`, the primary team, or for a cluster job the cluster's). The result is None (admitted unchanged) or a new task mapping (a
   mutation: checked by the task spec again, local paths refused, as a body's task is). Raising
   `AdmissionRefused(reason, status=403|422)` refuses the submission with the reason; anything
   else a policy raises refuses it too (a 500 that names the policy: fail closed), and is logged.
@@ -67,7 +70,7 @@ class Credentials:
 
 @dataclass(frozen=True)
 class AdmissionRequest:
-    kind: str  # "task" (a new cluster) or "managed_job"
+    kind: str  # "task" (a new cluster), "managed_job", or "cluster_job" (queued on `cluster`, up)
     user: str
     team: str
     role: str
@@ -118,7 +121,7 @@ def _principal_of(result: Any, directory: Directory, plugin: str) -> Principal |
         if user is None:
             raise AuthRefused(f"{plugin}: user {result[:63]!r} is not known here; an admin adds them with "
                               f"spz users add NAME --team TEAM")
-        return Principal(user.name, user.team, user.role)
+        return Principal(user.name, user.team, user.role, teams=user.teams)
     if isinstance(result, Principal):
         # A plug-in's principal must be one the rest of the server can stamp and authorize.
         check_principal_name(result.user, "user name")

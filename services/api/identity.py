@@ -1,7 +1,8 @@
 """Who the caller is and what they may do: pure functions over the identity events.
 
 - `Directory` is the fold of the `team` and `user` aggregates (events/identity_events.py): teams,
-  users with their role and team, and each live token's id and sha256. A removed user's tokens
+  users with their role and teams (the first their primary one: UserAdded's, then each
+  UserJoinedTeam), and each live token's id and sha256. A removed user's tokens
   are dead; a new personal token replaces the user's earlier personal ones.
 - `issue_token` makes a token (shown once), its id and its sha256 (the only part on the log).
 - `authenticate` finds the principal of a presented token: the digests are compared with
@@ -31,6 +32,8 @@ from skypurza.events.identity_events import (
     TokenIssued,
     TokenRevoked,
     UserAdded,
+    UserJoinedTeam,
+    UserLeftTeam,
     UserRemoved,
 )
 from skypurza.events.registry import Event
@@ -55,9 +58,26 @@ class Token:
 @dataclass
 class User:
     name: str
-    team: str
+    team: str  # the primary team: always teams[0]
     role: Role
     tokens: dict[str, Token] = field(default_factory=dict)  # token id -> token (live ones only)
+    teams: tuple[str, ...] = ()  # every team the user is in, the primary first
+
+    def __post_init__(self) -> None:
+        if not self.teams:
+            self.teams = (self.team,)
+
+    def join(self, team: str, primary: bool) -> None:
+        if team in self.teams and not primary:
+            return
+        rest = tuple(t for t in self.teams if t != team)
+        self.teams = (team, *rest) if primary else (*rest, team)
+        self.team = self.teams[0]
+
+    def leave(self, team: str) -> None:
+        if team in self.teams and len(self.teams) > 1:  # never in no team (the edge refuses it)
+            self.teams = tuple(t for t in self.teams if t != team)
+            self.team = self.teams[0]
 
 
 @dataclass(frozen=True)
@@ -69,13 +89,19 @@ class Team:
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller."""
+    """An authenticated caller. `team` is the one a request is stamped with: the user's primary team,
+    or the workspace `-w` chose (services/api/workspaces.py); `teams` every team the user is in."""
 
     user: str
     team: str
     role: Role
     token_id: str = ""
     service_account: bool = False
+    teams: tuple[str, ...] = ()  # empty: `team` only (a plug-in's principal may leave it out)
+
+    @property
+    def in_teams(self) -> tuple[str, ...]:
+        return self.teams or (self.team,)
 
 
 @dataclass(frozen=True)
@@ -121,8 +147,14 @@ class Directory:
             self.teams.pop(event.team, None)
         elif isinstance(event, UserAdded):
             old = self.users.get(event.user)
-            # Added again while present: the team and role change, the tokens stay.
+            # Added again while present: the team (and only it) and role change, the tokens stay.
             self.users[event.user] = User(event.user, event.team, event.role, dict(old.tokens) if old else {})
+        elif isinstance(event, UserJoinedTeam):
+            if event.user in self.users:
+                self.users[event.user].join(event.team, event.primary)
+        elif isinstance(event, UserLeftTeam):
+            if event.user in self.users:
+                self.users[event.user].leave(event.team)
         elif isinstance(event, UserRemoved):
             gone = self.users.pop(event.user, None)
             for token_id in (gone.tokens if gone else {}):
@@ -152,7 +184,7 @@ class Directory:
         self.subject_seq[key] = max(seq, self.subject_seq.get(key, 0))
 
     def members(self, team: str) -> list[str]:
-        return sorted(u.name for u in self.users.values() if u.team == team)
+        return sorted(u.name for u in self.users.values() if team in u.teams)
 
     def seq_of(self, aggregate: str, name: str) -> int:
         """The sequence to expect as the last one of that user or team (0: it has no event yet)."""
@@ -201,7 +233,7 @@ def authenticate(directory: Directory, presented: str | None) -> Principal | Non
     same = hmac.compare_digest(token_digest(presented), expected)
     if token is None or user is None or not same:
         return None
-    return Principal(user.name, user.team, user.role, token.token_id, token.service_account)
+    return Principal(user.name, user.team, user.role, token.token_id, token.service_account, user.teams)
 
 
 # ---------------------------------------------------------------- authorization
@@ -215,7 +247,7 @@ def visible(principal: Principal, rows: Iterable[dict[str, Any]], all_users: boo
     shown = []
     for row in rows:
         owner, team = row.get("user") or "", row.get("team")
-        if mine_only and (owner != principal.user if principal.role != "viewer" else team != principal.team):
+        if mine_only and (owner != principal.user if principal.role != "viewer" else team not in principal.in_teams):
             continue
         if authorize(principal, "read", owner, team).allowed:
             shown.append(row)
@@ -228,9 +260,11 @@ def authorize(principal: Principal, action: Action, owner_user: str | None = Non
 
     admin: everything. member: submits and acts on their own, reads everyone's clusters and
     jobs, sees their own team's logs and their own secrets. viewer: reads their own team's
-    clusters, jobs and logs, nothing else. Another team's logs and secrets: admins only.
+    clusters, jobs and logs, nothing else. A user in several teams has each one's reads ("their own
+    team" is any of `principal.in_teams`). Another team's logs and secrets: admins only.
     Identity (users, teams): admins only."""
-    role, me, my_team = principal.role, principal.user, principal.team
+    role, me, my_teams = principal.role, principal.user, principal.in_teams
+    mine = ", ".join(my_teams)
     owner = owner_user or "(nobody)"
     if role == "admin":
         return Decision(True, "admins may do everything")
@@ -241,9 +275,9 @@ def authorize(principal: Principal, action: Action, owner_user: str | None = Non
             return Decision(False, f"{me} is a viewer: viewers read only (an admin can make you a member)")
         if action == "secrets":
             return Decision(False, "secrets are for their owner and admins; viewers see none")
-        if owner_team == my_team:
+        if owner_team in my_teams:
             return Decision(True, "viewers read their own team's clusters, jobs and logs")
-        return Decision(False, f"viewers read their own team's ({my_team}) only; this is {owner}'s of team "
+        return Decision(False, f"viewers read their own team's ({mine}) only; this is {owner}'s of team "
                                f"{owner_team or '(none)'}")
     # member
     if action == "submit":
@@ -257,7 +291,7 @@ def authorize(principal: Principal, action: Action, owner_user: str | None = Non
     if action == "read":
         return Decision(True, "members read everyone's clusters and jobs")
     if action == "logs":
-        if owner_team == my_team:
+        if owner_team in my_teams:
             return Decision(True, "members see their own team's logs")
         return Decision(False, f"these logs are team {owner_team or '(none)'}'s; another team's logs are for admins")
     if owner_user == me:  # secrets

@@ -12,7 +12,9 @@ ran it), or `skip` (exec, and launch's --no-setup / --fast). `idle_minutes`, `do
 `wait_for`: launch's -i, --down, --wait-for; an AutostopSet follows the JobQueued.
 
 Who may: `submit` (a viewer may not), and `act` on the cluster's owner (the member who launched
-it, or an admin). Answers: 202 with the job id once it is in the log; 404 no such cluster (or a
+it, or an admin). The job is stamped with the cluster's team when the caller is in it (or an
+admin: services/api/workspaces.py `for_cluster`), and the admission policies see it as a
+`cluster_job` before anything is published (services/api/extensions.py; a refusal is 403/422). Answers: 202 with the job id once it is in the log; 404 no such cluster (or a
 terminated one); 409 a cluster that is not up (STOPPED: start it) or that the task does not fit
 (more nodes, other accelerators ... than it was launched with); 422 a task the spec refuses.
 """
@@ -32,7 +34,9 @@ from skypurza.events.jobqueue import queue_job
 from skypurza.events.principal import stamp
 from skypurza.events.queueplan import QueueOn, Wanted, plan_queue
 
+from . import workspaces
 from .deps import ApiDeps, ClusterName
+from .extensions import admitted_task
 from .identity import Principal, authorize
 from .problems import Problem, conflict, forbidden, not_found
 from .routes_clusters import WaitFor, cluster_or_404
@@ -89,6 +93,10 @@ def router(deps: ApiDeps) -> APIRouter:
         if view.status not in TAKES_JOBS:
             raise conflict(f"cluster {name} is {view.status}" + (f": spz start {name}" if view.status == "STOPPED"
                                                                   else "; it takes jobs once it is UP"))
+        who = workspaces.for_cluster(who, view.owner[1])
+        # As POST /tasks: the policies see the task (overrides applied) and may refuse or change
+        # it; the fit and setup decisions below are made on what they leave.
+        task = await admitted_task(deps.admission, "cluster_job", who, task, name)
         autostop = task.autostop()
         enabled = autostop is not None and autostop.enabled
         idle = body.idle_minutes if body.idle_minutes is not None else (autostop.idle_minutes if enabled else None)

@@ -209,7 +209,7 @@ def router(deps: ApiDeps) -> APIRouter:
         now = datetime.now(timezone.utc)
         rows = []
         for b in (st.policy.budgets if st.policy else []):
-            if who.role != "admin" and b.team != who.team:
+            if who.role != "admin" and b.team not in who.in_teams:
                 continue
             s = d.budget_status(b, st.spend, now)
             rows.append({"team": s.team, "user": s.user, "period": s.period, "period_key": s.period_key,

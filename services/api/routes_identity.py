@@ -7,7 +7,7 @@ and no listing shows one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,8 +31,21 @@ _Infra = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-z0-9][
 class UserRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: _BodyName
-    team: _BodyName
+    team: _BodyName = Field(description="The user's primary team: a submission without a workspace is stamped with it.")
+    other_teams: list[_BodyName] = Field(default_factory=list, max_length=directory_io.MAX_TEAMS_PER_USER - 1,
+                                         description="More teams the user is in (workspaces they may pick with -w).")
     role: Role = "member"
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    service_account: bool = Field(False, description="An extra token for a program; the user's own token stays.")
+
+
+class MemberRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    user: _BodyName
+    primary: bool = Field(False, description="Make this the user's primary team (already in it: it moves first).")
 
 
 class TeamRequest(BaseModel):
@@ -73,16 +86,20 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.get("/users", summary="Users, their team and role (spz users list); no tokens")
     async def users(who: Principal = only_admin) -> dict[str, Any]:
         d = await directory_io.load_directory(deps.bus())
-        return {"users": [{"name": u.name, "team": u.team, "role": u.role, "tokens": len(u.tokens)}
+        return {"users": [{"name": u.name, "team": u.team, "teams": list(u.teams), "role": u.role,
+                           "tokens": len(u.tokens), "token_ids": sorted(u.tokens),
+                           "service_account_token_ids": sorted(t.token_id for t in u.tokens.values()
+                                                               if t.service_account)}
                           for u in sorted(d.users.values(), key=lambda u: u.name)]}
 
     @r.post("/users", status_code=201, summary="Add a user; the answer holds their token, once (spz users add)")
     async def add_user(body: UserRequest, who: Principal = only_admin) -> dict[str, Any]:
         try:
-            token = await directory_io.add_user(deps.bus(), body.name, body.team, body.role)
+            token = await directory_io.add_user(deps.bus(), body.name, body.team, body.role, body.other_teams)
         except directory_io.IdentityError as exc:
             raise _refused(exc)
-        return {"name": body.name, "team": body.team, "role": body.role, "token": token.token,
+        teams = list(dict.fromkeys([body.team, *body.other_teams]))
+        return {"name": body.name, "team": body.team, "teams": teams, "role": body.role, "token": token.token,
                 "token_id": token.token_id}
 
     @r.delete("/users/{name}", summary="Remove a user; their tokens die (spz users remove)")
@@ -95,12 +112,13 @@ def router(deps: ApiDeps) -> APIRouter:
 
     @r.post("/users/{name}/token", status_code=201,
             summary="A new token for the user, the old one revoked; in this answer once (spz users token)")
-    async def new_token(name: Name, who: Principal = only_admin) -> dict[str, Any]:
+    async def new_token(name: Name, body: Optional[TokenRequest] = None, who: Principal = only_admin) -> dict[str, Any]:
+        service_account = body is not None and body.service_account
         try:
-            token = await directory_io.reissue_token(deps.bus(), name)
+            token = await directory_io.reissue_token(deps.bus(), name, service_account)
         except directory_io.IdentityError as exc:
             raise _refused(exc)
-        return {"name": name, "token": token.token, "token_id": token.token_id}
+        return {"name": name, "token": token.token, "token_id": token.token_id, "service_account": service_account}
 
     @r.get("/teams", summary="Teams and their members (spz teams list)")
     async def teams(who: Principal = only_admin) -> dict[str, Any]:
@@ -125,6 +143,24 @@ def router(deps: ApiDeps) -> APIRouter:
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         return {"name": name, "allowed_infras": infras, "labels": labels}
+
+    @r.post("/teams/{name}/members", status_code=201,
+            summary="A user joins the team, one more workspace for -w (spz teams add-member)")
+    async def add_member(name: Name, body: MemberRequest, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            teams = await directory_io.add_member(deps.bus(), name, body.user, body.primary)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"team": name, "user": body.user, "teams": list(teams)}
+
+    @r.delete("/teams/{name}/members/{user}",
+              summary="A user leaves the team; not their last one (spz teams remove-member)")
+    async def remove_member(name: Name, user: Name, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            teams = await directory_io.remove_member(deps.bus(), name, user)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"team": name, "user": user, "removed": True, "teams": list(teams)}
 
     @r.delete("/teams/{name}", summary="Remove a team without users (spz teams remove)")
     async def remove_team(name: Name, who: Principal = only_admin) -> dict[str, Any]:

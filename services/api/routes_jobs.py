@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, Optional
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from skypurza.events import ledger_queries, limits, status_queries
+from skypurza.events import ledger_queries, limits, naming, status_queries
 from skypurza.events.managed_events import TERMINAL_STATUSES, ManagedJobCancelRequested
 from skypurza.events.managed_plan import PartialSubmission, PlanError, plan_jobs, submit_plans, summary
 from skypurza.events.principal import stamp
@@ -253,6 +253,10 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
                           at: Optional[Annotated[str, Query(max_length=timetravel.MAX_AT_CHARS,
                                                             description=timetravel.AT_DESCRIPTION + " The ledger's "
                                                             "rows up to then; not with `until`.")]] = None,
+                          workspace: Optional[Annotated[str, Query(
+                              min_length=1, max_length=63, pattern=naming.PRINCIPAL_NAME_PATTERN,
+                              description="One team's report (-w): a member's or viewer's own team of theirs "
+                                          "(default: their primary team); an admin's any.")]] = None,
                           ) -> dict[str, Any]:
         since, until = _when(since, "since"), _when(until, "until")
         when = timetravel.checked_at(at)
@@ -261,8 +265,11 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
                 raise Problem(422, "invalid-request", "Invalid request",
                               "at and until: give one (at is the report as it stood then: the ledger's rows up to it)")
             until = when.isoformat()
-        # A member or viewer: their own team's usage only, by any grouping (the ledger cuts it).
-        team = None if who.role == "admin" else who.team
+        # A member or viewer: one team of theirs only (the primary, or -w), by any grouping (the
+        # ledger cuts it); an admin: everyone's, or the team -w names.
+        if workspace is not None and who.role != "admin" and workspace not in who.in_teams:
+            raise forbidden(workspaces.not_in_team(who, workspace))
+        team = workspace if who.role == "admin" else (workspace or who.team)
         b = deps.bus()
         try:
             report = await ledger_queries.cost_report(b, by=by, since=since, until=until, min_seq=await b.last_seq(),
@@ -276,13 +283,13 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
         if not isinstance(report, dict):
             raise unavailable("the ledger's answer was not a report; try again shortly")
         past = {"at": when.isoformat()} if when is not None else {}
-        if who.role == "admin":
+        if team is None:
             return {**report, "scope": "all", **past}
-        if report.get("team") != who.team:  # a ledger that ignored the cut: never another team's lines
+        if report.get("team") != team:  # a ledger that ignored the cut: never another team's lines
             if by != "team":
                 raise unavailable("the ledger did not cut the report to your team; ask an admin to update it")
-            report = _team_only(report, who.team)
-        return {**report, "scope": f"team {who.team}", **past}
+            report = _team_only(report, team)
+        return {**report, "scope": f"team {team}", **past}
 
     return r
 

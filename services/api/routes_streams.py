@@ -57,7 +57,7 @@ def may_see(who: Principal, aggregate: str, owner: Owner | None) -> bool:
     if aggregate not in ("cluster", "task") or owner is None:
         return False
     if who.role == "viewer":
-        return owner[1] == who.team
+        return owner[1] in who.in_teams
     return owner[0] == who.user
 
 

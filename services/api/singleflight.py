@@ -52,16 +52,19 @@ class EncodedRows:
     async def of(cls, rows: Awaitable[list[dict[str, Any]]]) -> "EncodedRows":
         return cls(await rows)
 
-    def response(self, shown: list[dict[str, Any]], extra: dict[str, Any]) -> Any:
-        """`{"clusters": shown, **extra}` as a JSON response; `shown` are rows of this answer."""
+    def body(self, shown: list[dict[str, Any]], extra: dict[str, Any]) -> bytes:
+        """`{"clusters": shown, **extra}` as JSON; `shown` are rows of this answer."""
         import json
 
+        tail = json.dumps(extra, separators=(",", ":"), default=_jsonable)[1:]  # '"all_users":true}'
+        return b'{"clusters":[' + b",".join(self._encoded[id(r)] for r in shown) + b"]" + (
+            b"," + tail.encode() if tail != "}" else b"}")
+
+    def response(self, shown: list[dict[str, Any]], extra: dict[str, Any]) -> Any:
+        """`body` as a JSON response."""
         from fastapi.responses import Response
 
-        tail = json.dumps(extra, separators=(",", ":"), default=_jsonable)[1:]  # '"all_users":true}'
-        body = b'{"clusters":[' + b",".join(self._encoded[id(r)] for r in shown) + b"]" + (
-            b"," + tail.encode() if tail != "}" else b"}")
-        return Response(body, media_type="application/json")
+        return Response(self.body(shown, extra), media_type="application/json")
 
 
 def _jsonable(value: Any) -> Any:

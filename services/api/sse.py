@@ -61,9 +61,11 @@ class SseResponse(StreamingResponse):
     """A `text/event-stream` response that calls `on_close` when it ends, also when its body never
     started (the client left before the first byte)."""
 
-    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], None],
+                 media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:
+        # `media_type`: a plain stream too (a job's log file, routes_history.py), released the same way.
+        super().__init__(body, media_type=media_type,
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

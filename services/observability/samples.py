@@ -11,7 +11,7 @@ largest first, and folds the rest into "other" (docs/observability.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -252,12 +252,37 @@ def goodput_families(report: dict[str, dict[str, Goodput]], max_series: int) -> 
     return out
 
 
-def families(s: Snapshot, max_series: int) -> list[Metric]:
-    out: list[Metric] = []
+@dataclass(frozen=True)
+class Segment:
+    """A run of a page's families built from one input. `key` is that input (a projection's
+    summary answer): equal keys build equal families, so the service may reuse the run's encoded
+    text when the answer is the same as at the last scrape (render.py). None: built every time."""
+
+    name: str
+    key: Any
+    build: Callable[[], list[Metric]]
+
+
+def segments(s: Snapshot, max_series: int) -> list[Segment]:
+    """The page's families in order, in runs: the two summaries (most of the page, and the same
+    answer as long as nothing moved in their projection), then everything else."""
+    out: list[Segment] = []
     if s.summary is not None:
-        out += summary_families(s.summary, max_series)
+        summary = s.summary
+        out.append(Segment("summary", (max_series, summary), lambda: summary_families(summary, max_series)))
     if s.spend is not None:
-        out += spend_families(s.spend, max_series)
+        spend = s.spend
+        out.append(Segment("spend", (max_series, spend), lambda: spend_families(spend, max_series)))
+    out.append(Segment("rest", None, lambda: _rest_families(s, max_series)))
+    return out
+
+
+def families(s: Snapshot, max_series: int) -> list[Metric]:
+    return [f for seg in segments(s, max_series) for f in seg.build()]
+
+
+def _rest_families(s: Snapshot, max_series: int) -> list[Metric]:
+    out: list[Metric] = []
     if s.goodput is not None:
         out += goodput_families(s.goodput, max_series)
     if s.clusters is not None:

@@ -24,9 +24,6 @@ import os
 import sys
 from typing import Any
 
-from prometheus_client.core import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from skypurza.events import ledger_queries, metrics_queries, naming, status_queries
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import CANNOT_CONNECT, Bus, stored_from_msg
@@ -35,8 +32,8 @@ from skypurza.events.models import ClusterProvisioned
 from skypurza.events.nodesample import decode_sample
 from skypurza.events.service import LoopContract
 
-from . import goodput, logfold
-from .samples import COST_DIMENSIONS, QUEUE_WAIT_BUCKETS, Snapshot, families
+from . import goodput, logfold, render
+from .samples import COST_DIMENSIONS, QUEUE_WAIT_BUCKETS, Snapshot, families, segments
 from .settings import DEFAULT_PORT, MetricsSettings
 
 log = logging.getLogger("skypurza.observability")
@@ -50,14 +47,6 @@ CONTRACT = LoopContract(name="observability", consumes=(), emits=(),
 
 MAX_REQUEST_BYTES = 8192  # a scrape's request line and headers; anything longer is refused
 READ_TIMEOUT_S = 5.0
-
-
-class _Families:
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-    def collect(self) -> list:
-        return self.items
 
 
 def paid_of(spend: dict[str, Any]) -> goodput.Paid:
@@ -75,6 +64,7 @@ class ObservabilityService:
         self.counters = logfold.LogCounters()
         self.goodput = goodput.GoodputFold(busy_pct=self.settings.busy_pct)
         self.samples_dropped = 0
+        self.page = render.PageCache()  # the last encoding of each summary's families (render.py)
         self.bus: Bus | None = None
         self.url: str | None = None
         self._listening = asyncio.Event()
@@ -250,11 +240,11 @@ class ObservabilityService:
         return {subj[len(prefix):]: int(n) for subj, n in subjects.items()}
 
     async def render(self, accept: str | None, rows: bool = False) -> tuple[bytes, str]:
-        snap = await (self.snapshot_rows() if rows else self.snapshot())
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(families(snap, self.settings.max_series)))
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(registry), content_type
+        """The page: the sources asked now; the summaries' runs re-encoded only when their answer
+        differs from the last scrape's (render.py). The rows path, the reference, is built whole."""
+        if rows:
+            return render.encode(families(await self.snapshot_rows(), self.settings.max_series), accept)
+        return self.page.page(segments(await self.snapshot(), self.settings.max_series), accept)
 
     # ------------------------------------------------------------ HTTP, just enough for a scrape
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from skypurza.events.natscreds import BusCredentials
+
 
 class FailureKind(enum.StrEnum):
     CAPACITY = "capacity"  # no capacity for this type in this zone right now
@@ -177,7 +179,9 @@ class LaunchSpec:
     disk_tier: str | None = None  # low | medium | high | ultra | best
     network_tier: str | None = None  # standard | best
     placement_group: bool = False  # pack the gang close together (cluster placement group)
-    user_data: str | None = None  # bootstrap script: starts the node agent
+    # Bootstrap script: starts the node agent (in a deployment it holds the cluster's bus
+    # password, so the spec's repr never shows it).
+    user_data: str | None = field(default=None, repr=False)
     ports: tuple[str, ...] = ()  # "8080" or "8000-8010", opened to the world
     labels: Mapping[str, str] = field(default_factory=dict)  # extra tags
     user: str = ""  # the submission's spz user (Slurm's submit_as_user maps it to a Unix account)
@@ -185,6 +189,9 @@ class LaunchSpec:
     # capacity reservation or capacity block id (cr-…), or a Slurm reservation's name.
     reservation_kind: str | None = None  # aws | aws_capacity_block | slurm
     reservation_id: str | None = None
+    # A deployment's bus user of this cluster's agents (events/agentusers.py), for a backend that
+    # hands the agent its environment itself (Kubernetes pods); EC2 gets it in `user_data`.
+    bus_credentials: BusCredentials | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:

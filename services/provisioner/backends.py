@@ -60,7 +60,7 @@ class Backends:
             except ModuleNotFoundError as exc:
                 raise UnsupportedInfra("the local backend is not available in this build") from exc
             root = Path(s.local_root) if s.local_root else None
-            return LocalAdapter(self.nats_url, self.stage, root)  # type: ignore[no-any-return]
+            return LocalAdapter(self.nats_url, self.stage, root, spare=s.local_spare)  # type: ignore[no-any-return]
         if infra in ("kubernetes", "k8s"):
             import os
 

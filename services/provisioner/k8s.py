@@ -28,6 +28,7 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.k8s_capacity import ContextCapacity, parse_instance_type, pod_size
 from skypurza.events.k8s_config import KubernetesSettings, client_for, enabled_contexts, namespace_for, read_capacity
+from skypurza.events.natscreds import credentials_env
 
 from . import k8s_errors, k8s_manifest
 from .adapter import (
@@ -126,6 +127,12 @@ class KubernetesAdapter:
 
     # ------------------------------------------------------------------ launch
 
+    def _env(self, spec: LaunchSpec) -> dict[str, str]:
+        """The agent's settings, and in a deployment its cluster's own bus user (never the
+        shared agent's or the control plane's: a pod holds what its cluster may do, no more)."""
+        creds = credentials_env(spec.bus_credentials) if spec.bus_credentials is not None else {}
+        return {**self.agent_env, **creds}
+
     def plan(self, spec: LaunchSpec, capacity: ContextCapacity | None) -> k8s_manifest.PodPlan:
         size = parse_instance_type(spec.instance_type) or pod_size(None, None, None, None, None)
         labels: tuple[tuple[str, str], ...] = ()
@@ -138,7 +145,7 @@ class KubernetesAdapter:
         return k8s_manifest.PodPlan(
             stage=spec.stage, cluster=spec.cluster, namespace=self.namespace(spec.region), launch_token=spec.launch_token,
             num_nodes=spec.num_nodes, size=size, image=self.settings.image, nats_url=self.nats_url, context=spec.region,
-            gpu_labels=labels, gpu_taints=taints, pod_config=pod_config, env=self.agent_env, job_id=spec.job_id,
+            gpu_labels=labels, gpu_taints=taints, pod_config=pod_config, env=self._env(spec), job_id=spec.job_id,
             start_seq=str(spec.labels["start_seq"]) if spec.labels.get("start_seq") else None)
 
     async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:

@@ -30,13 +30,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from skypurza.events import naming
-from skypurza.events.agentspec import AgentSpec
+from skypurza.events.agentspec import READY_FD_VAR, READY_LINE, AgentSpec
 from skypurza.events.processes import group_alive, pid_alive
 
 from .adapter import (
@@ -62,19 +62,36 @@ START_SEQ = "start_seq"
 AGENT_STATE = ".spz-agent"
 AGENT_READY = "ready"
 AGENT_LOG = "agent.log"
+# The agent's entry point (AgentSpec.command) and the spare that becomes one (services/agent/spare.py).
+AGENT_MODULE = "skypurza.services.agent"
+SPARE_MODULE = "skypurza.services.agent.spare"
+
+
+@dataclass
+class _Spare:
+    """An agent process that has done its imports and waits on stdin for the node it will run."""
+
+    proc: subprocess.Popen
+    ready_r: int  # the read end of its ready pipe (agentspec.READY_FD_VAR)
+    environ: dict[str, str]  # what it was started with: a changed environment makes it stale
 
 
 class LocalAdapter:
     infra = "local"
 
     def __init__(self, nats_url: str, stage: str, root: Path | None = None, *,
-                 ready_timeout_s: float = 60.0, kill_grace_s: float = 5.0) -> None:
+                 ready_timeout_s: float = 60.0, kill_grace_s: float = 5.0, spare: bool = True) -> None:
         self.nats_url = nats_url
         self.stage = naming.check_stage(stage)
         self.root = Path(root) if root is not None else naming.state_dir(stage)
         self.ready_timeout_s = ready_timeout_s
         self.kill_grace_s = kill_grace_s
         self._children: dict[int, subprocess.Popen] = {}
+        # One pre-started agent (issue 21): a cold agent spends ~0.35 s importing before it can
+        # announce NodeReady, and its first job imports the task spec; the spare has done both.
+        # Made after a launch, so the first launch of a provisioner starts its agents cold.
+        self.spare = spare
+        self._spare: _Spare | None = None
         # One lock per cluster: nothing is shared between local clusters, so tearing down (or
         # launching) seventeen of them runs side by side, not one after another.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -209,7 +226,25 @@ class LocalAdapter:
                     shutil.rmtree(self.cluster_dir(cluster), ignore_errors=True)
         return done
 
+    def spare_pid(self) -> int | None:
+        """The pre-started agent waiting for the next node, if one runs."""
+        spare = self._spare
+        return spare.proc.pid if spare is not None and spare.proc.poll() is None else None
+
+    async def drop_spare(self) -> None:
+        """End the pre-started agent, if any (the next node starts cold unless one is made again)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            self._end_spare(spare)
+            os.close(spare.ready_r)
+            try:
+                await asyncio.to_thread(spare.proc.wait, self.kill_grace_s)
+            except subprocess.TimeoutExpired:
+                spare.proc.kill()
+                await asyncio.to_thread(spare.proc.wait, self.kill_grace_s)
+
     async def close(self) -> None:
+        await self.drop_spare()  # the spare is ours, not a node's: end of its input ends it
         # Agents outlive the provisioner on purpose; only reap the ones that already exited.
         for pid, proc in list(self._children.items()):
             if proc.poll() is not None:
@@ -253,38 +288,134 @@ class LocalAdapter:
 
     async def _ensure_running(self, record: dict[str, Any]) -> None:
         """Spawn every node whose agent does not run, then wait until each says it is ready."""
-        spawned = []
-        for node in record["nodes"]:
-            if pid_alive(node.get("pid")):
-                continue
-            home = Path(node["home"])
-            (home / AGENT_STATE).mkdir(parents=True, exist_ok=True)
-            (home / AGENT_STATE / AGENT_READY).unlink(missing_ok=True)
-            with open(home / AGENT_LOG, "ab") as out:
-                argv = list(node["argv"])
-                argv[0] = sys.executable if not Path(argv[0]).exists() else argv[0]
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=str(home),
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            self._children[proc.pid] = proc
-            node["pid"] = proc.pid
-            spawned.append(node)
+        spawned: list[tuple[dict[str, Any], subprocess.Popen, int]] = []
+        try:
+            for node in record["nodes"]:
+                if pid_alive(node.get("pid")):
+                    continue
+                home = Path(node["home"])
+                (home / AGENT_STATE).mkdir(parents=True, exist_ok=True)
+                (home / AGENT_STATE / AGENT_READY).unlink(missing_ok=True)
+                proc, ready_r = self._spawn(node, home)
+                self._children[proc.pid] = proc
+                node["pid"] = proc.pid
+                spawned.append((node, proc, ready_r))
+        except BaseException:
+            for _, _, fd in spawned:
+                os.close(fd)
+            raise
         self._write(record["cluster"], record)
         deadline = time.monotonic() + self.ready_timeout_s
-        waiting = list(spawned)
-        while waiting:
-            for node in list(waiting):
-                proc = self._children.get(node["pid"])
-                if proc is not None and proc.poll() is not None:
-                    raise self._failed(node, f"the agent of node {node['rank']} exited with {proc.returncode}")
-                if (Path(node["home"]) / AGENT_STATE / AGENT_READY).exists():
-                    waiting.remove(node)
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                raise self._failed(waiting[0], f"the agent of node {waiting[0]['rank']} was not ready within "
-                                               f"{self.ready_timeout_s:.0f}s")
-            await asyncio.sleep(0.05)
+        waits = [asyncio.ensure_future(self._await_ready(node, proc, fd, deadline)) for node, proc, fd in spawned]
+        if not waits:
+            return
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
+        for w in pending:
+            w.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for w in waits:
+            if w.done() and not w.cancelled() and w.exception() is not None:
+                raise w.exception()  # type: ignore[misc]
+        self.warm()
+
+    def _spawn(self, node: dict[str, Any], home: Path) -> tuple[subprocess.Popen, int]:
+        """Node `node`'s agent: the spare, handed its argv, when there is one; else a cold start.
+        Returns the process and the read end of its ready pipe."""
+        argv = list(node["argv"])
+        argv[0] = sys.executable if not Path(argv[0]).exists() else argv[0]
+        spare = self._take_spare(argv)
+        if spare is not None:
+            handoff = {"argv": argv[3:], "home": str(home), "log": str(home / AGENT_LOG)}
+            try:
+                assert spare.proc.stdin is not None
+                spare.proc.stdin.write(json.dumps(handoff).encode() + b"\n")
+                spare.proc.stdin.close()
+                return spare.proc, spare.ready_r
+            except OSError:  # it died while it waited: start this node cold
+                self._end_spare(spare)
+                os.close(spare.ready_r)
+        ready_r, ready_w = os.pipe()
+        try:
+            with open(home / AGENT_LOG, "ab") as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=str(home), pass_fds=(ready_w,),
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1", READY_FD_VAR: str(ready_w)})
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        return proc, ready_r
+
+    def _take_spare(self, argv: list[str]) -> _Spare | None:
+        """The spare, if it can be this agent: the same Python, the agent's module, the same
+        environment as a cold start would get now, and still alive."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        if argv[:3] == [sys.executable, "-m", AGENT_MODULE] and spare.environ == dict(os.environ) \
+                and spare.proc.poll() is None:
+            return spare
+        self._end_spare(spare)
+        os.close(spare.ready_r)
+        return None
+
+    def warm(self) -> None:
+        """Start the spare agent now if there is none (it is made after each launch otherwise)."""
+        if not self.spare or (self._spare is not None and self._spare.proc.poll() is None):
+            return
+        ready_r, ready_w = os.pipe()
+        environ = dict(os.environ)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                    pass_fds=(ready_w,),
+                                    env={**environ, "PYTHONUNBUFFERED": "1", READY_FD_VAR: str(ready_w)})
+        except OSError:  # no spare: the next node starts cold
+            os.close(ready_r)
+            return
+        finally:
+            os.close(ready_w)
+        self._spare = _Spare(proc, ready_r, environ)
+
+    def _end_spare(self, spare: _Spare) -> None:
+        try:
+            if spare.proc.stdin is not None:
+                spare.proc.stdin.close()  # end of input: it exits without running anything
+        except OSError:
+            pass
+        if spare.proc.poll() is None:
+            self._children[spare.proc.pid] = spare.proc  # reaped with the others
+
+    async def _await_ready(self, node: dict[str, Any], proc: subprocess.Popen, fd: int, deadline: float) -> None:
+        """Until the agent writes to its ready pipe (ready) or closes it unready (it exited)."""
+        loop = asyncio.get_running_loop()
+        said: asyncio.Future[bytes] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, len(READY_LINE))
+            except OSError:
+                data = b""
+            if not said.done():
+                said.set_result(data)
+
+        loop.add_reader(fd, readable)
+        try:
+            data = await asyncio.wait_for(said, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise self._failed(node, f"the agent of node {node['rank']} was not ready within "
+                                     f"{self.ready_timeout_s:.0f}s") from None
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        if data == READY_LINE or (Path(node["home"]) / AGENT_STATE / AGENT_READY).exists():
+            return
+        try:  # the pipe closed unready: the agent is exiting, its status follows at once
+            code = await asyncio.to_thread(proc.wait, self.kill_grace_s)
+        except subprocess.TimeoutExpired:
+            raise self._failed(node, f"the agent of node {node['rank']} closed its ready pipe unready") from None
+        raise self._failed(node, f"the agent of node {node['rank']} exited with {code}")
 
     def _failed(self, node: dict[str, Any], message: str) -> ProvisionError:
         log_file = Path(node["home"]) / AGENT_LOG

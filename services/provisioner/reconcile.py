@@ -113,6 +113,27 @@ def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
     return out
 
 
+def refresh_infras(live: dict[str, ClusterProvisioned], settings: Any) -> list[str]:
+    """What `spz status -r` / `spz reconcile` check (the CLI on the embedded bus and the
+    provisioner's `reconcile` query alike): the live clusters' infras, the configured ones, and
+    AWS whenever it is configured at all (regions set, or credentials found)."""
+    wanted = {ev.candidate.infra for ev in live.values()} | set(settings.reconcile_infras)
+    if _aws_configured(settings):
+        wanted.add("aws")
+    return sorted(wanted)
+
+
+def _aws_configured(settings: Any) -> bool:
+    if settings.aws_regions:
+        return True
+    try:
+        import boto3
+
+        return boto3.session.Session().get_credentials() is not None
+    except Exception:
+        return False
+
+
 async def reconcile(
     bus: Bus,
     backends: Backends,

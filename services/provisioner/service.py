@@ -49,16 +49,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from skypurza.events import naming
+from skypurza.events.agentusers import REMOTE_INFRAS, AgentUserStore, per_cluster
 from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import Event, derive_id
+from skypurza.events.natscreds import BusCredentials
 from skypurza.events.jobqueue import job_queued_subject, queue_job
 from skypurza.events.models import CapacityError as CapacityErrorEvent
 from skypurza.events.models import (
@@ -78,6 +81,8 @@ from skypurza.events.models import (
     StopRequested,
     TaskSubmitted,
 )
+from skypurza.events.contract import BusAccess
+from skypurza.events.provisioner_queries import SERVICE as QUERY_SERVICE
 from skypurza.events.service import Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
 from skypurza.events.slurm_config import slurm_config_path
 
@@ -93,11 +98,14 @@ from .adapter import (
     TransientProvisionError,
 )
 from .backends import Backends, UnsupportedInfra
-from .reconcile import ReconcileReport, reconcile
+from .reconcile import ReconcileReport, reconcile, refresh_infras
 from .settings import ProvisionerSettings
-from .state import ClusterState, event_with_id, load_cluster_state, placement_outcome
+from .state import ClusterState, event_with_id, live_clusters, load_cluster_state, placement_outcome
 
 log = logging.getLogger(__name__)
+
+AGENT_USER_LIVE_S = 20.0  # how long a launch waits for its cluster's new bus user to be live
+AGENT_USER_PROBE_S = 0.2
 
 # Delivery and ack wait come from the settings (see `ProvisionerService.contract`).
 CONTRACT = ServiceContract(
@@ -114,6 +122,8 @@ CONTRACT = ServiceContract(
                 CleanupFailed: "teardown, background cleanup sweep", OrphanFound: "reconciliation",
                 SlurmAllocationAccounted: "a Slurm allocation ended (sacct over SSH), before ClusterTerminated/Stopped; "
                                           "at start, those a dead provisioner had not published"},
+    # `reconcile`: a pass now, asked by the API server for `spz status -r` (events/provisioner_queries.py).
+    bus=BusAccess(answers=QUERY_SERVICE),
 )
 
 
@@ -156,6 +166,11 @@ class ProvisionerService:
         self._sweep_soon = asyncio.Event()
         self._sweep_lock = asyncio.Lock()  # one sweep at a time: each reads the attempts from the log
         self._touched = cleanup.TouchedRegions()
+        # A deployment's per-cluster agent users (events/agentusers.py); None: the shared agent user.
+        self._agent_users: AgentUserStore | None = None
+        self._minted: dict[str, float] = {}  # cluster -> when this process minted its user
+        self._agent_sync: asyncio.Task[None] | None = None
+        self._queries: list[Any] = []  # the request-reply subscriptions (the `reconcile` query)
 
     # ------------------------------------------------------------------ Service protocol
 
@@ -168,6 +183,12 @@ class ProvisionerService:
             self._cleaner = asyncio.create_task(self._cleanup_loop(), name="provisioner-cleanup")
         if self._settler is None:
             self._settler = asyncio.create_task(self._settle_accounts(), name="provisioner-slurm-accounts")
+        if per_cluster(os.environ) and self._agent_users is None:
+            self._agent_users = AgentUserStore(bus.stage)
+            # After a crash: the users of the clusters the log says are up, and no others.
+            self._agent_sync = asyncio.create_task(self.sync_agent_users(), name="provisioner-agent-users")
+        if not self._queries:
+            self._queries = await bus.serve_queries(QUERY_SERVICE, {"reconcile": self._answer_reconcile})
 
     async def _publish_accounts(self, publish: Callable[[Emit], Awaitable[Any]], backend: ComputeBackend,
                                 cluster: str) -> None:
@@ -198,8 +219,14 @@ class ProvisionerService:
             log.warning("settling Slurm accountings failed: %s", exc)
 
     async def close(self) -> None:
-        await stop_tasks(self._reconciler, self._cleaner, self._settler)
-        self._reconciler = self._cleaner = self._settler = None
+        for sub in self._queries:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection is already gone: nothing left to answer on
+                pass
+        self._queries = []
+        await stop_tasks(self._reconciler, self._cleaner, self._settler, self._agent_sync)
+        self._reconciler = self._cleaner = self._settler = self._agent_sync = None
         if self._backends is not None:
             await self._backends.close()
 
@@ -254,9 +281,9 @@ class ProvisionerService:
             backend = self.backends.get(pc.candidate.infra)
         except UnsupportedInfra as exc:
             return [plan.provision_failed(pc, placement_id, "UnsupportedInfra", str(exc))]
-        spec = await self._launch_spec(stored, pc, placement_id, submitted)
-        self._launching.add(pc.cluster)
+        self._launching.add(pc.cluster)  # before its bus user is minted (sync_agent_users keeps it)
         try:
+            spec = await self._launch_spec(stored, pc, placement_id, submitted)
             result = await self._launch(backend, spec, pc, placement_id)
         finally:
             self._launching.discard(pc.cluster)
@@ -265,6 +292,7 @@ class ProvisionerService:
         if isinstance(result, Event):
             log.warning("launch of %s (attempt %d, %s) failed: %s", pc.cluster, pc.attempt,
                         pc.candidate.label(), getattr(result, "code", ""))
+            self._drop_agent_user(pc.cluster)  # no node of this launch runs (the cluster is not up)
             return [result]
         provisioned = plan.provisioned_event(placement=pc, placement_id=placement_id, submitted=submitted,
                                              nodes=result, launched_at=self.clock.now())
@@ -279,16 +307,86 @@ class ProvisionerService:
         job_id = await self._planned_job_id(pc.cluster, placement_id)
         user_data = None
         labels: dict[str, str] = {}
+        creds = await self._mint_agent_user(pc, placement_id)
         if pc.candidate.infra == "aws":
             agent = plan.agent_spec(nats_url=self.settings.agent_nats_url or _url_of(self.bus), stage=self.bus.stage,
                                     placement=pc, start_seq=stored.seq)
-            user_data = userdata.render(agent, install=self.settings.node_install)
+            user_data = userdata.render(agent, install=self.settings.node_install, credentials=creds)
         else:
             # Backends that start agents themselves (local) read where to start from here.
             labels[plan.START_SEQ] = str(stored.seq)
         spec = plan.launch_spec(stage=self.bus.stage, placement=pc, placement_id=placement_id, submitted=submitted,
                                 request=request, job_id=job_id, user_data=user_data, labels=labels)
+        if creds is not None and pc.candidate.infra != "aws":
+            spec = replace(spec, bus_credentials=creds)
         return plan.with_backend_options(spec, submitted)
+
+    # ------------------------------------------------------------------ per-cluster agent users
+
+    async def _mint_agent_user(self, pc: PlacementChosen, placement_id: str) -> BusCredentials | None:
+        """In a deployment, a remote cluster's own bus user: minted (its hash on disk; the
+        supervisor reloads nats-server) and waited for until it is live, so the nodes' agents
+        never meet a server that does not know them yet. None: the shared agent user."""
+        store = self._agent_users
+        if store is None or pc.candidate.infra not in REMOTE_INFRAS:
+            return None
+        creds = await asyncio.to_thread(store.mint, pc.cluster, placement_id, pc.task_id)
+        self._minted[pc.cluster] = self.clock.monotonic()
+        await self._await_live(pc.cluster, creds)
+        return creds
+
+    async def _await_live(self, cluster: str, creds: BusCredentials) -> None:
+        url = _url_of(self.bus).split(",")[0]
+        for _ in range(int(AGENT_USER_LIVE_S / AGENT_USER_PROBE_S)):  # bounded by tries, not a clock
+            try:
+                probe = await Bus.connect(url, self.bus.stage, source=f"/{naming.PROJECT}/{self.bus.stage}/provisioner",
+                                          ensure=False, credentials=creds, max_reconnect_attempts=0,
+                                          connect_timeout=2.0)
+                await probe.close()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(AGENT_USER_PROBE_S)
+        # Agents that meet a refusal exit and are restarted (systemd); the launch goes on.
+        log.warning("cluster %s: its bus user is not live after %.0f s (is the supervisor reloading nats-server?)",
+                    cluster, AGENT_USER_LIVE_S)
+
+    def _drop_agent_user(self, cluster: str) -> None:
+        if self._agent_users is not None and self._agent_users.remove(cluster):
+            self._minted.pop(cluster, None)
+            log.info("cluster %s: its bus user removed", cluster)
+
+    async def sync_agent_users(self) -> None:
+        """The per-cluster users made what the log says: one per remote cluster that is up (its
+        password derived again, events/agentusers.py), a launch with no outcome yet kept, every
+        other removed. Run at start (a crash between minting and reloading, or a teardown whose
+        user was not removed) and after each reconciliation (clusters it ended)."""
+        store = self._agent_users
+        if store is None:
+            return
+        started = self.clock.monotonic()
+        try:
+            live = await live_clusters(self.bus)
+            up = {c: ev.placement_id for c, ev in live.items() if ev.candidate.infra in REMOTE_INFRAS}
+            pending: set[str] = set()
+            for cluster, user in store.users().items():
+                if cluster in up or not user.task_id:
+                    continue
+                outcome = await placement_outcome(self.bus, task_id=user.task_id, cluster=cluster,
+                                                  placement_id=user.placement_id)
+                if outcome.failed is None and outcome.provisioned is None:
+                    pending.add(cluster)  # redelivered: its launch goes on with this password
+            # Read at the moment the files are: a launch begun since the log was read is kept.
+            recent = {c for c, t in self._minted.items() if t >= started}
+            done = await asyncio.to_thread(store.retain, up, pending | recent | set(self._launching))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the next reconciliation tries again; a stale user grants only its cluster
+            log.exception("syncing the per-cluster bus users failed")
+            return
+        if done.mint or done.remove:
+            log.info("bus users: %d re-derived, %d removed", len(done.mint), len(done.remove))
 
     async def _launch(self, backend: ComputeBackend, spec: LaunchSpec, pc: PlacementChosen,
                       placement_id: str) -> list[NodeInfo] | Event:
@@ -415,6 +513,7 @@ class ProvisionerService:
             event = ClusterTerminated(cluster=state.cluster, terminated_at=ended, reason=reason,
                                       instance_ids=sorted(set(known) | set(ids)))
             await ctx.publish(event)
+            self._drop_agent_user(state.cluster)  # in the log first: a crash here is undone at start
         finally:
             self._terminating.discard(state.cluster)
             self._tearing_down_in[region or ""] -= 1
@@ -500,6 +599,15 @@ class ProvisionerService:
             terminating=set(self._terminating), cleanup_policy=self._cleanup_policy(), now=self.clock.now(),
         )
 
+    async def _answer_reconcile(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The `reconcile` query: the pass `spz status -r` runs on the embedded bus (the same
+        infras: refresh_infras), with this process's launches and teardowns left alone."""
+        from .state import live_clusters
+
+        infras = refresh_infras(await live_clusters(self.bus), self.settings)
+        report = await self.reconcile(terminate=params.get("terminate") is True, infras=infras)
+        return report.to_dict()
+
     async def sweep(self) -> cleanup.SweepReport:
         """Release unused per-stage resources in every region the stage touched (background)."""
         touched = await self._touched.update(self.bus)
@@ -535,6 +643,7 @@ class ProvisionerService:
             await asyncio.sleep(self.settings.reconcile_interval_s)
             try:
                 report = await self.reconcile()
+                await self.sync_agent_users()
                 if report.orphans or report.vanished:
                     log.warning("reconcile: %d orphan(s), %d vanished cluster(s) (%d ended)", len(report.orphans),
                                 len(report.vanished), len(report.ended))

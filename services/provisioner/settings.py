@@ -20,6 +20,7 @@
     SKYPURZA_CLEANUP_WAIT_S=20                  # a teardown's own release, before ClusterTerminated
     SKYPURZA_AGENT_NATS_URL=nats://host:4222    # the NATS address EC2 nodes can reach
     SKYPURZA_NODE_INSTALL='skypurza==0.1.0'     # pip requirement installed on EC2 nodes
+    SKYPURZA_LOCAL_SPARE=1                      # 0: no pre-started agent for the next local node
 
 Each value is checked where it is read (events/settings.py): a number outside its range, or a
 word where a number belongs, stops the provisioner with one line naming the variable, the value
@@ -58,6 +59,7 @@ class ProvisionerSettings:
     agent_nats_url: str | None = None
     node_install: str = f"skypurza=={__version__}"
     local_root: str | None = None
+    local_spare: bool = True
     cleanup_interval_s: float = 60.0
     cleanup_attempts: int = 5
     cleanup_backoff_s: float = 60.0
@@ -99,6 +101,7 @@ class ProvisionerSettings:
             node_install=src.text("SKYPURZA_NODE_INSTALL", base.node_install, key="provisioner.node_install")
             or base.node_install,
             local_root=src.text("SKYPURZA_LOCAL_ROOT", key="provisioner.local_root"),
+            local_spare=src.flag("SKYPURZA_LOCAL_SPARE", base.local_spare, key="provisioner.local_spare"),
             cleanup_interval_s=src.seconds("SKYPURZA_CLEANUP_INTERVAL_S", base.cleanup_interval_s, high=day,
                                            key="provisioner.cleanup_interval_s"),
             cleanup_attempts=src.integer("SKYPURZA_CLEANUP_ATTEMPTS", base.cleanup_attempts, low=1, high=100,

@@ -8,28 +8,35 @@ at launch; the agent reads them from the cluster's ClusterProvisioned event.
 The script:
 1. reads rank, instance id and zone from IMDSv2;
 2. installs SkyPurza into its own virtualenv (`node_install`, a pip requirement), once;
-3. writes the agent command (`AgentSpec.command()`) into a launcher script and starts it
+3. in a deployment, writes the cluster's own bus credentials (events/agentusers.py) to a 0600
+   file the launcher names in SKYPURZA_NATS_CREDS (the script never echoes them: no `set -x`);
+4. writes the agent command (`AgentSpec.command()`) into a launcher script and starts it
    under systemd (restarted on failure, started again on boot), or with nohup where there is
    no systemd.
 
 `agent_argv` is the inverse the test harness uses: given the user-data and what IMDS would
 answer, it returns the exact agent command the script would run (it parses the script's own
-command line, so a test proves what a node would really start).
+command line, so a test proves what a node would really start); `agent_credentials` reads back
+the credentials it would write.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import shlex
 from dataclasses import replace
 
 from skypurza.events import naming
 from skypurza.events.agentspec import AgentSpec
+from skypurza.events.natscreds import CREDS_ENV, BusCredentials
 
 VENV = "/opt/skypurza/venv"
 PYTHON = f"{VENV}/bin/python"
 LAUNCHER = "/opt/skypurza/agent.sh"
+CREDS_FILE = "/opt/skypurza/bus-credentials.json"
+_CREDS_MARK = "SPZ_BUS_CREDENTIALS"
 
 # Shell variables the script sets at boot, standing in for per-node values.
 RANK_VAR = "SPZ_RANK"
@@ -44,9 +51,22 @@ def unit_name(stage: str) -> str:
     return naming.name(stage, "agent", "node")
 
 
-def render(spec: AgentSpec, *, install: str, python: str = PYTHON) -> str:
+def _credentials_part(credentials: BusCredentials | None) -> tuple[str, str]:
+    """The lines writing the credentials file, and the launcher's line naming it."""
+    if credentials is None:
+        return "", ""
+    body = json.dumps({"user": credentials.user, "password": credentials.password})
+    write = (f"# This cluster's own bus user (its subjects only), readable by the agent's user alone.\n"
+             f"(umask 077; cat > {CREDS_FILE} <<'{_CREDS_MARK}'\n{body}\n{_CREDS_MARK}\n)\n"
+             f"chmod 600 {CREDS_FILE}\n")
+    return write, f"echo {shlex.quote(f'export {CREDS_ENV}={CREDS_FILE}')}; "
+
+
+def render(spec: AgentSpec, *, install: str, python: str = PYTHON,
+           credentials: BusCredentials | None = None) -> str:
     """The user-data script for every node of a gang. `spec` is the gang's agent spec; its
-    rank, instance id, zone and home are replaced by what each node reads at boot."""
+    rank, instance id, zone and home are replaced by what each node reads at boot.
+    `credentials`: the cluster's bus user in a deployment (none on an unsecured bus)."""
     template = replace(spec, rank=0, instance_id="x", zone="x", home="x")
     argv = template.command(python="__PYTHON__")
     words: list[str] = []
@@ -62,6 +82,7 @@ def render(spec: AgentSpec, *, install: str, python: str = PYTHON) -> str:
     unit = unit_name(spec.stage)
     log_file = f"/var/log/{unit}.log"
     venv_cmd = f"python3 -m venv {VENV}"
+    creds_write, creds_export = _credentials_part(credentials)
     return f"""#!/bin/bash
 # SkyPurza node bootstrap for cluster {_comment(spec.cluster)} (stage {spec.stage}); generated, do not edit.
 set -uo pipefail
@@ -83,8 +104,8 @@ if [ ! -x {PYTHON} ]; then
   {PYTHON} -m pip install --quiet {shlex.quote(install)}
 fi
 
-{_ARGV_LINE} {" ".join(words)} )
-{{ echo '#!/bin/bash'; printf 'exec'; printf ' %q' "${{SPZ_ARGV[@]}}"; echo; }} > {LAUNCHER}
+{creds_write}{_ARGV_LINE} {" ".join(words)} )
+{{ echo '#!/bin/bash'; {creds_export}printf 'exec'; printf ' %q' "${{SPZ_ARGV[@]}}"; echo; }} > {LAUNCHER}
 chmod 755 {LAUNCHER}
 chown -R "$SPZ_USER" /opt/skypurza
 
@@ -142,6 +163,16 @@ def agent_argv(user_data: str | bytes, *, rank: int, instance_id: str, zone: str
     if python is not None:
         argv[0] = python
     return argv
+
+
+def agent_credentials(user_data: str | bytes) -> BusCredentials | None:
+    """The bus credentials the script writes for its agent (None: it writes none)."""
+    lines = decode(user_data).splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.endswith(f"<<'{_CREDS_MARK}'")), None)
+    if start is None:
+        return None
+    data = json.loads(lines[start + 1])
+    return BusCredentials(data["user"], data["password"])
 
 
 def agent_spec(user_data: str | bytes, *, rank: int, instance_id: str, zone: str | None = None,

@@ -6,7 +6,7 @@ position in the log is the checkpoint in DuckDB, written in the same transaction
 batches in memory (services/status/projector.py, the one fold's states), commits each batch with
 its checkpoint off the event loop, and answers `status`, `queue`, `jobs_queue`, `metrics_summary`, `position` and
 `audit` over NATS request-reply on `naming.query_subject(stage, "status", <query>)` from read
-cursors. An event it cannot apply is bisected out of its batch, recorded as skipped and parked
+cursors, each answer kept as its JSON bytes until the projection moves (answers.py). An event it cannot apply is bisected out of its batch, recorded as skipped and parked
 (service `status`); the rest goes on.
 
 It is a `LoopContract` that reads every event and emits none.
@@ -40,6 +40,7 @@ from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract
 
 from . import queries
+from .answers import AnswerCache, answer_key, encode
 from .projector import PROJECTION
 
 log = logging.getLogger("skypurza.status")
@@ -72,10 +73,29 @@ class StatusService(ProjectionService):
     def open_projector(self, path: Path) -> Projector:
         return Projector(path, PROJECTION)
 
+    # Answers kept per position (answers.py); a slow one, or one waiting for its min_seq, holds up
+    # no other.
+    query_concurrency = 8
+
+    def __init__(self, db_path: Path | None = None, **kw: Any) -> None:
+        super().__init__(db_path, **kw)
+        self.answers = AnswerCache()
+
     def query_handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
-        return {"status": self.reading(queries.status), "queue": self.reading(queries.queue),
-                "jobs_queue": self.reading(queries.jobs_queue),
-                "metrics_summary": self.reading(queries.metrics_summary)}
+        return {"status": self.kept("status", queries.status), "queue": self.kept("queue", queries.queue),
+                "jobs_queue": self.kept("jobs_queue", queries.jobs_queue),
+                "metrics_summary": self.kept("metrics_summary", queries.metrics_summary)}
+
+    def kept(self, query: str, fn: Callable[[Any, dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        """A query answered from a read cursor once per projection position, as the JSON bytes sent
+        (the tables change only with the position: nothing but the pipeline writes them)."""
+        async def handler(params: dict[str, Any]) -> bytes:
+            await self.caught_up_with(params)
+            assert self.projector is not None
+            position = self.projector.written_seq  # before the read: the answer is at least this new
+            return await self.answers.get(answer_key(query, params), position,
+                                          lambda: self._read(lambda cur: encode(fn(cur, params))))
+        return handler
 
 
 # ---------------------------------------------------------------- process entry point

@@ -3,11 +3,12 @@ lasting condition began) and the settings. No I/O, no clock: `now` is an argumen
 
 Each rule gives findings (node, GPU index, rule, severity, evidence); a finding's `key` is what
 makes it once-only (the service reports each key once). Rules:
-- xid: each Xid code the kernel logged for a GPU (or a device nvidia-smi no longer lists);
+- xid: each Xid code the kernel (or DCGM) logged for a GPU, or for a device the GPU source
+  (DCGM or nvidia-smi) no longer reads;
   fatal for `fatal_xids` (79 fallen off the bus, 48 double-bit ECC, 64 row remap failure, ...),
   a warning otherwise (13/31/43 are mostly the application's), none for `ignored_xids`;
 - ecc_uncorrected: volatile uncorrected ECC errors at or over `ecc_uncorrected`: fatal;
-- gpu_missing: fewer GPUs than the node was provisioned with, or nvidia-smi failing on a node
+- gpu_missing: fewer GPUs than the node was provisioned with, or the GPU source failing on a node
   that should have GPUs: fatal (gpu_index None: the node);
 - gpu_idle: a GPU a running job holds under `idle_pct` utilisation for `idle_s`: a warning
   (the job wastes it; the GPU is not sick);
@@ -53,6 +54,15 @@ class Evaluation:
     since: dict[str, datetime]  # lasting condition -> when it began (only the conditions still true)
 
 
+def _source(s: NodeSample) -> str:
+    """Who listed the node's GPUs (samples from agents before DCGM say nothing: nvidia-smi)."""
+    return s.gpu_source or "nvidia-smi"
+
+
+def _unread(s: NodeSample) -> str:
+    return "no readings from DCGM" if s.gpu_source == "dcgm" else f"not listed by {_source(s)}"
+
+
 def _xid_findings(s: NodeSample, cfg: HealthSettings) -> list[Finding]:
     out = []
     where: list[tuple[int | None, str, list]] = [(g.index, g.pci_bus_id, g.xids) for g in s.gpus]
@@ -62,7 +72,7 @@ def _xid_findings(s: NodeSample, cfg: HealthSettings) -> list[Finding]:
             if x.code in cfg.ignored_xids:
                 continue
             severity = "fatal" if x.code in cfg.fatal_xids else "warning"
-            gpu = f"GPU {index}" if index is not None else f"the GPU at {bus or '?'} (not listed by nvidia-smi)"
+            gpu = f"GPU {index}" if index is not None else f"the GPU at {bus or '?'} ({_unread(s)})"
             out.append(Finding(s.cluster, s.rank, index, "xid", severity, f"{gpu}: Xid {x.code} ({meaning(x.code)})",
                                {"xid": x.code, "count": x.count, "pci_bus_id": bus, "meaning": meaning(x.code),
                                 "source": s.xid_source}))
@@ -83,7 +93,7 @@ def _missing_findings(s: NodeSample) -> list[Finding]:
     if len(s.gpus) >= s.expected_gpus and not s.unlisted:
         return []
     seen = [g.index for g in s.gpus]
-    why = f"nvidia-smi: {s.gpu_error}" if s.gpu_error else f"nvidia-smi lists {len(seen)}"
+    why = f"{_source(s)}: {s.gpu_error}" if s.gpu_error else f"{_source(s)} lists {len(seen)}"
     return [Finding(s.cluster, s.rank, None, "gpu_missing", "fatal",
                     f"{len(seen)} of {s.expected_gpus} GPUs visible ({why})",
                     {"expected": s.expected_gpus, "visible": seen, "error": s.gpu_error})]

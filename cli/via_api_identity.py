@@ -1,0 +1,82 @@
+"""`spz users` and `spz teams` through a configured API server (cli/transport.py picks this or the bus).
+
+The server's identity routes (services/api/routes_identity.py, admins only) make the same changes
+`services/api/directory_io.py` makes on the embedded bus; these functions turn their answers into
+what cli/cmd_identity.py prints either way: a `Directory`-like listing and each change's result.
+A refusal is one line (the server's reason: 403 for a non-admin, 404 an unknown name, 409 a
+conflict); an unreachable server says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .apitransport import ApiError, ApiTransport
+from .context import fail
+
+
+def _call(work: Any) -> Any:
+    try:
+        return work()
+    except ApiError as exc:
+        raise fail(str(exc)) from None
+
+
+def add_user(t: ApiTransport, name: str, teams: list[str], role: str) -> tuple[str, str]:
+    """(token id, token): the token is in this one answer."""
+    body = {"name": name, "team": teams[0], "other_teams": teams[1:], "role": role}
+    out = _call(lambda: t.post("/api/v1/users", body))
+    return str(out["token_id"]), str(out["token"])
+
+
+def new_token(t: ApiTransport, name: str, service_account: bool) -> tuple[str, str]:
+    out = _call(lambda: t.post(f"/api/v1/users/{name}/token", {"service_account": service_account}))
+    return str(out["token_id"]), str(out["token"])
+
+
+def remove_user(t: ApiTransport, name: str) -> None:
+    _call(lambda: t.delete(f"/api/v1/users/{name}"))
+
+
+def user_rows(t: ApiTransport) -> list[dict[str, Any]]:
+    """`spz users list -o json`'s rows, from GET /api/v1/users."""
+    users = _call(lambda: t.get("/api/v1/users"))["users"]
+    return [{"user": u["name"], "team": u["team"], "teams": list(u.get("teams") or [u["team"]]), "role": u["role"],
+             "tokens": list(u.get("token_ids") or []),
+             "service_account_tokens": list(u.get("service_account_token_ids") or [])} for u in users]
+
+
+def team_rows(t: ApiTransport) -> list[dict[str, Any]]:
+    """`spz teams list -o json`'s rows, from GET /api/v1/teams."""
+    teams = _call(lambda: t.get("/api/v1/teams"))["teams"]
+    return [{"team": x["name"], "allowed_infras": list(x["allowed_infras"]), "labels": dict(x["labels"]),
+             "users": list(x["members"])} for x in teams]
+
+
+def add_team(t: ApiTransport, name: str, infras: list[str], labels: dict[str, str]) -> None:
+    _call(lambda: t.post("/api/v1/teams", {"name": name, "allowed_infras": infras, "labels": labels}))
+
+
+def update_team(t: ApiTransport, name: str, infras: list[str] | None,
+                labels: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+    body: dict[str, Any] = {}
+    if infras is not None:
+        body["allowed_infras"] = infras
+    if labels is not None:
+        body["labels"] = labels
+    out = _call(lambda: t.patch(f"/api/v1/teams/{name}", body))
+    return list(out["allowed_infras"]), dict(out["labels"])
+
+
+def remove_team(t: ApiTransport, name: str) -> None:
+    _call(lambda: t.delete(f"/api/v1/teams/{name}"))
+
+
+def add_member(t: ApiTransport, team: str, user: str, primary: bool) -> tuple[str, ...]:
+    out = _call(lambda: t.post(f"/api/v1/teams/{team}/members", {"user": user, "primary": primary}))
+    return tuple(out["teams"])
+
+
+def remove_member(t: ApiTransport, team: str, user: str) -> tuple[str, ...]:
+    out = _call(lambda: t.delete(f"/api/v1/teams/{team}/members/{user}"))
+    return tuple(out["teams"])

@@ -1,0 +1,620 @@
+"""Per-cluster bus credentials for node agents on remote machines (events/agentusers.py,
+events/natsauth.py `cluster_agent_permissions`, the supervisor's reload, the provisioner's
+mint / remove / re-derive), against a real nats-server started with the derived config.
+
+A cluster's agent user publishes its own cluster's events, output and beats and is refused
+another cluster's (the event never reaches the stream); once the cluster is torn down its
+credentials are refused at connect; a restarted control plane re-derives the users of the
+clusters still up from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from datetime import datetime, timezone
+from pathlib import Path
+
+import nats
+import pytest
+from nats_fixtures import kill_processes_using
+
+from skypurza.cli import busauth
+from skypurza.cli.busaddr import BusAddressError, check_bus_host, local_host, parse_advertise
+from skypurza.events import naming
+from skypurza.events.agentusers import (
+    AGENT_USERS_ENV,
+    PER_CLUSTER,
+    AgentUserStore,
+    check_password,
+    derive_password,
+    fingerprint,
+    plan_retain,
+)
+from skypurza.events.bus import Bus
+from skypurza.events.models import (
+    Candidate,
+    ClusterProvisioned,
+    ClusterTerminated,
+    NodeInfo,
+    NodeReady,
+    PlacementChosen,
+    TaskSubmitted,
+)
+from skypurza.events.natsauth import cluster_agent_permissions, durable_names
+from skypurza.events.natscreds import (
+    PASSWORD_ENV,
+    USER_ENV,
+    BusCredentials,
+    CredentialsError,
+    credentials_env,
+    credentials_file,
+    credentials_from_env,
+    read_credentials,
+)
+from skypurza.events.natsserver import NatsServer, free_port
+from skypurza.services.agent.agent import CONTRACT as AGENT
+
+STAGE = "test"
+VIOLATION = "permissions violation"
+
+
+def _agent_perms(cluster: str):
+    contracts = busauth.deployment_contracts()
+    return cluster_agent_permissions(AGENT, STAGE, cluster, durable_names(STAGE, contracts))
+
+
+# ---------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize("cluster", ["a1", "train.v2"])
+def test_a_clusters_grants_are_the_agents_narrowed_to_its_subject_tokens(cluster: str) -> None:
+    p = _agent_perms(cluster)
+    tok = naming.subject_token(cluster)
+    pre = naming.subject_prefix(STAGE)
+    # Its events: exactly what the agent's contract emits, on this cluster's subjects only.
+    evt = {s for s in p.publish if s.startswith(f"{pre}.evt.")}
+    assert evt == {naming.event_subject(STAGE, "cluster", cluster, c.EVENT_NAME) for c in AGENT.emits}
+    # Nothing that names a cluster names another (no wildcard in the cluster's place).
+    for s in p.publish:
+        for kind in (".evt.cluster.", ".log.", ".hb.", ".sample."):
+            if kind in s:
+                rest = s.split(kind, 1)[1]
+                assert rest.split(".")[0] == tok, s
+    assert f"{pre}.log.{tok}.>" in p.publish and f"{pre}.hb.{tok}.*" in p.publish
+    assert f"{pre}.sample.{tok}.*" in p.publish
+    # Consumers only with a filter inside its own cluster's events or logs.
+    creates = [s for s in p.publish if ".CONSUMER.CREATE." in s and naming.events_stream(STAGE) in s]
+    assert creates == [f"$JS.API.CONSUMER.CREATE.{naming.events_stream(STAGE)}.*."
+                       f"{naming.aggregate_subjects(STAGE, 'cluster', cluster)}"]
+    assert f"$JS.API.CONSUMER.CREATE.{naming.events_stream(STAGE)}" not in p.publish
+    # Its own inbox, not the shared agent's; every durable still denied; never a stream managed.
+    assert p.subscribe == (f"{naming.inbox_prefix(naming.cluster_agent_user(cluster))}.>",)
+    assert p.deny_publish and all(".STREAM.DELETE." not in s and ".STREAM.PURGE." not in s
+                                  for s in p.publish if naming.events_stream(STAGE) in s)
+    assert naming.cluster_agent_user(cluster) == f"agent@{cluster}"
+
+
+def test_an_agent_event_off_the_cluster_aggregate_cannot_be_narrowed() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="cluster aggregate"):
+        cluster_agent_permissions(replace(AGENT, emits=(*AGENT.emits, TaskSubmitted)), STAGE, "a", {})
+
+
+def test_a_clusters_password_is_derived_from_the_key_and_its_launch() -> None:
+    key = b"k" * 43
+    one = derive_password(key, STAGE, "a", "placement-1")
+    assert one == derive_password(key, STAGE, "a", "placement-1")  # a redelivery: the same
+    others = {derive_password(key, STAGE, "a", "placement-2"), derive_password(key, STAGE, "b", "placement-1"),
+              derive_password(key, "prod", "a", "placement-1"), derive_password(b"x" * 43, STAGE, "a", "placement-1")}
+    assert one not in others and len(others) == 4 and len(one) >= 43
+    with pytest.raises(ValueError):
+        derive_password(b"", STAGE, "a", "p")
+
+
+def test_which_users_are_kept_minted_and_removed() -> None:
+    files = {"up-same": "p1", "up-new-launch": "old", "down": "p3", "launching": "p4"}
+    up = {"up-same": "p1", "up-new-launch": "p2", "up-lost-file": "p5"}
+    plan = plan_retain(files, up, {"launching"})
+    assert plan.mint == {"up-new-launch": "p2", "up-lost-file": "p5"}
+    assert plan.remove == ("down",)
+    assert plan_retain({}, {}, set()).remove == ()
+
+
+def test_the_store_keeps_only_a_hash_0600_and_round_trips(tmp_path: Path) -> None:
+    store = AgentUserStore(STAGE, tmp_path / "agents", tmp_path / "agents.key")
+    creds = store.mint("a", "p1", "t1")
+    assert creds.user == "agent@a" and "<hidden>" in repr(creds)
+    f = tmp_path / "agents" / "a.json"
+    text = f.read_text()
+    assert creds.password not in text and (f.stat().st_mode & 0o777) == 0o600
+    assert ((tmp_path / "agents.key").stat().st_mode & 0o777) == 0o600
+    user = store.read("a")
+    assert user is not None and user.task_id == "t1" and check_password(creds.password, user.password_hash)
+    before = fingerprint(tmp_path / "agents")
+    assert store.mint("a", "p1", "t1") == creds and fingerprint(tmp_path / "agents") == before  # kept as is
+    assert store.mint("a", "p2").password != creds.password
+    (tmp_path / "agents" / "b.json").write_text(text)  # renamed by hand: names another cluster
+    (tmp_path / "agents" / "junk.json").write_text("{")
+    assert set(store.users()) == {"a"}
+    assert store.remove("a") and not store.remove("a") and store.users() == {}
+
+
+def test_credentials_travel_in_the_environment_too(tmp_path: Path) -> None:
+    creds = BusCredentials("agent@a", "pw")
+    assert credentials_from_env(credentials_env(creds)) == creds
+    assert credentials_from_env({}) is None
+    with pytest.raises(CredentialsError, match="set both"):
+        credentials_from_env({USER_ENV: "agent@a"})
+    assert set(credentials_env(creds)) == {USER_ENV, PASSWORD_ENV}
+
+
+def test_bus_addresses_are_checked_at_the_edge() -> None:
+    assert parse_advertise("bus.example.com:4222") == "nats://bus.example.com:4222"
+    assert parse_advertise("nats://10.0.0.5:4222") == "nats://10.0.0.5:4222"
+    assert parse_advertise("[fd00::1]:4222") == "nats://[fd00::1]:4222"
+    for bad in ("bus.example.com", "bus:0", "bus:99999", "0.0.0.0:4222", "user@bus:4222", "http://bus/x:1", ":4222",
+                "bad host:4222"):
+        with pytest.raises(BusAddressError, match="--bus-advertise"):
+            parse_advertise(bad)
+    assert check_bus_host("0.0.0.0", True) == "0.0.0.0" and check_bus_host("localhost", False) == "127.0.0.1"
+    with pytest.raises(BusAddressError, match="needs --deploy"):
+        check_bus_host("0.0.0.0", False)
+    with pytest.raises(BusAddressError, match="not an IP"):
+        check_bus_host("a b", True)
+    assert local_host("0.0.0.0") == "127.0.0.1" and local_host("10.0.0.5") == "10.0.0.5"
+
+
+def test_ec2_user_data_writes_the_clusters_credentials_0600_and_the_launcher_names_them(tmp_path: Path) -> None:
+    """The boot script's own lines, run by bash: the file it writes is the agent user's alone
+    and the launcher exports its path; without credentials it writes none."""
+    import subprocess
+
+    from skypurza.events.agentspec import AgentSpec
+    from skypurza.events.natscreds import CREDS_ENV
+    from skypurza.services.provisioner import userdata
+
+    spec = AgentSpec(nats_url="nats://bus.example.com:4222", stage=STAGE, cluster="a", rank=0, num_nodes=2)
+    creds = BusCredentials("agent@a", derive_password(b"k" * 43, STAGE, "a", "p1"))
+    script = userdata.render(spec, install="skypurza", credentials=creds)
+    assert userdata.agent_credentials(script) == creds
+    assert userdata.agent_credentials(userdata.render(spec, install="skypurza")) is None
+    assert "set -x" not in script
+    # The credential lines and the launcher, as bash runs them, in a scratch root.
+    lines = script.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("(umask 077"))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("{ echo '#!/bin/bash'"))
+    root = tmp_path / "opt"
+    part = "\n".join(lines[start:end + 1]).replace("/opt/skypurza", str(root))
+    root.mkdir()
+    per_node = "SPZ_RANK=1 SPZ_INSTANCE_ID=i-1 SPZ_ZONE=z SPZ_HOME=/home/u\n"
+    subprocess.run(["bash", "-c", "set -u\n" + per_node + part], check=True, timeout=10)
+    written = root / "bus-credentials.json"
+    assert (written.stat().st_mode & 0o777) == 0o600 and read_credentials(written) == creds
+    assert f"export {CREDS_ENV}={root}/bus-credentials.json" in (root / "agent.sh").read_text()
+    assert userdata.agent_argv(script, rank=1, instance_id="i-1")[-1] != creds.password  # not on the command line
+    assert creds.password not in " ".join(userdata.agent_argv(script, rank=1, instance_id="i-1"))
+
+
+# ---------------------------------------------------------------- a real nats-server
+
+
+class Rig:
+    """A secured nats-server whose authorization block the test writes as the supervisor does
+    (busauth.prepare) and reloads with SIGHUP."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        auth = busauth.prepare(STAGE)
+        store = naming.nats_store_dir(STAGE)
+        # Included by a path relative to nats.conf, as the supervisor does: a reload reads it again.
+        include = f"include {json.dumps(os.path.relpath(auth, store))}\n"
+        self.server = NatsServer(store_dir=store, port=free_port(), log_file=tmp_path / "nats.log",
+                                 extra_blocks=(include,)).start()
+        asyncio.run(busauth.set_up(self.server.url, STAGE))
+        self.agents = AgentUserStore(STAGE)
+
+    def reload(self) -> None:
+        busauth.prepare(STAGE)
+        self.server.process.send_signal(signal.SIGHUP)
+
+    def log(self) -> str:
+        return Path(self.server.log_file).read_text(errors="replace")
+
+
+@pytest.fixture
+def rig(tmp_path: Path, spz_home: Path):
+    r = Rig(tmp_path)
+    yield r
+    r.server.stop()
+    kill_processes_using(r.server.url)
+
+
+def _control() -> BusCredentials:
+    return read_credentials(credentials_file(naming.bus_credentials_dir(STAGE), naming.BUS_CONTROL_USER))
+
+
+async def _refused(url: str, creds: BusCredentials, action) -> bool:
+    """One action on a connection of its own: whether the server refused it (a permissions
+    violation, or a JetStream request the server dropped: no reply)."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(url, user=creds.user, password=creds.password, inbox_prefix=naming.inbox_prefix(creds.user),
+                            error_cb=on_error, allow_reconnect=False, connect_timeout=3)
+    failed = ""
+    try:
+        await asyncio.wait_for(action(nc), 3)
+        await nc.flush(timeout=2)
+        await asyncio.sleep(0.3)
+    except Exception as exc:
+        failed = f"{type(exc).__name__} {exc}"
+    said = " ".join([*errors, str(nc.last_error or ""), failed]).lower()
+    if not nc.is_closed:
+        await nc.close()
+    return VIOLATION in said or "timeout" in said
+
+
+async def _live(url: str, creds: BusCredentials, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            nc = await nats.connect(url, user=creds.user, password=creds.password, allow_reconnect=False,
+                                    connect_timeout=2)
+            await nc.close()
+            return
+        except nats.errors.Error:
+            assert asyncio.get_running_loop().time() < deadline, f"{creds.user} never became live"
+            await asyncio.sleep(0.1)
+
+
+def _node_ready(cluster: str) -> NodeReady:
+    return NodeReady(cluster=cluster, rank=0, host="node-0", pid=1)
+
+
+def test_a_clusters_agent_publishes_its_own_and_is_refused_anothers(rig: Rig) -> None:
+    a = rig.agents.mint("a", "pa", "ta")
+    b = rig.agents.mint("b", "pb", "tb")
+    rig.reload()
+
+    async def main():
+        url = rig.server.url
+        await _live(url, a)
+        await _live(url, b)
+        control = await Bus.connect(url, STAGE, source="/tests", credentials=_control())
+        agent_a = await Bus.connect(url, STAGE, source="/tests/agent/a", credentials=a, max_reconnect_attempts=0)
+        # A's own event, output and beat: stored / delivered.
+        ack = await agent_a.publish(_node_ready("a"))
+        assert ack.seq >= 1
+        log_ack = await agent_a.publish_log("a", 1, 0, "hello from a", seq=1)
+        assert log_ack.seq >= 1
+        beats: list[str] = []
+
+        async def on_beat(msg) -> None:
+            beats.append(msg.subject)
+
+        sub = await control.nc.subscribe(naming.heartbeats_filter(STAGE), cb=on_beat)
+        await control.nc.flush()
+        assert not await _refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "a", 0), b"{}"))
+        # It reads its own cluster's history (the agent's follow and replay).
+        mine = [s.event async for s in agent_a.replay(filter_subject=naming.aggregate_subjects(STAGE, "cluster", "a"))]
+        assert any(isinstance(e, NodeReady) for e in mine)
+        last = await control.last_seq()
+        # B's event, output, beat and sample; another aggregate; B's history; every cluster's.
+        b_event = naming.event_subject(STAGE, "cluster", "b", NodeReady.EVENT_NAME)
+        assert await _refused(url, a, lambda nc: nc.jetstream().publish(b_event, _node_ready("b").model_dump_json()
+                                                                        .encode(), timeout=1))
+        assert await _refused(url, a, lambda nc: nc.publish(b_event, b"{}"))
+        assert await _refused(url, a, lambda nc: nc.publish(naming.log_subject(STAGE, "b", 1, 0), b"x"))
+        assert await _refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "b", 0), b"{}"))
+        assert await _refused(url, a, lambda nc: nc.publish(naming.sample_subject(STAGE, "b", 0), b"{}"))
+        assert await _refused(url, a, lambda nc: nc.publish(
+            naming.event_subject(STAGE, "task", "t9", TaskSubmitted.EVENT_NAME), b"{}"))
+        assert await _refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
+            naming.aggregate_subjects(STAGE, "cluster", "b"), stream=naming.events_stream(STAGE)))
+        assert await _refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
+            naming.all_events_subject(STAGE), stream=naming.events_stream(STAGE)))
+        assert await _refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix(b.user)}.>"))
+        assert await _refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix('agent')}.>"))
+        # Nothing refused reached the stream: not one new event, none on B's subjects.
+        assert await control.last_seq() == last
+        assert await control.last_event(naming.aggregate_subjects(STAGE, "cluster", "b")) is None
+        await asyncio.sleep(0.2)
+        assert beats == [naming.heartbeat_subject(STAGE, "a", 0)]
+        await sub.unsubscribe()
+        # B's own user does publish B's event.
+        agent_b = await Bus.connect(url, STAGE, source="/tests/agent/b", credentials=b, max_reconnect_attempts=0)
+        assert (await agent_b.publish(_node_ready("b"))).seq > last
+        for bus in (agent_a, agent_b, control):
+            await bus.close()
+
+    asyncio.run(main())
+    # The refusals are the server's, named by user (and A's own work drew none).
+    violations = [ln for ln in rig.log().splitlines() if "Violation" in ln]
+    assert violations and all("agent@a" in ln for ln in violations), violations[:5]
+
+
+def test_a_torn_down_clusters_credentials_are_refused_at_connect(rig: Rig) -> None:
+    a = rig.agents.mint("a", "pa", "ta")
+    rig.reload()
+
+    async def main():
+        url = rig.server.url
+        await _live(url, a)
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        connected = await nats.connect(url, user=a.user, password=a.password, allow_reconnect=False,
+                                       error_cb=on_error, connect_timeout=3)
+        assert rig.agents.remove("a")
+        rig.reload()
+        deadline = asyncio.get_running_loop().time() + 5
+        while not connected.is_closed:  # the reload drops a connection whose user is gone
+            assert asyncio.get_running_loop().time() < deadline, "a removed user's connection stayed open"
+            await asyncio.sleep(0.05)
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(url, user=a.user, password=a.password, allow_reconnect=False, connect_timeout=3)
+        # The same name launched again is another user: the old password stays dead.
+        again = rig.agents.mint("a", "pa-2", "ta-2")
+        rig.reload()
+        await _live(url, again)
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(url, user=a.user, password=a.password, allow_reconnect=False, connect_timeout=3)
+
+    asyncio.run(main())
+
+
+def _provisioned(cluster: str, placement_id: str, infra: str) -> ClusterProvisioned:
+    return ClusterProvisioned(cluster=cluster, task_id=f"t-{cluster}", placement_id=placement_id,
+                              candidate=Candidate(infra=infra, region="us-east-1", instance_type="m5.large"),
+                              nodes=[NodeInfo(instance_id=f"i-{cluster}", rank=0)], hourly_price_micros=1,
+                              launched_at=datetime.now(timezone.utc))
+
+
+def test_a_restarted_control_plane_re_derives_the_users_of_the_clusters_still_up(rig: Rig, monkeypatch) -> None:
+    """What a crash leaves: a user for a cluster torn down meanwhile, none for a cluster that is
+    up (its file lost), a launch in flight. The provisioner's start makes the set the log's."""
+    from skypurza.services.provisioner.service import ProvisionerService
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    monkeypatch.setenv(AGENT_USERS_ENV, PER_CLUSTER)
+    up_creds = rig.agents.credentials("up", "p-up")  # what the nodes of `up` were given
+    rig.agents.mint("gone", "p-gone", "t-gone")
+    rig.agents.mint("inflight", "p-fly", "t-inflight")
+    gone_creds = rig.agents.credentials("gone", "p-gone")
+
+    async def main():
+        url = rig.server.url
+        control = await Bus.connect(url, STAGE, source="/tests", credentials=_control())
+        await control.publish(_provisioned("up", "p-up", "aws"))
+        await control.publish(_provisioned("gone", "p-gone", "kubernetes"))
+        await control.publish(ClusterTerminated(cluster="gone", terminated_at=datetime.now(timezone.utc),
+                                                reason="down", instance_ids=["i-gone"]))
+        await control.publish(_provisioned("local1", "p-local", "local"))  # the shared agent user's
+        await control.publish(PlacementChosen(task_id="t-inflight", cluster="inflight", attempt=1,
+                                              candidate=Candidate(infra="aws", region="us-east-1")))
+        provisioner = await Bus.connect(url, STAGE, source="/tests/provisioner", credentials=read_credentials(
+            credentials_file(naming.bus_credentials_dir(STAGE), "provisioner")))
+        svc = ProvisionerService(ProvisionerSettings(reconcile_interval_s=0, cleanup_interval_s=0))
+        await svc.start(provisioner)
+        await asyncio.wait_for(svc._agent_sync, 20)
+        assert set(rig.agents.users()) == {"up", "inflight"}
+        rig.reload()
+        await _live(url, up_creds)  # the nodes of `up` connect again with what they hold
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(url, user=gone_creds.user, password=gone_creds.password, allow_reconnect=False,
+                               connect_timeout=3)
+        await svc.close()
+        await provisioner.close()
+        await control.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- end to end: spz api start --deploy
+
+
+DEPLOY_STAGE = "agentcreds"
+
+
+def _deploy_env(home: Path, kubeconfig: Path) -> dict[str, str]:
+    env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": DEPLOY_STAGE, "SKYPURZA_USER": "osuser",
+           "SKYPURZA_KUBECONFIG": str(kubeconfig), "SKYPURZA_K8S_CONTEXTS": "roomy",
+           "SKYPURZA_K8S_PROVISION_TIMEOUT_S": "30", "SKYPURZA_ENABLED_INFRAS": "kubernetes",
+           "SKYPURZA_LIVE_SPOT_PRICES": "0", "SKYPURZA_RECONCILE_INTERVAL_S": "0", "SKYPURZA_CLEANUP_INTERVAL_S": "0",
+           "SKYPURZA_AGENT_KILL_GRACE_S": "1", "COLUMNS": "200"}
+    for var in ("SKYPURZA_NATS_URL", "SKYPURZA_NATS_PORT", "SKYPURZA_API_SERVER", "SKYPURZA_API_TOKEN",
+                "SKYPILOT_API_SERVER_ENDPOINT", "SKYPILOT_API_SERVER_LOCAL_PORT", "SKYPURZA_NATS_CREDS",
+                "SKYPURZA_AGENT_NATS_URL", USER_ENV, PASSWORD_ENV, AGENT_USERS_ENV):
+        env.pop(var, None)
+    return env
+
+
+def _spz(env: dict[str, str], *args: str, timeout: float = 120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "skypurza.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def kube(tmp_path: Path):
+    from kube_emulator import Kubelet, KubeCluster, write_kubeconfig
+
+    roomy = KubeCluster("roomy").start()
+    roomy.add_node("roomy-cpu", cpus=32, memory_gib=128)
+    write_kubeconfig(tmp_path / "kubeconfig", {"roomy": roomy})
+    scheduler = roomy.schedule(lambda pod: None)
+    kubelet = Kubelet(roomy, tmp_path / "pods", env={"SKYPURZA_AGENT_HEARTBEAT_S": "1", "SKYPURZA_AGENT_SAMPLE_S": "0"})
+    yield roomy, kubelet, tmp_path / "kubeconfig"
+    kubelet.stop()
+    scheduler.stop()
+    rejected = roomy.rejected()
+    roomy.stop()
+    assert not rejected, rejected
+
+
+@pytest.fixture
+def deploy_home(tmp_path: Path):
+    from skypurza.cli import planeprocs
+
+    home = tmp_path / "home"
+    yield home
+    _spz(_deploy_env(home, tmp_path / "kubeconfig"), "api", "stop", timeout=90)
+    sd = home / DEPLOY_STAGE
+    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", DEPLOY_STAGE):
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        kill_processes_using(f"nats://127.0.0.1:{(sd / 'nats.port').read_text().strip()}")
+    except (OSError, ValueError):
+        pass
+
+
+def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_home: Path) -> None:
+    """`spz api start --deploy --bus-host 0.0.0.0 --bus-advertise ...` with a Kubernetes context:
+    the pods' agents are given the advertised address and the cluster's own user (never the
+    shared agent's or a service's), run the job with not one refusal, and their credentials die
+    with the cluster."""
+    import httpx
+
+    roomy, kubelet, kubeconfig = kube
+    env = _deploy_env(deploy_home, kubeconfig)
+    port, nats_port = free_port(), free_port()
+    advertised = f"127.0.0.1:{nats_port}"
+    bad = _spz(env, "api", "start", "--deploy", "--bus-advertise", "nowhere", "--nats-port", str(nats_port))
+    assert bad.returncode == 2 and "--bus-advertise 'nowhere'" in bad.stderr and "Traceback" not in bad.stderr
+    open_bus = _spz(env, "api", "start", "--bus-host", "0.0.0.0")
+    assert open_bus.returncode == 2 and "needs --deploy" in open_bus.stderr
+    started = _spz(env, "api", "start", "--deploy", "--host", "127.0.0.1", "--port", str(port), "--nats-port",
+                   str(nats_port), "--bus-host", "0.0.0.0", "--bus-advertise", advertised, "-o", "json")
+    assert started.returncode == 0, started.stderr
+    st = json.loads(started.stdout)
+    api, admin = st["api_url"], st["admin"]["token"]
+    sd = deploy_home / DEPLOY_STAGE
+    assert f"listen: 0.0.0.0:{nats_port}" in (sd / "jetstream" / "nats.conf").read_text()
+    shared = {f.stem: json.loads(f.read_text())["password"] for f in (sd / "bus-users").glob("*.json")}
+
+    headers = {"Authorization": f"Bearer {admin}"}
+    r = httpx.post(f"{api}/api/v1/tasks", headers=headers, timeout=20,
+                   json={"task": {"resources": {"infra": "k8s", "cpus": 1}, "run": "echo hello-from-a-pod"},
+                         "cluster": "kc1"})
+    assert r.status_code == 202, r.text
+
+    control_creds = read_credentials(credentials_file(sd / "bus-users", naming.BUS_CONTROL_USER))
+
+    async def job_succeeded() -> None:
+        from skypurza.events.models import JobSucceeded
+
+        bus = await Bus.connect(st["nats_url"], DEPLOY_STAGE, source="/tests", credentials=control_creds)
+        try:
+            deadline = asyncio.get_running_loop().time() + 90
+            while True:
+                seen = [s.event async for s in bus.replay(
+                    filter_subject=naming.aggregate_subjects(DEPLOY_STAGE, "cluster", "kc1"))]
+                if any(isinstance(e, JobSucceeded) for e in seen):
+                    return
+                assert asyncio.get_running_loop().time() < deadline, [type(e).__name__ for e in seen]
+                await asyncio.sleep(0.3)
+        finally:
+            await bus.close()
+
+    asyncio.run(job_succeeded())
+    pods = roomy.pods()
+    assert pods
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        pod_env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        assert pod_env[USER_ENV] == naming.cluster_agent_user("kc1")
+        assert pod_env[PASSWORD_ENV] and pod_env[PASSWORD_ENV] not in shared.values()
+        assert "SKYPURZA_NATS_CREDS" not in pod_env
+        assert container["command"][container["command"].index("--nats") + 1] == f"nats://{advertised}"
+    pod_creds = BusCredentials(naming.cluster_agent_user("kc1"), {e["name"]: e.get("value") for e in
+                               pods[0]["spec"]["containers"][0]["env"]}[PASSWORD_ENV])
+    assert (sd / "bus-agents" / "kc1.json").exists()
+
+    down = httpx.post(f"{api}/api/v1/clusters/kc1/down", headers=headers, timeout=20)
+    assert down.status_code == 202, down.text
+
+    async def refused_after_teardown() -> None:
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            try:
+                nc = await nats.connect(st["nats_url"], user=pod_creds.user, password=pod_creds.password,
+                                        allow_reconnect=False, connect_timeout=2)
+                await nc.close()
+            except nats.errors.Error as exc:
+                assert "Authorization Violation" in str(exc)
+                return
+            assert asyncio.get_running_loop().time() < deadline, "the torn-down cluster's user still connects"
+            await asyncio.sleep(0.3)
+
+    asyncio.run(refused_after_teardown())
+    assert not (sd / "bus-agents" / "kc1.json").exists()
+    log = (sd / "logs" / "nats-server.log").read_text(errors="replace")
+    refused = [ln for ln in log.splitlines() if "Publish Violation" in ln or "Subscription Violation" in ln]
+    assert not refused, refused[:10]
+    for f in (sd / "logs").glob("*.log"):
+        assert pod_creds.password not in f.read_text(errors="replace"), f
+
+
+def test_the_supervisor_writes_the_block_and_reloads_once_for_two_provisions_at_once(spz_home: Path) -> None:
+    """Two clusters minted at the same moment (two provisioner handlers): the supervisor's next
+    look writes one block holding both and sends one SIGHUP; the look after finds nothing new."""
+    import os as _os
+    import threading
+
+    from skypurza.cli.supervisor import Supervisor
+
+    sup = Supervisor("sup", free_port(), "optimizer", deploy=True)
+    env = {**_os.environ, "PYTHONUNBUFFERED": "1"}
+    sup.nats.spawn(env)
+    try:
+        assert sup._wait_listening(10)
+        store = AgentUserStore("sup")
+        got: dict[str, BusCredentials] = {}
+        threads = [threading.Thread(target=lambda c=c: got.__setitem__(c, store.mint(c, f"p-{c}", f"t-{c}")))
+                   for c in ("x1", "x2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        block = naming.bus_auth_file("sup")
+        assert "agent@x1" not in block.read_text()
+        sup._next_agents_look = 0.0
+        assert sup._reload_agent_users() is True
+        text = block.read_text()
+        assert "agent@x1" in text and "agent@x2" in text
+        assert got["x1"].password not in text and got["x2"].password not in text  # hashes only
+        sup._next_agents_look = 0.0
+        assert sup._reload_agent_users() is False  # nothing new: no second reload
+
+        async def both_live() -> None:
+            for creds in got.values():
+                await _live(sup.url, creds)
+
+        asyncio.run(both_live())
+        # The services process is told to mint per-cluster users (and nothing else is).
+        assert sup.services.own_env[AGENT_USERS_ENV] == PER_CLUSTER
+    finally:
+        sup._stop_child(sup.nats)
+
+
+def test_the_supervisor_refuses_a_bus_off_loopback_without_a_deployment(spz_home: Path, capsys) -> None:
+    from skypurza.cli.supervisor import main
+
+    assert main(["--stage", "sup2", "--port", str(free_port()), "--bus-host", "0.0.0.0",
+                 "--control-plane", str(spz_home / "sup2")]) == 3
+    assert "needs --deploy" in capsys.readouterr().out
+    assert main(["--stage", "sup2", "--port", str(free_port()), "--deploy", "--bus-advertise", "0.0.0.0:1",
+                 "--control-plane", str(spz_home / "sup2")]) == 3
+    assert "not an address a node can reach" in capsys.readouterr().out
