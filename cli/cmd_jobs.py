@@ -391,13 +391,18 @@ def logs_command(
 
     if refresh:
         options.unused("-r/--refresh", "there is no jobs controller to restart; spz reads the event log as it is")
-    from .transport import api, not_over_api
+    from .transport import api
 
+    t = api()
     if controller or sync_down:
-        not_over_api("spz jobs logs --controller/--sync-down", "the server streams the output only")
+        if t is not None:
+            from . import via_api_history
+            from .clusterhistory import sky_logs_dir
+
+            raise typer.Exit(via_api_history.managed_records(t, job_id, name, controller=controller,
+                                                             dest_root=sky_logs_dir()))
         raise typer.Exit(run_async(_job_records(job_id, name, controller=controller)))
     status = StatusLine()
-    t = api()
 
     async def run() -> int:
         from skypurza.events.fold import EXIT_NOT_FOUND, exit_code_of  # models: not for --help

@@ -1,4 +1,5 @@
-"""`spz logs --provision/--autostop/--sync-down` and `spz status -r` through a configured API server.
+"""`spz logs --provision/--autostop/--sync-down`, `spz jobs logs --controller/--sync-down` and
+`spz status -r` through a configured API server.
 
 The same facts as on the embedded bus, asked of the server's routes instead of read from the
 log (services/api/routes_history.py, routes_reconcile.py); cli/cmd_inspect.py prints them the
@@ -44,11 +45,19 @@ def sync_down(t: ApiTransport, cluster: str, job_id: int | None, dest_root: Path
     job = by_id.get(job_id) if job_id is not None else None
     if job is None or job_id is None:
         return None, [], []
-    dest = dest_root / cluster / str(job_id)
+    _, files, cut = _files_of(t, cluster, job_id, int(job.get("num_nodes") or 1), dest_root / cluster / str(job_id),
+                              max_bytes)
+    return job_id, files, cut
+
+
+def _files_of(t: ApiTransport, cluster: str, job_id: int, nodes: int, dest: Path,
+              max_bytes: int = MAX_LOG_FILE_BYTES) -> tuple[int, list[Path], list[Path]]:
+    """Each node's file of the job downloaded into `dest` (none for a node that printed nothing):
+    (the job, the files, those cut at `max_bytes`)."""
     dest.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     cut: list[Path] = []
-    for rank in range(max(int(job.get("num_nodes") or 1), 1)):
+    for rank in range(max(nodes, 1)):
         path = dest / log_file_name(rank)
         part = path.with_name(path.name + ".part")
         try:
@@ -77,3 +86,55 @@ def refresh(t: ApiTransport, terminate_orphans: bool, include_terminated: bool,
     except ApiError as exc:
         raise fail(str(exc))
     return dict(got.get("report") or {}), list(got.get("clusters") or [])
+
+
+def managed_records(t: ApiTransport, job_id: int | None, name: str | None, *, controller: bool,
+                    dest_root: Path) -> int:
+    """`spz jobs logs --controller` / `--sync-down` through the server, printing what the
+    embedded `cmd_jobs._job_records` prints: the job's recovery events, or its output written
+    under `dest_root/managed_jobs/ID/CLUSTER/JOB/rank-N.log`."""
+    import typer
+
+    from skypurza.events.fold import EXIT_NOT_FOUND
+
+    from .via_api_jobs import queue_rows
+
+    target = job_id
+    if target is None:
+        matching = sorted(int(r["id"]) for r in queue_rows(t, False, True) if name is None or r.get("name") == name)
+        target = matching[-1] if matching else None
+    missing = "No managed job" + (f" {job_id}" if job_id else (f" named {name}" if name else "s")) + "."
+    try:
+        if target is None:
+            typer.echo(missing, err=True)
+            return EXIT_NOT_FOUND
+        if controller:
+            for event, data in t.frames(f"/api/v1/jobs/{target}/controller"):
+                if event == "line":
+                    typer.echo(str(data.get("line") or ""))
+            return 0
+        listing = t.get(f"/api/v1/jobs/{target}/logs/files")
+    except ApiError as exc:
+        if exc.status == 404:
+            typer.echo(missing, err=True)
+            return EXIT_NOT_FOUND
+        raise fail(str(exc))
+    base = dest_root / "managed_jobs" / str(target)
+    written: list[Path] = []
+    cut: list[Path] = []
+    for c in listing.get("clusters") or []:
+        for job in c.get("jobs") or []:
+            got, files, was_cut = _files_of(t, str(c["cluster"]), int(job["job_id"]), int(job.get("num_nodes") or 1),
+                                            base / str(c["cluster"]) / str(job["job_id"]))
+            written += files
+            cut += was_cut
+    if not written:
+        typer.echo(f"Managed job {target} has printed nothing yet.")
+        return 0
+    typer.echo(f"Managed job {target}'s logs: {base}")
+    for f in written:
+        typer.echo(f"  {f}")
+    for f in cut:
+        typer.echo(f"{f}: cut at {MAX_LOG_FILE_BYTES // 2**20} MiB (the most the API server sends of one file); "
+                   "spz jobs logs prints all of it", err=True)
+    return 0

@@ -517,8 +517,10 @@ class Bus:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000) -> list[api.PubAck]:
-        """Pipelined appends (many in flight), each with its own Nats-Msg-Id; retried once by id."""
+    async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000,
+                           ack_wait: float = ACK_WAIT_S) -> list[api.PubAck]:
+        """Pipelined appends (many in flight), each with its own Nats-Msg-Id; what is not acked
+        within `ack_wait` of its window being sent is retried by id (`publish`'s retries)."""
         envs = [i if isinstance(i, Envelope) else self.envelope(i) for i in items]
         if self._hooks is not None:
             for env in envs:  # all checked before any is published
@@ -534,7 +536,7 @@ class Bus:
             # still unanswered after it is retried by id, one by one, as `settle` does.
             pending = [f for f in futs if not f.done()]
             if pending:
-                await asyncio.wait(pending, timeout=ACK_WAIT_S)
+                await asyncio.wait(pending, timeout=ack_wait)
             for env, fut in zip(chunk, futs):
                 ack = await self._settled(env, fut)
                 acks.append(ack)

@@ -28,7 +28,8 @@ from skypurza.services.api import directory_io
 from skypurza.services.api.app import ApiSettings, create_app
 
 # The services this rig does not run, each named in the 503 its routes answer without them.
-ABSENT = ("ledger", "GPU health manager is not answering", "metrics service is not answering")
+ABSENT = ("ledger", "GPU health manager is not answering", "metrics service is not answering",
+          "provisioner is not answering")
 ADMIN = "fuzz-admin-0123456789abcdef"  # longer than a fuzzed name is likely to be: never removed by the fuzz
 # A few examples each keep the whole fuzz under a minute; SKYPURZA_FUZZ_EXAMPLES=50 for a deeper run.
 EXAMPLES = int(os.environ.get("SKYPURZA_FUZZ_EXAMPLES", "3"))

@@ -71,7 +71,7 @@ def test_every_name_taking_path_answers_a_bad_name_with_422(served) -> None:
     for method, template in routes:
         cluster_route = template.startswith("/api/v1/clusters/")
         for bad in BAD:
-            path = template.replace("{job_id}", "1")
+            path = template.replace("{job_id}", "1").replace("{kind}", "provision").replace("{rank}", "0")
             if "{token_id}" in path:  # the user is a good name here; the token id is the bad one
                 path = path.replace("{name}", "root").replace("{token_id}", _segment(bad))
             else:

@@ -272,6 +272,49 @@ def test_a_pipelined_append_the_server_never_answers_is_retried_not_waited_for_e
     asyncio.run(main())
 
 
+def test_a_pipelined_window_the_server_never_answers_is_retried_by_id(nats_server):
+    """publish_many waits once per window (not a timer per append): what is still unanswered
+    after `ack_wait` is appended again with the same ids, each stored once, in order."""
+    import os
+    import signal
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish(submitted(0))
+        os.kill(nats_server.process.pid, signal.SIGSTOP)  # reads nothing, answers nothing
+        task = asyncio.ensure_future(bus.publish_many([submitted(i) for i in range(1, 21)], ack_wait=1.0))
+        await asyncio.sleep(0.3)  # the client has written the window to the socket
+        nats_server.kill()
+        nats_server.start()
+        acks = await asyncio.wait_for(task, 40)
+        assert len(acks) == 20 and [a.seq for a in acks] == sorted(a.seq for a in acks)
+        stored = await all_events(bus)
+        assert [s.event.task_id for s in stored] == [f"t{i}" for i in range(21)]
+        await bus.close()
+
+    asyncio.run(main())
+
+
+def test_what_the_bus_publishes_is_stored_byte_for_byte_as_the_validated_envelope(nats_server):
+    """The bus builds its envelopes without re-validating the event (envelope_of); the stored
+    bytes are those of the validated envelope (make_envelope) with the same id and time."""
+    from skypurza.events.envelope import make_envelope
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        t = datetime(2026, 10, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+        evs = [submitted(i) for i in range(3)]
+        envs = [bus.envelope(e, id=f"id-{i}", time=t) for i, e in enumerate(evs)]
+        await bus.publish_many(envs[:2])
+        await bus.publish(envs[2])
+        stored = await all_events(bus)
+        assert [s.raw for s in stored] == [make_envelope(e, source=bus.source, id=f"id-{i}", time=t).to_json()
+                                           for i, e in enumerate(evs)]
+        await bus.close()
+
+    asyncio.run(main())
+
+
 def test_a_replay_is_not_cut_short_by_a_server_that_pauses(nats_server):
     """A fetch that times out while the server still holds messages for the replay is not the
     end of the log (a server busy or just restarted delivers late)."""

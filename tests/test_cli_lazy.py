@@ -139,3 +139,13 @@ def test_help_loads_the_plugins_it_lists_but_no_open_command_module_but_those_th
     # cmd_events and cmd_audit: the ledger plugin adds `events export` and its part of `audit`
     assert {m for m in modules if m.startswith("skypurza.cli.cmd_")} == {"skypurza.cli.cmd_events",
                                                                          "skypurza.cli.cmd_audit"}
+
+
+def test_without_plugins_help_scans_no_entry_points() -> None:
+    """SKYPURZA_NO_PLUGINS: nothing looks the plugins up (importlib.metadata's scan of every
+    installed distribution is ~20-40 ms), and the listing has no platform command."""
+    r = subprocess.run([sys.executable, "-c", LISTED, "--help"], capture_output=True, text=True, timeout=120,
+                       env=_env(SKYPURZA_NO_PLUGINS="1"))
+    modules = set(json.loads(r.stderr.strip().splitlines()[-1]))
+    assert "launch" in r.stdout and "cost-report" not in r.stdout
+    assert not {m for m in modules if m.startswith(("importlib.metadata",) + PLUGIN_MODULES)}, sorted(modules)

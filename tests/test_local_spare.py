@@ -235,3 +235,14 @@ def test_the_spare_can_be_turned_off(tmp_path: Path) -> None:
     assert adapter.spare_pid() is None  # turned off: never started
     with pytest.raises(SettingsError, match="SKYPURZA_LOCAL_SPARE"):
         ProvisionerSettings.load(env={"SKYPURZA_LOCAL_SPARE": "sometimes"}, config={})
+
+
+def test_the_spare_has_done_what_a_new_agent_would_import_later() -> None:
+    """What a cold agent imports after NodeReady and at its first job is in the spare already."""
+    probe = "import json, sys; import skypurza.services.agent.spare; print(json.dumps(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+    modules = set(__import__("json").loads(r.stdout))
+    for later in ("skypurza.events.taskspec.task", "skypurza.services.agent.sampling", "venv",
+                  "skypurza.services.agent.agent", "skypurza.events.bus"):
+        assert later in modules, later

@@ -19,8 +19,13 @@ import json
 import os
 import sys
 
-# What the agent and its first job import, done while the spare waits (the reason it exists).
+# What the agent imports after NodeReady (node samples, a local node's user environment) and its
+# first job (the task spec), done while the spare waits: the reason it exists.
+import venv  # noqa: F401
+
 from skypurza.events.taskspec.task import Task  # noqa: F401
+
+from . import sampling  # noqa: F401
 
 from .__main__ import EXIT_BAD_SETTING, main as agent_main
 

@@ -6,23 +6,33 @@
 - `GET /api/v1/clusters/{name}/jobs/{id}/logs/files/{rank}`: one node's output as its
   `--sync-down` file holds it (`text/plain`, streamed as it is read from the logs stream; at most
   `max_bytes`, MAX_LOG_FILE_BYTES by default: a longer file is cut there and the client says so).
+- `GET /api/v1/jobs/{id}/controller`: a managed job's recovery history (`spz jobs logs
+  --controller`: there is no controller, its launches, preemptions and recoveries are events), one
+  `line` frame per event, then `end`.
+- `GET /api/v1/jobs/{id}/logs/files`: what `spz jobs logs --sync-down` downloads: each cluster the
+  managed job ran on, in order, with its jobs and their nodes; each file then comes from the
+  cluster route above.
 
-Who may: `logs` on the cluster's owner (a history) or the job's (a file): a member their own
-team's, an admin anyone's. Each response takes one of the caller's stream slots until it ends.
+Who may: `logs` on the cluster's owner (a history), the job's (a file) or the managed job's: a
+member their own team's, an admin anyone's. Each response takes one of the caller's stream slots until it ends.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from skypurza.events import naming, status_queries
 from skypurza.events.bus import Bus
-from skypurza.events.clusterhistory import HISTORIES, MAX_LOG_FILE_BYTES, history_lines, job_file_lines, log_file_name
+from skypurza.events.clusterhistory import (HISTORIES, MAX_LOG_FILE_BYTES, event_line, history_lines, job_file_lines,
+                                            log_file_name)
 
-from .deps import ApiDeps, ClusterName, JobId
+from . import timetravel
+from .clusterview import read_view
+from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName, JobId
 from .identity import Principal, authorize
 from .problems import forbidden, not_found, unavailable
 from .sse import SseResponse, StreamSlots, frame
@@ -55,6 +65,15 @@ async def _file(bus: Bus, name: str, job_id: int, rank: int, max_bytes: int) -> 
             pending.clear()
     if pending:
         yield bytes(pending)
+
+
+async def _controller(bus: Bus, job_id: int) -> AsyncIterator[bytes]:
+    n = 0
+    async for s in bus.replay(filter_subject=naming.aggregate_subjects(bus.stage, "mjob", str(job_id))):
+        if s.event is not None and s.envelope is not None:
+            n += 1
+            yield frame("line", {"line": event_line(s.event, s.envelope.time)}, s.seq)
+    yield frame("end", {"job_id": job_id, "lines": n})
 
 
 def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
@@ -101,5 +120,47 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
         return SseResponse(_file(deps.bus(), name, job_id, rank, max_bytes), release,
                            media_type="text/plain; charset=utf-8",
                            headers={"Content-Disposition": f'attachment; filename="{log_file_name(rank)}"'})
+
+    async def managed_or_404(job_id: int, who: Principal) -> None:
+        b = deps.bus()
+        try:
+            rows = await status_queries.jobs_queue(b, job_ids=[job_id], min_seq=await b.last_seq(),
+                                                   timeout=STATUS_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("jobs_queue query failed: %s: %s", type(exc).__name__, exc)
+            raise unavailable(f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
+                              "running (spz api status)?")
+        row = next((x for x in rows if x.get("job_id") == job_id), None)
+        if row is None:
+            raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
+        decision = authorize(who, "logs", row.get("user") or "", row.get("team"))
+        if not decision.allowed:
+            raise forbidden(decision.reason)
+
+    @r.get("/jobs/{job_id}/controller", responses=sse_doc, response_model=None,
+           summary="A managed job's recovery history (spz jobs logs --controller)")
+    async def controller(job_id: int = Path(..., ge=1, le=2**31 - 1, description="The managed job's id."),
+                         who: Principal = caller) -> SseResponse:
+        await managed_or_404(job_id, who)
+        release = slots.take(who.user)
+        return SseResponse(_controller(deps.bus(), job_id), release)
+
+    @r.get("/jobs/{job_id}/logs/files", summary="A managed job's log files (spz jobs logs --sync-down)")
+    async def managed_files(job_id: int = Path(..., ge=1, le=2**31 - 1, description="The managed job's id."),
+                            who: Principal = caller) -> dict[str, Any]:
+        await managed_or_404(job_id, who)
+        b = deps.bus()
+        try:
+            clusters = (await timetravel.managed_job_at(b, job_id, None)).clusters
+            out = []
+            for name in clusters:
+                view = await read_view(b, name)
+                out.append({"cluster": name, "jobs": [{"job_id": j, "num_nodes": int(getattr(view.jobs[j], "num_nodes", 0)
+                                                                                      or view.fold.num_nodes or 1)}
+                                                      for j in sorted(view.jobs)]})
+        except Exception as exc:
+            log.warning("reading managed job %s's clusters failed: %s: %s", job_id, type(exc).__name__, exc)
+            raise unavailable("the server cannot read the log just now; try again shortly", 2)
+        return {"job_id": job_id, "clusters": out}
 
     return r

@@ -62,10 +62,11 @@ def router(deps: ApiDeps) -> APIRouter:
             report = await provisioner_queries.reconcile(b, body.terminate_orphans)
         except RuntimeError as exc:  # the provisioner answered with its error
             raise Problem(502, "reconcile-failed", "Bad Gateway", f"reconciliation failed: {exc}"[:2000])
-        except Exception as exc:
+        except Exception as exc:  # no provisioner (no responders), or none within the bound
             log.warning("reconcile query failed: %s: %s", type(exc).__name__, exc)
-            raise unavailable(f"the provisioner did not answer in {provisioner_queries.RECONCILE_TIMEOUT_S:.0f} s; "
-                              "is the control plane running (spz api status)?")
+            raise unavailable(f"the provisioner is not answering (waited at most "
+                              f"{provisioner_queries.RECONCILE_TIMEOUT_S:.0f} s); is the control plane's provisioner "
+                              "running? (`spz api status`)")
         log.info("reconciliation asked by %s (terminate orphans: %s): %d orphan(s)", who.user,
                  body.terminate_orphans, len(report.get("orphans") or []))
         try:
