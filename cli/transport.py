@@ -37,11 +37,3 @@ def api() -> "ApiTransport | None":
     from .apitransport import ApiTransport
 
     return ApiTransport(ep)
-
-
-def not_over_api(verb: str, why: str) -> None:
-    """A verb (or a flag of one) the API server does not offer yet: refused in one line, never
-    silently run on an embedded bus the user did not choose."""
-    if endpoint() is not None:
-        raise fail(f"{verb} is not available through an API server yet ({why}); unset SKYPURZA_API_SERVER "
-                   "(or spz api logout) to run it on the embedded control plane", 2)

@@ -177,6 +177,12 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
     jobs = json.loads(_ok(spz(env, "jobs", "queue", "-r", "--infra", "local", "-o", "json")).stdout)
     assert [(j["id"], j["name"], j["status"], j["user"]) for j in jobs] == [(1, "mj", "SUCCEEDED", "alice")]
     assert "managed-hi" in _ok(spz(env, "jobs", "logs", "1", "--no-follow")).stdout.splitlines()
+    ctl = _ok(spz(env, "jobs", "logs", "1", "--controller")).stdout.splitlines()  # its recovery events
+    assert ctl[0].split(" ")[1] == "managed_job_submitted:" and "status=SUCCEEDED" in ctl[-1], ctl
+    r = _ok(spz(laptop, "jobs", "logs", "1", "--sync-down"))
+    [mfile] = (tmp_path / "laptop" / "sky_logs" / "managed_jobs" / "1").glob("*/*/rank-0.log")
+    assert "managed-hi" in mfile.read_text().splitlines() and f"  {mfile}" in r.stdout.splitlines(), r.stdout
+    assert _ok(spz(env, "jobs", "logs", "77", "--controller"), 102).stderr.strip() == "No managed job 77."
     assert _ok(spz(env, "jobs", "cancel", "-y", "1")).stdout.splitlines() == [
         "Managed job 1 already ended (SUCCEEDED).", "Nothing to cancel."]
     # A pipeline of two tasks: one managed job (through a server: POST /api/v1/jobs with both).
@@ -230,16 +236,14 @@ def _log_files_route(url: str, token: str) -> None:
 def test_an_unreachable_configured_server_is_one_line_not_a_hang(tmp_path: Path) -> None:
     env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": STAGE,
            "SKYPURZA_API_SERVER": f"http://127.0.0.1:{free_port()}", "SKYPURZA_API_TOKEN": "spz_a_b"}
-    for args in (("status",), ("logs", "c1"), ("exec", "c1", "echo hi")):
+    for args in (("status",), ("logs", "c1"), ("exec", "c1", "echo hi"), ("status", "-r"), ("logs", "c1", "--provision"),
+                 ("logs", "c1", "--sync-down"), ("jobs", "logs", "1", "--controller")):
         started = time.monotonic()
         r = _ok(spz(env, *args, timeout=60), 1)
         assert time.monotonic() - started < 30, args
         assert r.stderr.startswith("error: cannot reach the API server at http://127.0.0.1:") and \
             "spz api start" in r.stderr and "spz_a_b" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
-    # A flag the server does not offer is refused before anything is asked of it.
-    r = _ok(spz(env, "jobs", "logs", "--controller", "1"), 2)
-    assert "not available through an API server yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 FULL = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."

@@ -342,11 +342,12 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
         else:
             failures.append((i, why))
     tiers = {ctx.context: K8S_PLACEMENT_TIER.get(ctx.placement, 0) for ctx in kubernetes}
-    cands.sort(key=lambda c: rank_key(c, tiers))
+    # Without a tier other than 0 the rank key is the sort key (one call per candidate, not three).
+    cands.sort(key=(lambda c: rank_key(c, tiers)) if any(tiers.values()) else _sort_key)
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for c in cands:
-        k = c.key()
+        k = (c[0], c[1], c[2], c[3], c[5])  # c.key(), inlined: this runs per candidate
         if k not in seen:
             seen.add(k)
             unique.append(c)
@@ -368,6 +369,11 @@ def rank_key(c: Candidate, k8s_tiers: dict[str, int]) -> tuple[Any, ...]:
     tier = k8s_tiers.get(c.region or "", 0) if c.infra == "kubernetes" else 0
     order, *rest = c.sort_key()
     return (order, tier, *rest)
+
+
+def _sort_key(c: Candidate) -> tuple[Any, ...]:
+    """`Candidate.sort_key`, by position (the same order as `rank_key` when every tier is 0)."""
+    return (c[15], c[7], c[1] or "", c[2] or "", c[3], c[5], c[0])
 
 
 def describe_request(req: ResourceRequest) -> str:
@@ -619,7 +625,8 @@ def _close(word: str, options: Iterable[str]) -> str:
     return f"; did you mean {', '.join(m)}?" if m else ""
 
 
-def _aws_types(req: ResourceRequest, cat: Catalog) -> tuple[list[InstanceType], str, str]:
+def _aws_types(req: ResourceRequest, cat: Catalog,
+               index: CatalogIndex | None = None) -> tuple[list[InstanceType], str, str]:
     """(instance types, what-was-asked, why-none)."""
     acc = None
     count = req.accelerator_count or 1
@@ -666,8 +673,8 @@ def _aws_types(req: ResourceRequest, cat: Catalog) -> tuple[list[InstanceType], 
                                    f"(largest: {biggest.name}, {biggest.vcpus:g} vCPUs, {biggest.memory_gib:g} GiB)")
         return fits, asked_acc, ""
     need = _need(req, defaults=True)
-    cpu_types = [t for t in cat.types.values() if not t.accelerator]
-    pool = [t for t in cpu_types if t.family in DEFAULT_CPU_FAMILIES and need.fits(t)]
+    cpu_types, default_family = (index or index_for(cat)).cpu_types()
+    pool = [t for t in default_family if need.fits(t)]
     if not pool:
         # Better than SkyPilot, which gives up here: any CPU-only type that meets the minimums.
         pool = [t for t in cpu_types if need.fits(t)]
@@ -757,16 +764,47 @@ class CatalogIndex:
     - `floor_price(type, spot)`: the lowest price of a type anywhere in that market, a lower
       bound for every candidate of the type, which is what makes top-K pruning exact;
     - `regular_zones(type)`: per offering of the type (in `catalog.offerings` order), its zones
-      without Local Zones (which need an opt-in).
+      without Local Zones (which need an opt-in);
+    - `places(type, spot)`: the places of a type in a market that a request naming no region,
+      zone or per-region image can use, in the order the expansion visits them (`_Places`);
+    - `cpu_types()`: the CPU-only types, and those of SkyPilot's default families.
     """
 
-    __slots__ = ("catalog", "fingerprint", "_floors", "_regular")
+    __slots__ = ("catalog", "fingerprint", "_floors", "_regular", "_places", "_cpu_types")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
         self.fingerprint = catalog.fingerprint
         self._floors: dict[tuple[str, bool], int | None] = {}
         self._regular: dict[str, tuple[tuple[Any, ...], ...]] = {}
+        self._places: dict[tuple[str, bool], _Places] = {}
+        self._cpu_types: tuple[list[InstanceType], list[InstanceType]] | None = None
+
+    def cpu_types(self) -> tuple[list[InstanceType], list[InstanceType]]:
+        """(every CPU-only type, those of DEFAULT_CPU_FAMILIES), in catalog order; callers copy
+        before changing them."""
+        if self._cpu_types is None:
+            cpu = [t for t in self.catalog.types.values() if not t.accelerator]
+            self._cpu_types = (cpu, [t for t in cpu if t.family in DEFAULT_CPU_FAMILIES])
+        return self._cpu_types
+
+    def places(self, name: str, spot: bool) -> _Places:
+        key = (name, spot)
+        got = self._places.get(key)
+        if got is None:
+            rows: list[tuple[str, int, str | None, tuple[str, ...]]] = []
+            n_loc = 0
+            for off, regular in zip(self.catalog.offerings(name), self.regular_zones(name)):
+                if not regular:
+                    continue
+                n_loc += 1
+                if spot:
+                    rows.extend((off.region, z.spot_micros, z.zone, (z.zone,)) for z in regular
+                                if z.spot_micros is not None)
+                elif off.ondemand_micros is not None:
+                    rows.append((off.region, off.ondemand_micros, None, tuple(z.zone for z in regular)))
+            got = self._places[key] = _Places(tuple(rows), n_loc, min((r[1] for r in rows), default=None))
+        return got
 
     def floor_price(self, name: str, spot: bool) -> int | None:
         key = (name, spot)
@@ -789,6 +827,15 @@ class CatalogIndex:
         return got
 
 
+class _Places(NamedTuple):
+    """A type's places in one market for a request that names no region, zone or per-region
+    image: what `_aws_candidates`' general loop would visit, precomputed once per catalog."""
+
+    rows: tuple[tuple[str, int, str | None, tuple[str, ...]], ...]  # (region, price, zone, zones)
+    n_loc: int  # offerings with a regular zone (the loop's `n_loc` for this type)
+    cheapest: int | None  # the lowest price among `rows`
+
+
 _INDEXES: OrderedDict[str, CatalogIndex] = OrderedDict()
 INDEX_CACHE_SIZE = 4  # a spot refresh makes a new catalog every few minutes; older ones go
 
@@ -806,7 +853,7 @@ def index_for(catalog: Catalog) -> CatalogIndex:
 
 def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog, index: CatalogIndex,
                     blocks: Sequence[Block], limit: int | None = None) -> tuple[list[Candidate], str]:
-    types, what, why = _aws_types(req, cat)
+    types, what, why = _aws_types(req, cat, index)
     if not types:
         return [], why
     if limit is not None:
@@ -847,6 +894,14 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog, index: C
     spot = req.use_spot
     disk = req.disk_size_gb or DEFAULT_DISK_SIZE_GB
     order = req.order or 0
+    if region is None and zone_id is None and zone_name is None and image_regions is None:
+        # Most requests name no place: visit the index's precomputed places (same order, same result).
+        out, n_loc, n_market, n_price, cheapest_seen = _candidates_anywhere(
+            i, types, n, index, blocks, limit, bool(spot), req.image_id, disk, order, max_micros)
+        if out:
+            return out, ""
+        return [], _why_empty(req, cat, types, what, region, None, image_regions,
+                              n_loc, n_market, n_price, cheapest_seen, max_micros)
     n_loc = n_market = n_price = 0
     cheapest_seen: int | None = None
     out: list[Candidate] = []
@@ -920,6 +975,63 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog, index: C
         return out, ""
     return [], _why_empty(req, cat, types, what, region, zone_id or zone_name, image_regions,
                           n_loc, n_market, n_price, cheapest_seen, max_micros)
+
+
+_new_tuple = tuple.__new__  # a Candidate from a ready tuple, without NamedTuple's __new__ in Python
+
+
+def _candidates_anywhere(i: int, types: Sequence[InstanceType], n: int, index: CatalogIndex,
+                         blocks: Sequence[Block], limit: int | None, spot: bool, image: Any, disk: int,
+                         order: int, max_micros: int | None
+                         ) -> tuple[list[Candidate], int, int, int, int | None]:
+    """`_aws_candidates`' loop for a request that names no region, zone or per-region image,
+    over `index.places`: the same candidates in the same order, and the same counts for
+    `_why_empty` (this runs once per placement: issue 21)."""
+    out: list[Candidate] = []
+    append = out.append
+    best: list[int] = []  # max-heap (negated) of the `limit` lowest one-node prices found so far
+    full = limit is not None and limit <= 0  # the heap holds `limit` prices
+    n_loc = n_market = n_price = 0
+    cheapest_seen: int | None = None
+    push, replace = heapq.heappush, heapq.heapreplace
+    for t in types:
+        name = t.name
+        if full:
+            floor = index.floor_price(name, spot)
+            if floor is not None and floor > -best[0]:
+                break  # this type and every later one cost more than the limit-th candidate
+        places = index.places(name, spot)
+        n_loc += places.n_loc
+        if not places.rows:
+            continue
+        n_market += len(places.rows)
+        if cheapest_seen is None or places.cheapest < cheapest_seen:  # type: ignore[operator]
+            cheapest_seen = places.cheapest
+        accs = {t.accelerator: float(t.accelerator_count)} if t.accelerator else None
+        vcpus, memory = t.vcpus, t.memory_gib
+        for r, p, z, zones in places.rows:
+            if max_micros is not None and p > max_micros:
+                continue
+            n_price += 1
+            if full and p > -best[0]:
+                continue  # cannot enter the top `limit`
+            if blocks:
+                if spot:
+                    if any(b.covers("aws", r, z, name, True) for b in blocks):
+                        continue
+                else:
+                    zones = _surviving_zones(blocks, "aws", r, zones, name, False)
+                    if not zones:
+                        continue
+            append(_new_tuple(Candidate, ("aws", r, z, name, accs, spot, p, p * n, vcpus, memory, image, disk, n,
+                                          zones, i, order)))
+            if limit is not None:
+                if len(best) < limit:
+                    push(best, -p)
+                    full = len(best) >= limit
+                elif p < -best[0]:
+                    replace(best, -p)
+    return out, n_loc, n_market, n_price, cheapest_seen
 
 
 def _keep_lowest(heap: list[int], price: int, limit: int) -> None:
