@@ -213,10 +213,10 @@ def cluster_state_subjects(stage: str, name: str) -> list[str]:
     """One subject per event type of the cluster aggregate that the fold reads (every registered
     one but NOT_CLUSTER_STATE); a type this CLI does not know could not be folded anyway."""
     from skypurza.events import naming
-    from skypurza.events.registry import REGISTRY
+    from skypurza.events.modeltable import names_of_aggregate  # from the table: no model is built
 
     return [naming.event_filter(stage, "cluster", n, aggregate_id=name)
-            for n, cls in sorted(REGISTRY.items()) if cls.AGGREGATE == "cluster" and n not in NOT_CLUSTER_STATE]
+            for n in names_of_aggregate("cluster") if n not in NOT_CLUSTER_STATE]
 
 
 async def read_cluster(bus: Any, name: str) -> Cluster:

@@ -445,9 +445,8 @@ async def connect_bus(stage: str, source: str = "cli"):
     # there or is gone (cli/lostplane.py).
     bus = watch(await bounded_connect(Bus.connect(url, stage, source=f"/skypurza/{stage}/{source}",
                                                   ping_interval=PING_INTERVAL_S, credentials=creds), url))
-    # What the CLI publishes is checked against its declared contract, as a service's is.
-    from skypurza.events.service import declared_bus
+    # What the CLI publishes is checked against its declared contract, as a service's is (by
+    # name, cli/cliemits.py: the contract's classes are most of the event models).
+    from .cliemits import CliDeclared
 
-    from .contracts import CLI
-
-    return declared_bus(bus, CLI)
+    return bus.watched(CliDeclared())

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import richlight
+if __name__ == "__main__":  # `python -m skypurza.cli.main --help`: the cached text, before typer loads
+    import sys
+
+    from .helpcache import serve
+
+    serve(sys.argv[1:])
+
+from . import richlight  # noqa: E402
 
 richlight.install()  # before typer's help renderer loads: ~150 ms of every --help (cli/richlight.py)
 
@@ -95,4 +102,9 @@ def load_all() -> typer.Typer:
 
 
 if __name__ == "__main__":
-    app()
+    from .helpcache import HELP_ARGS, run_recorded
+
+    if tuple(sys.argv[1:]) in HELP_ARGS:
+        run_recorded(app)  # recorded for the next one
+    else:
+        app()

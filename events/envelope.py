@@ -7,8 +7,10 @@ come back as `Decoded` with `event=None` and a reason, so a consumer can skip (a
 hold them; only a payload that claims a known version and does not validate is poison.
 
 The event base class and the registry live one floor down, in `registry.py`, under the models;
-this module imports the models (so the registry is full before anything is decoded) and
-re-exports the base, so `envelope` stays the one place callers find `Event` and `register`.
+this module re-exports the base, so `envelope` stays the one place callers find `Event` and
+`register`. It imports no model: decoding a type imports the one module that defines it
+(`modeltable.model_for`), so a command builds only the models it meets (issue 21); a caller that
+lists every type imports `events.models` (or `modeltable.load_all()`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Callable, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import SchemaValidator
 
-from . import models as _models  # noqa: F401  (importing the models fills the registry)
+from .modeltable import model_for
 from .registry import (  # noqa: F401  (re-exported: the event base, for callers of `envelope`)
     REGISTRY,
     TYPE_PREFIX,
@@ -109,7 +111,9 @@ class Envelope(BaseModel):
 
 
 def upcast(event_name: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
-    cls = REGISTRY[event_name]
+    cls = model_for(event_name)
+    if cls is None:
+        raise PoisonEvent(f"unknown event type {event_name!r}")
     while version < cls.VERSION:
         step = UPCASTERS.get((event_name, version))
         if step is None:
@@ -205,7 +209,7 @@ _FAST_TYPES: dict[bytes, tuple[str, Callable[[bytes], Any]]] = {}
 
 
 def _fast_type(m: re.Match[bytes]) -> tuple[str, Callable[[bytes], Any]] | None:
-    cls = REGISTRY.get(m.group(1).decode())
+    cls = model_for(m.group(1).decode())
     if cls is None or cls.VERSION != int(m.group(2)):
         return None
     model = _typed_envelope(cls)
@@ -250,7 +254,7 @@ def decode(payload: bytes) -> Decoded:
 
 def decode_envelope(env: Envelope) -> Decoded:
     name, version = split_type(env.type)
-    cls = REGISTRY.get(name)
+    cls = model_for(name)
     if cls is None or version == 0:
         return Decoded(env, None, "unknown", f"unknown event type {env.type!r}")
     if version > cls.VERSION:

@@ -276,6 +276,20 @@ def home_dir() -> Path:
     return Path(os.environ.get("SKYPURZA_HOME") or Path.home() / f".{PROJECT}")
 
 
+def cache_dir() -> Path:
+    """What the CLI may rebuild at any time (its rendered `spz --help`): `$SKYPURZA_HOME/cache`
+    where SKYPURZA_HOME is set, else the user's cache dir (`$XDG_CACHE_HOME/skypurza`)."""
+    import os
+
+    if os.environ.get("SKYPURZA_HOME"):
+        return Path(os.environ["SKYPURZA_HOME"]) / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / PROJECT
+
+
+def help_cache_file(key: str) -> Path:
+    return cache_dir() / f"help-{key}.json"
+
+
 def projections_file(stage: str) -> Path:
     return state_dir(stage) / f"{name(stage, 'ledger', 'projections')}.duckdb"
 

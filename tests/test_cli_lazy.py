@@ -131,9 +131,10 @@ def test_a_command_imports_its_own_module_and_no_plugin(tmp_path, args: list[str
     assert plugins == [], f"spz {' '.join(args)} loaded the platform plugins: {plugins}"
 
 
-def test_help_loads_the_plugins_it_lists_but_no_open_command_module_but_those_they_extend() -> None:
+def test_help_loads_the_plugins_it_lists_but_no_open_command_module_but_those_they_extend(tmp_path) -> None:
+    # A fresh home: no cached help (cli/helpcache.py), so typer renders it.
     r = subprocess.run([sys.executable, "-c", LISTED, "--help"], capture_output=True, text=True, timeout=120,
-                       env=_env())
+                       env=_env(SKYPURZA_HOME=str(tmp_path)))
     modules = set(json.loads(r.stderr.strip().splitlines()[-1]))
     assert "cost-report" in r.stdout and "skypurza.services.ledger.cli" in modules
     # cmd_events and cmd_audit: the ledger plugin adds `events export` and its part of `audit`
@@ -141,11 +142,11 @@ def test_help_loads_the_plugins_it_lists_but_no_open_command_module_but_those_th
                                                                          "skypurza.cli.cmd_audit"}
 
 
-def test_without_plugins_help_scans_no_entry_points() -> None:
+def test_without_plugins_help_scans_no_entry_points(tmp_path) -> None:
     """SKYPURZA_NO_PLUGINS: nothing looks the plugins up (importlib.metadata's scan of every
     installed distribution is ~20-40 ms), and the listing has no platform command."""
     r = subprocess.run([sys.executable, "-c", LISTED, "--help"], capture_output=True, text=True, timeout=120,
-                       env=_env(SKYPURZA_NO_PLUGINS="1"))
+                       env=_env(SKYPURZA_NO_PLUGINS="1", SKYPURZA_HOME=str(tmp_path)))
     modules = set(json.loads(r.stderr.strip().splitlines()[-1]))
     assert "launch" in r.stdout and "cost-report" not in r.stdout
     assert not {m for m in modules if m.startswith(("importlib.metadata",) + PLUGIN_MODULES)}, sorted(modules)

@@ -33,8 +33,10 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 """
 
 
-def test_help_imports_no_bus_no_duckdb_no_models() -> None:
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+def test_help_imports_no_bus_no_duckdb_no_models(tmp_path) -> None:
+    # A fresh home: no cached help (cli/helpcache.py), so typer renders it.
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SKYPURZA_HOME": str(tmp_path)})
     report = json.loads(r.stderr.strip().splitlines()[-1])
     assert report["code"] in (0, None) and "launch" in r.stdout and "check-yaml" in r.stdout, r.stdout
     modules = report["modules"]

@@ -1,10 +1,11 @@
 """Concurrent identical reads share one answer: a request that arrives while the same query is in
 flight waits for it instead of asking again.
 
-No state outlives a query (the server keeps none): an entry is dropped the moment its answer is
-in. Used for `GET /api/v1/clusters`, keyed by what the status query depends on (the log's sequence
-it must have caught up with, and whether terminated clusters are in): fifty clients listing at once
-cost the status service one query, not fifty (bench/api.py). Callers must not change the answer.
+No state outlives a query: an entry is dropped the moment its answer is in (what is kept after,
+per log position, is services/api/listing.py's). Used for `GET /api/v1/clusters`, keyed by what the
+status query depends on (the log's sequence it must have caught up with, and whether terminated
+clusters are in) and by each caller's scope: fifty clients listing at once cost the status service
+one query, not fifty (bench/api.py). Callers must not change the answer.
 """
 
 from __future__ import annotations

@@ -66,12 +66,52 @@ def to_event_candidate(c: Candidate) -> EventCandidate:
     """A placement candidate as the events carry it; on-demand candidates get a zone pinned
     (the cheapest allowed one) so that a capacity error blocks a zone, not the region."""
     zone = c.zone or (c.zones[0] if c.zones else None)
+    if _already_valid(c, zone):
+        return _valid_event_candidate(c, zone)
     return EventCandidate(
         infra=c.infra, region=c.region, zone=zone, zones=list(c.zones), instance_type=c.instance_type,
         accelerators=c.accelerators, use_spot=c.use_spot, vcpus=c.vcpus, memory_gib=c.memory_gib,
         hourly_price_micros=c.hourly_price_micros, num_nodes=c.num_nodes, image_id=c.image_id,
         disk_size_gb=c.disk_size_gb,
     )
+
+
+# The fields `to_event_candidate` sets: what validation would mark as set on the model.
+_SET_FIELDS = frozenset({"infra", "region", "zone", "zones", "instance_type", "accelerators", "use_spot", "vcpus",
+                         "memory_gib", "hourly_price_micros", "num_nodes", "image_id", "disk_size_gb"})
+
+
+def _str_or_none(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _already_valid(c: Candidate, zone: str | None) -> bool:
+    """True when every value already has the exact type validation would give it (placement's
+    own candidates always do), so validating could neither refuse nor change anything."""
+    accs = c.accelerators
+    return (type(c.infra) is str and type(c.instance_type) is str and _str_or_none(c.region) and _str_or_none(zone)
+            and _str_or_none(c.image_id) and type(c.use_spot) is bool and type(c.vcpus) is float
+            and type(c.memory_gib) is float and type(c.hourly_price_micros) is int and type(c.num_nodes) is int
+            and type(c.disk_size_gb) is int and all(type(z) is str for z in c.zones)
+            and (accs is None or (type(accs) is dict
+                                  and all(type(k) is str and type(v) is float for k, v in accs.items()))))
+
+
+def _valid_event_candidate(c: Candidate, zone: str | None) -> EventCandidate:
+    """`EventCandidate(...)` for values `_already_valid` checked, without validating them again
+    (a placement converts eleven candidates: issue 21). The same model, field for field, as the
+    validating constructor builds (fresh containers included)."""
+    out = object.__new__(EventCandidate)
+    object.__setattr__(out, "__dict__", {
+        "infra": c.infra, "region": c.region, "zone": zone, "zones": list(c.zones), "instance_type": c.instance_type,
+        "accelerators": None if c.accelerators is None else dict(c.accelerators), "use_spot": c.use_spot,
+        "vcpus": c.vcpus, "memory_gib": c.memory_gib, "hourly_price_micros": c.hourly_price_micros,
+        "num_nodes": c.num_nodes, "image_id": c.image_id, "disk_size_gb": c.disk_size_gb, "reservation": None,
+    })
+    object.__setattr__(out, "__pydantic_fields_set__", set(_SET_FIELDS))
+    object.__setattr__(out, "__pydantic_extra__", None)
+    object.__setattr__(out, "__pydantic_private__", None)
+    return out
 
 
 def from_event_candidate(c: EventCandidate) -> Candidate:
