@@ -124,3 +124,31 @@ def test_a_new_agent_imports_only_what_it_needs_before_node_ready() -> None:
     assert "skypurza.services.agent.agent" in modules and "skypurza.events.bus" in modules  # it really loaded
     heavy = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in AGENT_HEAVY))
     assert heavy == [], f"the agent imports {heavy} before NodeReady"
+
+
+# Event modules `spz exec` never decodes nor publishes: their models are not built in its process
+# (events/modeltable.py), nor the contract machinery (cli/cliemits.py checks its publishes).
+EXEC_NEVER = ("skypurza.events.models", "skypurza.events.dispatch_events", "skypurza.events.dispatch_policy",
+              "skypurza.events.ledger_events", "skypurza.events.alert_events", "skypurza.events.health_events",
+              "skypurza.events.task_events", "skypurza.events.contract", "skypurza.events.service",
+              "skypurza.cli.contracts", "aiohttp")
+
+
+def test_exec_builds_only_the_models_it_reads(nats_server, tmp_path) -> None:
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path / "home"), "SKYPURZA_STAGE": "light",
+           "SKYPURZA_NATS_URL": nats_server.url}
+    r = subprocess.run([sys.executable, "-c", PROBE, "exec", "nosuch", "echo hi"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=tmp_path)
+    report = json.loads(r.stderr.strip().splitlines()[-1])
+    assert report["code"] == 1 and "nosuch does not exist" in r.stderr, r.stderr[-1500:]
+    modules = report["modules"]
+    assert "skypurza.events.bus" in modules and "skypurza.events.cluster_events" in modules  # it read the bus
+    heavy = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in EXEC_NEVER))
+    assert heavy == [], f"spz exec imported {heavy}"
+
+
+def test_the_clis_publish_check_names_what_its_contract_declares() -> None:
+    from skypurza.cli.cliemits import CLI_EMITS
+    from skypurza.cli.contracts import CLI
+
+    assert CLI_EMITS == frozenset(c.EVENT_NAME for c in CLI.emits)
