@@ -6,11 +6,12 @@ Importing typer, click and rich's help renderer is most of a cold `--help` (~0.1
 terminal looks, so the first run renders it with typer as ever, recording what was written and
 the exit code; a later run with the same `help_key` writes the recorded bytes back and exits.
 
-The key covers what the rendering reads: the version, every file of this CLI package (an edited
-help text re-renders), the directories on sys.path (installing or removing a plugin changes
-them), the program name, the streams (which are terminals, their sizes and encodings) and the
+The key covers what the rendering reads: the version, the directories on sys.path (installing or
+removing a plugin changes them), the program name, the streams (which are terminals, their sizes and encodings) and the
 environment variables rich, typer and click consult (width, colour: COLUMNS, TERM, NO_COLOR,
-FORCE_COLOR, ...) plus every SKYPURZA_ variable. Anything unusual (a stream written as bytes, a
+FORCE_COLOR, ...) plus every SKYPURZA_ variable. The cached text also lists every module file
+that rendered it (ours, the plugins', typer's and rich's) with its mtime and size: one changed
+(an edited help text, an upgrade) renders again. Anything unusual (a stream written as bytes, a
 cache file that cannot be read) falls back to typer and caches nothing.
 """
 
@@ -51,14 +52,7 @@ def _stream_facts() -> list[Any]:
     return out
 
 
-def _code_facts() -> list[Any]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    files = []
-    with os.scandir(here) as it:
-        for e in it:
-            if e.name.endswith(".py"):
-                st = e.stat()
-                files.append((e.name, st.st_mtime_ns, st.st_size))
+def _place_facts() -> list[Any]:
     paths = []
     for p in sys.path:
         try:
@@ -67,13 +61,43 @@ def _code_facts() -> list[Any]:
             paths.append((p, None))
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return [sorted(files), paths, sys.argv[0], getattr(spec, "name", None), sys.version]
+    return [paths, sys.argv[0], getattr(spec, "name", None), sys.version]
+
+
+def _module_files() -> list[list[Any]]:
+    """(file, mtime, size) of every module loaded: what rendered the help (ours, the plugins',
+    typer's, rich's). A cached text is served only while each is unchanged: an edited help
+    text, an upgraded typer or a reinstalled plugin renders again."""
+    out = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out.append([path, st.st_mtime_ns, st.st_size])
+    return sorted(out)
+
+
+def _unchanged(files: Any) -> bool:
+    if not isinstance(files, list) or not files:
+        return False
+    for entry in files:
+        try:
+            path, mtime, size = entry
+            st = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return False
+        if (st.st_mtime_ns, st.st_size) != (mtime, size):
+            return False
+    return True
 
 
 def current_key() -> str:
     from skypurza import __version__
 
-    return help_key(__version__, dict(os.environ), [_code_facts(), _stream_facts()])
+    return help_key(__version__, dict(os.environ), [_place_facts(), _stream_facts()])
 
 
 class _Recorder:
@@ -114,7 +138,8 @@ def serve(argv: list[str]) -> None:
             return
         doc = json.loads(path.read_text(encoding="utf-8"))
         out, err, code = doc["out"], doc["err"], doc["code"]
-        if not (isinstance(out, str) and isinstance(err, str) and isinstance(code, int)):
+        if not (isinstance(out, str) and isinstance(err, str) and isinstance(code, int)) \
+                or not _unchanged(doc.get("files")):
             return
     except (OSError, ValueError, KeyError, TypeError):
         return  # no cache yet, or not one we can read: typer renders it
@@ -139,27 +164,15 @@ def run_recorded(app: Any) -> None:
     finally:
         sys.stdout, sys.stderr = out._stream, err._stream
         if out.clean and err.clean and isinstance(0 if code is None else code, int):
-            _store("".join(out.text), "".join(err.text), 0 if code is None else code)
+            _store("".join(out.text), "".join(err.text), 0 if code is None else code, _module_files())
 
 
-def _store(out: str, err: str, code: int) -> None:
+def _store(out: str, err: str, code: int, files: list[list[Any]]) -> None:
     try:
         path = _cache_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"out": out, "err": err, "code": code}), encoding="utf-8")
+        tmp.write_text(json.dumps({"out": out, "err": err, "code": code, "files": files}), encoding="utf-8")
         os.replace(tmp, path)  # atomic: a concurrent `spz --help` reads the old file or the new
     except OSError:
         pass  # a read-only home: the help was printed, only the next one is slower
-
-
-def main() -> None:
-    """The `spz` script: a cached top-level help, else the CLI (recording a top-level help)."""
-    argv = sys.argv[1:]
-    serve(argv)
-    from .main import app
-
-    if tuple(argv) in HELP_ARGS:
-        run_recorded(app)
-    else:
-        app()

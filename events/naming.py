@@ -574,6 +574,12 @@ def k8s_pod(stage: str, cluster: str, rank: int) -> str:
     return f"{base}-{rank}"
 
 
+def k8s_secret(stage: str, cluster: str) -> str:
+    """The cluster's Secret: its agents' own bus user and password, read by the pods'
+    `valueFrom.secretKeyRef` (never a plain value in the pod spec); deleted with the cluster."""
+    return _dns_label(name(stage, "creds", _k8s_part(cluster)))
+
+
 def k8s_labels(stage: str, cluster: str) -> dict[str, str]:
     """What every object of a cluster carries (the listing selector is the stage's part)."""
     return {K8S_LABEL_STAGE: check_stage(stage), K8S_LABEL_CLUSTER: cluster}

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -531,15 +532,24 @@ def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_ho
     asyncio.run(job_succeeded())
     pods = roomy.pods()
     assert pods
+    secret_name = naming.k8s_secret(DEPLOY_STAGE, "kc1")
+    [secret] = [s for s in roomy.secrets() if s["metadata"]["name"] == secret_name]
+    assert naming.k8s_labels(DEPLOY_STAGE, "kc1").items() <= secret["metadata"]["labels"].items()
+    assert "stringData" not in secret  # stored as `data`, as the API server does
+    ns = secret["metadata"]["namespace"]
+    password = roomy.secret_value(ns, secret_name, PASSWORD_ENV)
+    assert roomy.secret_value(ns, secret_name, USER_ENV) == naming.cluster_agent_user("kc1")
+    assert password and password not in shared.values()
     for pod in pods:
         container = pod["spec"]["containers"][0]
-        pod_env = {e["name"]: e.get("value") for e in container.get("env") or []}
-        assert pod_env[USER_ENV] == naming.cluster_agent_user("kc1")
-        assert pod_env[PASSWORD_ENV] and pod_env[PASSWORD_ENV] not in shared.values()
-        assert "SKYPURZA_NATS_CREDS" not in pod_env
+        by_name = {e["name"]: e for e in container.get("env") or []}
+        for key in (USER_ENV, PASSWORD_ENV):  # from the Secret, never a plain value in the pod spec
+            assert "value" not in by_name[key]
+            assert by_name[key]["valueFrom"] == {"secretKeyRef": {"name": secret_name, "key": key}}
+        assert password not in json.dumps(pod)
+        assert "SKYPURZA_NATS_CREDS" not in by_name
         assert container["command"][container["command"].index("--nats") + 1] == f"nats://{advertised}"
-    pod_creds = BusCredentials(naming.cluster_agent_user("kc1"), {e["name"]: e.get("value") for e in
-                               pods[0]["spec"]["containers"][0]["env"]}[PASSWORD_ENV])
+    pod_creds = BusCredentials(naming.cluster_agent_user("kc1"), password)
     assert (sd / "bus-agents" / "kc1.json").exists()
 
     down = httpx.post(f"{api}/api/v1/clusters/kc1/down", headers=headers, timeout=20)
@@ -560,6 +570,11 @@ def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_ho
 
     asyncio.run(refused_after_teardown())
     assert not (sd / "bus-agents" / "kc1.json").exists()
+    gone_by = time.monotonic() + 30  # the Secret goes with the cluster's pods: no orphan
+    while any(s["metadata"]["name"] == secret_name for s in roomy.secrets()) and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert [s["metadata"]["name"] for s in roomy.secrets()] == []
+    assert roomy.pods() == []
     log = (sd / "logs" / "nats-server.log").read_text(errors="replace")
     refused = [ln for ln in log.splitlines() if "Publish Violation" in ln or "Subscription Violation" in ln]
     assert not refused, refused[:10]

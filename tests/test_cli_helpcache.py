@@ -103,3 +103,22 @@ def test_other_commands_never_touch_the_cache(tmp_path) -> None:
     r = _run([SPZ, "--version"], env)
     assert r.returncode == 0 and r.stdout.startswith("spz ")
     assert _cached(tmp_path) == []
+
+
+def test_a_changed_module_file_renders_again(tmp_path) -> None:
+    """The cached text lists the files that rendered it: one whose mtime or size moved (an edited
+    help, an upgraded typer) is rendered by typer again, not served stale."""
+    import json
+
+    env = _env(tmp_path, COLUMNS="100")
+    good = _run([SPZ, "--help"], env).stdout
+    (path,) = _cached(tmp_path)
+    doc = json.loads(path.read_text())
+    ours = [f for f in doc["files"] if f[0].endswith("commandtable.py")]
+    assert ours, "the table of commands is among the files that rendered the help"
+    ours[0][1] -= 1  # as if cli/commandtable.py had been edited since
+    doc["out"] = "stale\n"
+    path.write_text(json.dumps(doc))
+    r = _run([SPZ, "--help"], env)
+    assert r.stdout == good
+    assert json.loads(path.read_text())["out"] == good  # recorded again, with the real mtimes

@@ -204,6 +204,49 @@ def test_forced_dcgm_never_falls_back(node):
     assert s.gpu_error.startswith("Error: unable to establish a connection")
 
 
+# ---------------------------------------------------------------- the GPUs a node announces (NodeReady.gpus)
+
+
+@pytest.fixture
+def only_on_path(tmp_path, monkeypatch):
+    """PATH holds the given fake tools and the system's (sh, grep): nothing else GPU-ish."""
+    def use(*tools: str, case: str = "healthy") -> None:
+        bin_dir = install(tmp_path / "only", dcgm=True)
+        for name in ("nvidia-smi", "dcgmi"):
+            if name not in tools:
+                (bin_dir / name).unlink()
+        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+        monkeypatch.setenv("SPZ_FAKE_GPU_DEFAULT", case)
+    return use
+
+
+def test_detect_gpus_asks_dcgm_and_falls_back_to_nvidia_smi(only_on_path):
+    from skypurza.services.agent.gpus import detect_gpus, names_of_discovery
+
+    only_on_path("dcgmi")  # a node with DCGM and no nvidia-smi on PATH still announces its GPUs
+    assert detect_gpus() == {"H100": 2} and detect_gpus("dcgm") == {"H100": 2}
+    assert detect_gpus("nvidia-smi") == {}  # forced: dcgmi is not asked
+    only_on_path("dcgmi", "nvidia-smi", case="xid79")
+    assert detect_gpus() == {"H100": 2}  # DCGM lists the GPU that no longer answers; nvidia-smi does not
+    assert detect_gpus("nvidia-smi") == {"H100": 1}
+    only_on_path("dcgmi", "nvidia-smi", case="dcgm-down")
+    assert detect_gpus() == {"H100": 2}  # DCGM down: nvidia-smi answers
+    assert detect_gpus("dcgm") == {}  # forced, and it did not answer: no fallback
+    only_on_path()
+    assert detect_gpus() == {} and detect_gpus("dcgm") == {}  # neither tool: a CPU node
+    assert names_of_discovery(_read("dcgm-down", "dcgm_discovery.txt")) == {}
+    assert names_of_discovery("1 GPU found.\n| 0 | Name:  |\n") == {"GPU": 1}
+
+
+def test_detect_gpus_does_not_wait_for_a_hung_dcgmi(only_on_path):
+    from skypurza.services.agent.gpus import detect_gpus
+
+    only_on_path("dcgmi", "nvidia-smi", case="dcgm-hang")
+    began = time.monotonic()
+    assert detect_gpus(timeout_s=0.5) == {"H100": 2}  # dcgmi killed after the timeout, nvidia-smi read
+    assert time.monotonic() - began < 5.0
+
+
 # ---------------------------------------------------------------- real agents, the real health manager
 
 
@@ -260,6 +303,8 @@ def test_agents_reading_dcgm_are_judged_and_drained(nats_server, spz_home, tmp_p
                 if case == "xid79":
                     xid = next(e for e in evs if e.EVENT_NAME == "gpu_unhealthy" and e.rule == "xid")
                     assert xid.evidence["xid"] == 79 and xid.severity == "fatal"
+                    # The agent announced what DCGM lists (2), not nvidia-smi's 1: the source choice.
+                    assert [e.gpus for e in evs if e.EVENT_NAME == "node_ready"] == [{"H100": 2}]
             await until(lambda: {s.cluster for s in samples if len(s.gpus) == 2} >= {"d-healthy", "d-down"},
                         timeout=20, what="samples of the healthy nodes")
             last = {s.cluster: s for s in samples}

@@ -1,6 +1,7 @@
 """The shipped RBAC manifests (services/provisioner/k8s_rbac.yaml) are valid for the newest
 Kubernetes, strict, and grant every call the backend makes: a launch that fails over, one that
-comes up, a listing for reconciliation, a capacity read and a down, recorded by the emulator."""
+comes up (with the cluster's own bus credentials in its Secret) and is redelivered, a listing
+for reconciliation, a capacity read and a down, recorded by the emulator."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kube_emulator import KubeCluster, write_kubeconfig
 
 import skypurza.services.provisioner as provisioner
 from skypurza.events.k8s_config import KubernetesSettings
+from skypurza.events.natscreds import BusCredentials
 from skypurza.services.provisioner.adapter import CapacityError, ClusterRef, LaunchSpec
 from skypurza.services.provisioner.k8s import KubernetesAdapter
 
@@ -53,7 +55,8 @@ def test_every_call_the_backend_makes_is_granted(tmp_path: Path) -> None:
 
         def spec(token: str) -> LaunchSpec:
             return LaunchSpec(stage="test", cluster="r", launch_token=token, instance_type="2CPU--4GB--L4:1",
-                              region="ctx", num_nodes=2, infra="kubernetes")
+                              region="ctx", num_nodes=2, infra="kubernetes",
+                              bus_credentials=BusCredentials("agent@r", "pw"))
 
         async def main() -> None:
             a = KubernetesAdapter(settings, nats_url="nats://x:4222", stage="test", poll_s=0.02)
@@ -64,6 +67,7 @@ def test_every_call_the_backend_makes_is_granted(tmp_path: Path) -> None:
                     pass
                 refuse["on"] = False
                 await a.launch(spec("t2"))
+                await a.launch(spec("t2"))  # redelivered: the pods adopted, the Secret patched
                 await a.list_owned("test")
                 await a.describe(ClusterRef(stage="test", cluster="r", region="ctx", infra="kubernetes"))
                 await a.terminate(ClusterRef(stage="test", cluster="r", region="ctx", infra="kubernetes"))
@@ -79,6 +83,7 @@ def test_every_call_the_backend_makes_is_granted(tmp_path: Path) -> None:
         c.stop()
     namespaced, cluster_wide = granted()
     assert ("pods", "create", True) in used and ("nodes", "list", False) in used  # the recording works
+    assert {("secrets", "create", True), ("secrets", "patch", True), ("secrets", "delete", True)} <= used
     missing = [(res, verb, ns) for res, verb, ns in sorted(used)
                if (res, verb) not in (namespaced if ns else cluster_wide)]
     assert missing == [], f"calls the Role does not grant: {missing}"

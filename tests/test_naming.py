@@ -50,6 +50,8 @@ def test_kubernetes_names_are_dns_labels_and_long_ones_stay_unique():
     dns = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     assert naming.k8s_pod("dev", "train", 0) == "skypurza-dev-node-train-0"
     assert naming.k8s_service("my_stage", "run-1") == "skypurza-my-stage-svc-run-1"
+    assert naming.k8s_secret("my_stage", "run-1") == "skypurza-my-stage-creds-run-1"
+    assert naming.k8s_secret("dev", "a.b") != naming.k8s_secret("dev", "a-b")
     lossy = {naming.k8s_pod("dev", c, 0) for c in ("a.b", "a_b", "a-b", "A-b")}
     assert len(lossy) == 4 and naming.k8s_pod("dev", "a-b", 0) == "skypurza-dev-node-a-b-0"
     long_a, long_b = "a" * 60 + "x", "a" * 60 + "y"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -453,3 +454,66 @@ def test_limited_ranking_is_exactly_the_head_of_the_full_ranking():
                     place(reqs, 2, cat, blocks, ("aws",)).candidates[:k]
                 checked += 1
     assert checked > 40
+
+
+def test_placement_anywhere_is_the_union_of_every_region(cat: Catalog) -> None:
+    """A request naming no region reads the index's precomputed places (issue 21); a request
+    naming a region takes the general loop. The first must be exactly the second, region by
+    region: same candidates, same prices and zones, with blocks and a price cap too."""
+    requests = [R(cpus=8, cpus_plus=True, memory_gib=32, memory_plus=True), R(use_spot=True),
+                R(accelerator="A10G", accelerator_count=1, use_spot=True), R(accelerator="L4", accelerator_count=1),
+                R(cpus=2, cpus_plus=True, max_hourly_cost=0.2), R(cpus=2, cpus_plus=True, use_spot=True,
+                                                                  max_hourly_cost=0.05)]
+    checked = 0
+    for req in requests:
+        anywhere = place([req], 2, cat, enabled_infras=("aws",))
+        assert anywhere.candidates, req
+        first = anywhere.candidates[0]
+        for blocks in ([], [block_for_error(first, "capacity", zone=first.zones[0]), block_for_error(first, "quota")]):
+            anywhere = place([req], 2, cat, blocks, ("aws",))
+            for region in cat.regions:
+                pinned = place([dataclasses.replace(req, region=region)], 2, cat, blocks, ("aws",))
+                assert [c for c in anywhere.candidates if c.region == region] == list(pinned.candidates), (req, region)
+                checked += len(pinned.candidates)
+    assert checked > 200
+
+
+def test_placement_anywhere_says_why_nothing_fits_as_before(cat: Catalog) -> None:
+    """The counts behind the reason (offered, sold in the market, under the price cap) come
+    from the index on the fast path: the reasons stay the same."""
+    plan = place([R(cpus=2, cpus_plus=True, max_hourly_cost=0.000001)], 1, cat, enabled_infras=("aws",))
+    assert plan.reason is not None and "above max_hourly_cost" in plan.reason and "any AWS region" in plan.reason
+    plan = place([R(accelerator="P4de" if "P4de" in cat.accelerators() else "A100-80GB", accelerator_count=8,
+                    use_spot=True)], 1, cat, enabled_infras=("aws",))
+    assert plan.candidates or (plan.reason and "not sold spot" in plan.reason), plan.reason
+
+
+def test_event_candidates_equal_the_validated_ones(cat: Catalog) -> None:
+    """decide builds the events' candidates from placement's without validating them again; each
+    must be the model the validating constructor gives (fields, types, what is set, the JSON)."""
+    from skypurza.events.types import Candidate as EventCandidate
+    from skypurza.services.optimizer import decide
+
+    reqs = [R(cpus=4, cpus_plus=True), R(use_spot=True), R(accelerator="L4", accelerator_count=1, disk_size_gb=500),
+            R(accelerator="A100", accelerator_count=8, use_spot=True)]
+    local = LocalResources(cpus=8, memory_gib=32.0, gpus={})
+    seen = 0
+    for n in (1, 3):
+        for c in place(reqs, n, cat, enabled_infras=("aws", "local"), local_resources=local).candidates:
+            zone = c.zone or (c.zones[0] if c.zones else None)
+            got = decide.to_event_candidate(c)
+            want = EventCandidate(infra=c.infra, region=c.region, zone=zone, zones=list(c.zones),
+                                  instance_type=c.instance_type, accelerators=c.accelerators, use_spot=c.use_spot,
+                                  vcpus=c.vcpus, memory_gib=c.memory_gib, hourly_price_micros=c.hourly_price_micros,
+                                  num_nodes=c.num_nodes, image_id=c.image_id, disk_size_gb=c.disk_size_gb)
+            assert got == want and got.model_fields_set == want.model_fields_set
+            assert got.model_dump_json() == want.model_dump_json() and repr(got) == repr(want)
+            assert got.zones is not c.zones and (c.accelerators is None or got.accelerators is not c.accelerators)
+            seen += 1
+    # A value of another type (an int count from elsewhere) takes the validating path: converted as before.
+    odd = place([R(cpus=4, cpus_plus=True)], 1, cat, enabled_infras=("aws",)).candidates[0]._replace(
+        vcpus=4, accelerators={"L4": 1})
+    converted = decide.to_event_candidate(odd)
+    assert type(converted.vcpus) is float and converted.accelerators == {"L4": 1.0}
+    assert type(converted.accelerators["L4"]) is float
+    assert seen > 100

@@ -183,7 +183,8 @@ class Agent:
         self.state.mkdir(parents=True, exist_ok=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bus = await self._connect()
-        gpus = await asyncio.to_thread(detect_gpus) if self.detect_gpu else {}
+        gpus = await asyncio.to_thread(detect_gpus, self.gpu_source, timeout_s=self.tool_timeout_s) \
+            if self.detect_gpu else {}
         await self._publish(NodeReady(cluster=self.spec.cluster, rank=self.rank, host=self._ip(),
                                       pid=os.getpid(), agent_id=self.agent_id, gpus=gpus))
         # Tells whoever started this agent (the local backend waits for it) that it is connected.

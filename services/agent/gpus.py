@@ -1,10 +1,17 @@
-"""NVIDIA GPUs of this node, for NodeReady.gpus (name as nvidia-smi reports it, shortened)."""
+"""NVIDIA GPUs of this node, for NodeReady.gpus (name as DCGM or nvidia-smi reports it, shortened).
+
+The same source choice as the samples (sampling.py, `SKYPURZA_AGENT_GPU_SOURCE`): `auto` asks
+DCGM (`dcgmi discovery -l`) and falls back to nvidia-smi when dcgmi is absent, fails, hangs or
+lists no GPU; `dcgm` and `nvidia-smi` force one. Placement and the health rule "a GPU missing
+from the node" trust this count, so a node announces what its own GPU source sees.
+"""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
+
+from . import dcgm
+from .sampling import run_tool
 
 _VENDOR = re.compile(r"^(NVIDIA|Tesla|GeForce|Quadro)\s+", re.IGNORECASE)
 
@@ -31,13 +38,23 @@ def parse_gpu_names(text: str) -> dict[str, int]:
     return out
 
 
-def detect_gpus(exe: str = "nvidia-smi", timeout_s: float = 10.0) -> dict[str, int]:
-    path = shutil.which(exe)
-    if not path:
-        return {}
-    try:
-        res = subprocess.run([path, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=timeout_s)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return parse_gpu_names(res.stdout) if res.returncode == 0 else {}
+def names_of_discovery(text: str) -> dict[str, int]:
+    """`dcgmi discovery -l` -> {short name: count} (a GPU listed without a name counts as `GPU`)."""
+    found, _ = dcgm.parse_discovery(text)
+    out: dict[str, int] = {}
+    for gpu in found.values():
+        name = short_name(gpu.name) if gpu.name.strip() else "GPU"
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def detect_gpus(source: str = "auto", *, smi_exe: str = "nvidia-smi", dcgm_exe: str = "dcgmi",
+                timeout_s: float = 10.0) -> dict[str, int]:
+    """{short name: count} of this node's GPUs; {} on a node without them (or whose source fails)."""
+    if source in ("auto", "dcgm"):
+        code, out = run_tool((dcgm_exe, *dcgm.DISCOVERY_ARGS), timeout_s)
+        names = names_of_discovery(out) if code == 0 else {}
+        if names or source == "dcgm":
+            return names
+    code, out = run_tool((smi_exe, "--query-gpu=name", "--format=csv,noheader"), timeout_s)
+    return parse_gpu_names(out) if code == 0 else {}

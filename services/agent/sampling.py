@@ -69,6 +69,9 @@ def _run(argv: tuple[str, ...], timeout_s: float) -> tuple[int, str]:
     return 0, out
 
 
+run_tool = _run  # gpus.detect_gpus runs its tools the same way (timeout, own session, capped output)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

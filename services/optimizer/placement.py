@@ -990,7 +990,8 @@ def _candidates_anywhere(i: int, types: Sequence[InstanceType], n: int, index: C
     out: list[Candidate] = []
     append = out.append
     best: list[int] = []  # max-heap (negated) of the `limit` lowest one-node prices found so far
-    full = limit is not None and limit <= 0  # the heap holds `limit` prices
+    full = limit is not None and limit <= 0  # the heap holds `limit` prices ...
+    worst = 0  # ... and this is the highest of them (-best[0]) once it does
     n_loc = n_market = n_price = 0
     cheapest_seen: int | None = None
     push, replace = heapq.heappush, heapq.heapreplace
@@ -998,22 +999,26 @@ def _candidates_anywhere(i: int, types: Sequence[InstanceType], n: int, index: C
         name = t.name
         if full:
             floor = index.floor_price(name, spot)
-            if floor is not None and floor > -best[0]:
+            if floor is not None and floor > worst:
                 break  # this type and every later one cost more than the limit-th candidate
         places = index.places(name, spot)
         n_loc += places.n_loc
-        if not places.rows:
+        rows = places.rows
+        if not rows:
             continue
-        n_market += len(places.rows)
+        n_market += len(rows)
         if cheapest_seen is None or places.cheapest < cheapest_seen:  # type: ignore[operator]
             cheapest_seen = places.cheapest
+        if max_micros is None:
+            n_price += len(rows)
         accs = {t.accelerator: float(t.accelerator_count)} if t.accelerator else None
         vcpus, memory = t.vcpus, t.memory_gib
-        for r, p, z, zones in places.rows:
-            if max_micros is not None and p > max_micros:
-                continue
-            n_price += 1
-            if full and p > -best[0]:
+        for r, p, z, zones in rows:
+            if max_micros is not None:
+                if p > max_micros:
+                    continue
+                n_price += 1
+            if full and p > worst:
                 continue  # cannot enter the top `limit`
             if blocks:
                 if spot:
@@ -1025,12 +1030,16 @@ def _candidates_anywhere(i: int, types: Sequence[InstanceType], n: int, index: C
                         continue
             append(_new_tuple(Candidate, ("aws", r, z, name, accs, spot, p, p * n, vcpus, memory, image, disk, n,
                                           zones, i, order)))
-            if limit is not None:
-                if len(best) < limit:
+            if limit is not None:  # `_keep_lowest`, inlined
+                if not full:
                     push(best, -p)
                     full = len(best) >= limit
-                elif p < -best[0]:
+                elif p < worst:
                     replace(best, -p)
+                else:
+                    continue
+                if full:
+                    worst = -best[0]
     return out, n_loc, n_market, n_price, cheapest_seen
 
 

@@ -12,6 +12,9 @@ pods look like is k8s_manifest.py; what fits where is events/k8s_capacity.py.
   error leaves the pods for the provisioner's next try to adopt (it terminates them when the
   tries run out).
 - stop/start: pods cannot be stopped (as in SkyPilot): refused as unsupported; `down` deletes.
+- secrets: the cluster's own bus credentials (a deployment's) are a Secret of the cluster's
+  (created before the pods, replaced when one of an earlier try is there), read by the pods'
+  `secretKeyRef`; it is deleted with the cluster's pods and Service, never left behind.
 - terminate: every object labelled with the cluster, waited for until gone (bounded).
 - list_owned: every pod labelled with the stage, in every enabled context (reconciliation); a
   context that does not answer is reported (PartialListing) and the others are still listed.
@@ -128,10 +131,13 @@ class KubernetesAdapter:
     # ------------------------------------------------------------------ launch
 
     def _env(self, spec: LaunchSpec) -> dict[str, str]:
-        """The agent's settings, and in a deployment its cluster's own bus user (never the
-        shared agent's or the control plane's: a pod holds what its cluster may do, no more)."""
-        creds = credentials_env(spec.bus_credentials) if spec.bus_credentials is not None else {}
-        return {**self.agent_env, **creds}
+        """The agent's settings (plain values in the pod spec)."""
+        return dict(self.agent_env)
+
+    def _secret_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """In a deployment, the cluster's own bus user (never the shared agent's or the control
+        plane's: a pod holds what its cluster may do, no more), kept in the cluster's Secret."""
+        return credentials_env(spec.bus_credentials) if spec.bus_credentials is not None else {}
 
     def plan(self, spec: LaunchSpec, capacity: ContextCapacity | None) -> k8s_manifest.PodPlan:
         size = parse_instance_type(spec.instance_type) or pod_size(None, None, None, None, None)
@@ -145,7 +151,8 @@ class KubernetesAdapter:
         return k8s_manifest.PodPlan(
             stage=spec.stage, cluster=spec.cluster, namespace=self.namespace(spec.region), launch_token=spec.launch_token,
             num_nodes=spec.num_nodes, size=size, image=self.settings.image, nats_url=self.nats_url, context=spec.region,
-            gpu_labels=labels, gpu_taints=taints, pod_config=pod_config, env=self._env(spec), job_id=spec.job_id,
+            gpu_labels=labels, gpu_taints=taints, pod_config=pod_config, env=self._env(spec),
+            secret_env=self._secret_env(spec), job_id=spec.job_id,
             start_seq=str(spec.labels["start_seq"]) if spec.labels.get("start_seq") else None)
 
     async def launch(self, spec: LaunchSpec) -> list[NodeInfo]:
@@ -172,6 +179,7 @@ class KubernetesAdapter:
         try:
             await self._call(context, core.create_namespaced_service, plan.namespace,
                              k8s_manifest.service_manifest(plan), ok=(409,))
+            await self._put_secret(context, plan)
             have = {p["metadata"]["name"] for p in existing}
             for pod in k8s_manifest.pod_manifests(plan):
                 if pod["metadata"]["name"] not in have:
@@ -184,6 +192,18 @@ class KubernetesAdapter:
         except BaseException:
             await asyncio.shield(self._rollback(context, spec))
             raise
+
+    async def _put_secret(self, context: str, plan: k8s_manifest.PodPlan) -> None:
+        """Create the cluster's Secret; one already there (this launch's redelivery, or a try
+        that died before its pods) is patched to this launch's credentials."""
+        secret = k8s_manifest.secret_manifest(plan)
+        if secret is None:
+            return
+        core = self._core(context)
+        made = await self._call(context, core.create_namespaced_secret, plan.namespace, secret, ok=(409,))
+        if made is None:
+            await self._call(context, core.patch_namespaced_secret, secret["metadata"]["name"], plan.namespace,
+                             {"metadata": {"labels": secret["metadata"]["labels"]}, "stringData": secret["stringData"]})
 
     async def _wait_running(self, context: str, spec: LaunchSpec, plan: k8s_manifest.PodPlan) -> list[NodeInfo]:
         asked = (getattr(spec, "options", {}) or {}).get("provision_timeout")
@@ -244,6 +264,7 @@ class KubernetesAdapter:
         for name in names:
             await self._call(context, core.delete_namespaced_pod, name, ns, grace_period_seconds=0, ok=(404,))
         await self._call(context, core.delete_namespaced_service, naming.k8s_service(stage, cluster), ns, ok=(404,))
+        await self._call(context, core.delete_namespaced_secret, naming.k8s_secret(stage, cluster), ns, ok=(404,))
         deadline = asyncio.get_running_loop().time() + GONE_TIMEOUT_S
         while await self._pods(context, selector):
             if asyncio.get_running_loop().time() > deadline:
@@ -284,10 +305,12 @@ class KubernetesAdapter:
             done.append(node.instance_id)
             if node.cluster:
                 clusters.add((node.region, node.cluster))
-        for context, cluster in sorted(clusters):  # an orphan cluster's Service goes with its last pod
+        for context, cluster in sorted(clusters):  # an orphan cluster's Service and Secret go with its last pod
             if not await self._pods(context, naming.k8s_labels(stage, cluster)):
                 await self._call(context, self._core(context).delete_namespaced_service,
                                  naming.k8s_service(stage, cluster), self.namespace(context), ok=(404,))
+                await self._call(context, self._core(context).delete_namespaced_secret,
+                                 naming.k8s_secret(stage, cluster), self.namespace(context), ok=(404,))
         return done
 
     async def close(self) -> None:

@@ -13,6 +13,9 @@ subdomain, so `<pod>.<service>` resolves to a node's IP. Each pod:
 - runs the node agent as its container's command (`python -m skypurza.services.agent ...`,
   the AgentSpec contract) with the bus URL the deployment configures, and the agent settings
   the provisioner has (`PodPlan.env`: events/agentspec.py `agent_settings_env`) in its env;
+- reads what is secret (`PodPlan.secret_env`: the cluster's own bus user and password) from the
+  cluster's Secret by `valueFrom.secretKeyRef`, never as a plain value a `get pod` would show;
+  the Secret carries the cluster's labels and goes with it on `down`;
 - then gets the user's `pod_config` merged over it the way SkyPilot merges it (`merge_pod_config`).
 """
 
@@ -52,6 +55,7 @@ class PodPlan:
     gpu_taints: tuple[Mapping[str, Any], ...] = ()  # taints seen on those nodes
     pod_config: Mapping[str, Any] = field(default_factory=dict)  # config's, then the task's
     env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict)  # in the cluster's Secret, not the pod spec
     job_id: str | None = None
     start_seq: str | None = None
 
@@ -74,6 +78,19 @@ def service_manifest(plan: PodPlan) -> dict[str, Any]:
                      "labels": labels(plan)},
         "spec": {"clusterIP": "None", "selector": naming.k8s_labels(plan.stage, plan.cluster),
                  "publishNotReadyAddresses": True, "ports": [{"name": "ssh", "port": 22, "protocol": "TCP"}]},
+    }
+
+
+def secret_manifest(plan: PodPlan) -> dict[str, Any] | None:
+    """The cluster's Secret (one per cluster, labelled as its pods), or None when nothing is secret.
+    `stringData`: the API server stores it base64-encoded under `data`."""
+    if not plan.secret_env:
+        return None
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": naming.k8s_secret(plan.stage, plan.cluster), "namespace": plan.namespace,
+                     "labels": labels(plan)},
+        "stringData": dict(sorted(plan.secret_env.items())),
     }
 
 
@@ -130,7 +147,10 @@ def tolerations(plan: PodPlan) -> list[dict[str, Any]]:
 
 def pod_manifest(plan: PodPlan, rank: int) -> dict[str, Any]:
     name = naming.k8s_pod(plan.stage, plan.cluster, rank)
-    env = [{"name": k, "value": v} for k, v in sorted({"PYTHONUNBUFFERED": "1", **plan.env}.items())]
+    secret = naming.k8s_secret(plan.stage, plan.cluster)
+    plain = {k: v for k, v in {"PYTHONUNBUFFERED": "1", **plan.env}.items() if k not in plan.secret_env}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plain.items())]
+    env.extend({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}} for k in sorted(plan.secret_env))
     env.append({"name": "SKYPURZA_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     spec: dict[str, Any] = {
         "restartPolicy": "Never",

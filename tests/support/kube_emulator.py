@@ -6,7 +6,9 @@ exactly as to a real cluster. What kmock 0.8 lacks and a real server does, this 
 - `labelSelector` (equality, `!=`, `in`, `notin`, exists) and `fieldSelector` on lists;
 - `metadata.uid`, `resourceVersion`, `creationTimestamp`, `namespace` on create;
 - a new pod's `status.phase` is Pending (no scheduler runs until the test plays one);
-- `GET /version/` (the client asks with the trailing slash).
+- `GET /version/` (the client asks with the trailing slash);
+- Secrets as the API stores them: `stringData` written (create or patch) lands base64-encoded
+  in `data` and is never served back; the Kubelet below resolves `secretKeyRef` from them.
 Every object a client creates is validated with kubernetes-validate against the newest
 upstream schema, strict: a manifest the real server would refuse fails the test here.
 
@@ -19,6 +21,7 @@ objects the way the real ones would (status patches, Event objects).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import threading
 import uuid
@@ -36,7 +39,8 @@ POD = kmock.resource("", "v1", "pods")
 SERVICE = kmock.resource("", "v1", "services")
 NODE = kmock.resource("", "v1", "nodes")
 EVENT = kmock.resource("", "v1", "events")
-KIND_OF = {"pods": "Pod", "services": "Service", "nodes": "Node", "events": "Event"}
+SECRET = kmock.resource("", "v1", "secrets")
+KIND_OF = {"pods": "Pod", "services": "Service", "nodes": "Node", "events": "Event", "secrets": "Secret"}
 
 
 class InvalidManifest(AssertionError):
@@ -124,7 +128,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj = request.data
             obj.setdefault("apiVersion", "v1")
             obj.setdefault("kind", KIND_OF.get(plural, plural.capitalize()))
-            if plural in ("pods", "services"):  # what our code creates: checked as the real server would
+            if plural in ("pods", "services", "secrets"):  # what our code creates: checked as the real server would
                 try:
                     kubernetes_validate.validate(copy.deepcopy(obj), kubernetes_validate.latest_version(), strict=True)
                 except kubernetes_validate.ValidationError as exc:
@@ -137,6 +141,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta.setdefault("creationTimestamp", _now())
             if plural == "pods":
                 obj.setdefault("status", {}).setdefault("phase", "Pending")
+        if request.resource is not None and request.resource.plural == "secrets" \
+                and request.action in (kmock.action.CREATE, kmock.action.UPDATE) and isinstance(request.data, dict) \
+                and isinstance(request.data.get("stringData"), dict):
+            # The API server's own conversion: a write-only field, merged over `data` as base64.
+            plain = request.data.pop("stringData")
+            request.data["data"] = {**(request.data.get("data") or {}),
+                                    **{k: base64.b64encode(str(v).encode()).decode() for k, v in plain.items()}}
         if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE) \
                 and isinstance(request.data, dict):
             self._rv += 1
@@ -227,6 +238,16 @@ class KubeCluster:
 
     def services(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.objects(SERVICE, namespace)
+
+    def secrets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return sorted(self.objects(SECRET, namespace), key=lambda p: p["metadata"]["name"])
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """What a `secretKeyRef` to `name`/`key` resolves to (None: no such Secret or key)."""
+        for secret in self.secrets(namespace):
+            if secret["metadata"]["name"] == name and key in (secret.get("data") or {}):
+                return base64.b64decode(secret["data"][key]).decode()
+        return None
 
     def requests(self) -> list[Any]:
         """Every request the server got (kmock's records: action, resource, namespace, name)."""
@@ -401,10 +422,19 @@ class Kubelet:
         home.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), **self.env}
         for item in container.get("env") or []:
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
             if "value" in item:
                 env[item["name"]] = item["value"]
             elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
                 env[item["name"]] = (pod.get("status") or {}).get("podIP", "")
+            elif ref:
+                value = self.cluster.secret_value(pod["metadata"]["namespace"], ref.get("name", ""), ref.get("key", ""))
+                if value is None and not ref.get("optional"):
+                    # The real kubelet leaves the container waiting: CreateContainerConfigError.
+                    (home / "container.log").write_text(f"CreateContainerConfigError: secret {ref} not found\n")
+                    return
+                if value is not None:
+                    env[item["name"]] = value
         with open(home / "container.log", "ab") as out:
             self.procs[name] = subprocess.Popen(argv, env=env, cwd=str(home), stdout=out, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True)
