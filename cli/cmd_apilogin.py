@@ -95,8 +95,9 @@ def api_info(output: str = typer.Option("table", "-o", "--output", help="table o
         raise _client_error(exc)
     caller: dict[str, Any] = body.get("caller") or {}
     out = {"endpoint": url, "source": source, "stage": body.get("stage"), "version": body.get("version"),
-           "user": caller.get("user"), "team": caller.get("team"), "role": caller.get("role"),
-           "authenticated": bool(caller) and not caller.get("local"),
+           "user": caller.get("user"), "team": caller.get("team"),
+           "teams": caller.get("teams") or ([caller["team"]] if caller.get("team") else []),  # an older server: one
+           "role": caller.get("role"), "authenticated": bool(caller) and not caller.get("local"),
            "token": "set" if token else None}  # whether one is used, never its value
     if output == "json":
         print_json(out)
@@ -104,7 +105,9 @@ def api_info(output: str = typer.Option("table", "-o", "--output", help="table o
     typer.echo(f"API server: {url} ({source}), version {out['version']}, stage {out['stage']}")
     if caller:
         how = "the OS user on the embedded control plane" if caller.get("local") else "by token"
-        typer.echo(f"User: {caller.get('user')}  team: {caller.get('team')}  role: {caller.get('role')} ({how})")
+        others = [t for t in out["teams"] if t != caller.get("team")]
+        teams = f" (also in: {', '.join(others)})" if others else ""
+        typer.echo(f"User: {caller.get('user')}  team: {caller.get('team')}{teams}  role: {caller.get('role')} ({how})")
     else:
         typer.echo("User: none (no token: spz api login -e URL --token TOKEN)")
 

@@ -58,6 +58,6 @@ COMMANDS: tuple[Listed, ...] = (
            plugins=True),
     Listed("api", "cmd_api", "The API server and the embedded control plane (nats-server, services) on this "
            "machine; log in to a team's server.", group=True),
-    Listed("users", "cmd_identity", "Users of the API server: their team, role and token.", group=True),
+    Listed("users", "cmd_identity", "Users of the API server: their teams, role and token.", group=True),
     Listed("teams", "cmd_identity", "Teams (SkyPilot's workspaces): allowed infras and default labels.", group=True),
 )

@@ -16,9 +16,10 @@ from typing import Optional
 if __name__ == "__main__":  # `python -m skypurza.cli.main --help`: the cached text, before typer loads
     import sys
 
-    from .helpcache import serve
+    if sys.argv[1:] in ([], ["--help"], ["-h"]):  # cli/helpcache.py HELP_ARGS
+        from .helpcache import serve
 
-    serve(sys.argv[1:])
+        serve(sys.argv[1:])
 
 from . import richlight  # noqa: E402
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import sys
 
-from .helpcache import HELP_ARGS, run_recorded, serve
+# cli/helpcache.py HELP_ARGS, without importing it (and its hashlib) for every other command
+HELP_ARGS = ((), ("--help",), ("-h",))
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    serve(argv)  # exits when it printed
+    if tuple(sys.argv[1:]) not in HELP_ARGS:
+        from .main import app
+
+        app()
+        return
+    from .helpcache import run_recorded, serve
+
+    serve(sys.argv[1:])  # exits when it printed
     from .main import app
 
-    if tuple(argv) in HELP_ARGS:
-        run_recorded(app)
-    else:
-        app()
+    run_recorded(app)

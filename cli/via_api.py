@@ -542,7 +542,7 @@ def _wait_for_job(t: ApiTransport, task_id: str, cluster: str, seq: int, status:
     nodes). The same notes as the embedded launch; a failed placement or launch ends it."""
     from skypurza.events.envelope import decode
 
-    from .jobwatch import SubmissionFailed
+    from .jobwatch import SubmissionFailed, held_text
 
     status.update("Choosing where to run the task")
     nodes = 1
@@ -568,6 +568,10 @@ def _wait_for_job(t: ApiTransport, task_id: str, cluster: str, seq: int, status:
             elif kind == "capacity_error" and mine:
                 status.note(f"No capacity on {ev.candidate.label()}: {ev.code} ({ev.error_class}); trying the next "
                             "placement")
+            elif kind == "task_held" and mine:
+                status.update(held_text(ev.reason))  # as jobwatch.wait_for_job: a new reason replaces the line
+            elif kind == "task_admitted" and mine:
+                status.update(f"Admitted ({ev.queue or 'no queue'}): choosing where to run the task")
             elif kind == "placement_failed" and mine:
                 from .jobwatch import out_of_capacity
 

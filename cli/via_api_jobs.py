@@ -263,11 +263,13 @@ def launch(t: ApiTransport, job_name: str, task: Any, public: dict[str, Any], *,
     return exit_code_of(final), summary
 
 
-def cost_report(t: ApiTransport, by: str, since: str | None, until: str | None) -> dict[str, Any]:
+def cost_report(t: ApiTransport, by: str, since: str | None, until: str | None, *,
+                workspace: str | None = None) -> dict[str, Any]:
     """The ledger's report as `spz cost-report` prints it (an admin's: every line; a member's:
-    their team's, by team); the server's `scope` is said on stderr, not mixed into the report."""
+    their team's, by team; `-w TEAM`: that team's, a team of theirs); the server's `scope` is
+    said on stderr, not mixed into the report."""
     try:
-        rep = t.get("/api/v1/cost-report", by=by, since=since, until=until)
+        rep = t.get("/api/v1/cost-report", by=by, since=since, until=until, workspace=workspace)
     except ApiError as exc:
         raise _fail(exc)
     scope = rep.pop("scope", None)

@@ -590,6 +590,17 @@ class Bus:
         info = await self.js.stream_info(self.events_stream)
         return info.state.last_seq
 
+    async def last_seq_of(self, subject_filters: list[str]) -> int:
+        """The stream sequence of the newest event matching any of `subject_filters` (wildcards
+        allowed; 0: none): one message get each, at once, whatever the log's length."""
+        async def one(subject: str) -> int:
+            try:
+                return int((await self.js.get_last_msg(self.events_stream, subject)).seq or 0)
+            except NotFoundError:
+                return 0
+
+        return max(await asyncio.gather(*(one(s) for s in subject_filters)), default=0)
+
     async def replay(self, *, filter_subject: str | None = None, start_seq: int | None = None,
                      start_time: datetime | None = None, until_seq: int | None = None,
                      until_time: datetime | None = None, stream: str | None = None,

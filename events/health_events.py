@@ -15,7 +15,7 @@ from typing import Any, Literal
 from .registry import Event, register
 
 # The rules of services/observability/gpuhealth/rules.py (docs/gpu-health.md).
-HealthRule = Literal["xid", "ecc_uncorrected", "gpu_missing", "gpu_idle", "thermal_throttle", "power_throttle"]
+HealthRule = Literal["xid", "ecc_uncorrected", "ecc_corrected", "gpu_missing", "gpu_idle", "thermal_throttle", "power_throttle"]
 # fatal: the node is drained and a managed job on it recovered elsewhere; warning: reported only.
 Severity = Literal["fatal", "warning"]
 

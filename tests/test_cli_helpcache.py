@@ -122,3 +122,10 @@ def test_a_changed_module_file_renders_again(tmp_path) -> None:
     r = _run([SPZ, "--help"], env)
     assert r.stdout == good
     assert json.loads(path.read_text())["out"] == good  # recorded again, with the real mtimes
+
+
+def test_the_scripts_help_args_are_the_caches() -> None:
+    from skypurza.cli import script
+    from skypurza.cli.helpcache import HELP_ARGS
+
+    assert script.HELP_ARGS == HELP_ARGS

@@ -131,7 +131,7 @@ def test_a_new_agent_imports_only_what_it_needs_before_node_ready() -> None:
 EXEC_NEVER = ("skypurza.events.models", "skypurza.events.dispatch_events", "skypurza.events.dispatch_policy",
               "skypurza.events.ledger_events", "skypurza.events.alert_events", "skypurza.events.health_events",
               "skypurza.events.task_events", "skypurza.events.contract", "skypurza.events.service",
-              "skypurza.cli.contracts", "aiohttp")
+              "skypurza.cli.contracts", "skypurza.cli.helpcache", "aiohttp")
 
 
 def test_exec_builds_only_the_models_it_reads(nats_server, tmp_path) -> None:

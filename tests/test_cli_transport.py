@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from local_cli import local_cli, spz
+from local_cli import REPO, local_cli, spz
 
 from skypurza.events.natsserver import free_port
 
@@ -289,3 +289,52 @@ def test_launch_r_submits_again_until_a_place_has_capacity(name: str, tmp_path: 
         kubelet.stop()
         scheduler.stop()
         kube.stop()
+
+
+HOLD_POLICY = """
+flavors:
+  - name: local
+    infra: local
+queues:
+  - name: ml
+    team: ml
+    quotas:
+      - flavor: local
+        resources:
+          cpu: {nominal: 1}
+"""
+
+
+@pytest.mark.parametrize("name", ["embedded", "api"])
+def test_launch_shows_the_dispatch_hold_and_admission_both_ways(name: str, tmp_path: Path) -> None:
+    """A dispatch policy (`spz dispatch policy apply`) gives team ml one CPU: a second launch is
+    held with the policy's reason, and admitted when the first job is cancelled; the launch says
+    both, through a server as on the bus (the events stream carries task_held / task_admitted)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(HOLD_POLICY)
+    with _way(name, tmp_path) as w:
+        _ok(spz(w.admin_env, "dispatch", "policy", "apply", str(policy)))
+        first = _ok(spz(w.env, "launch", "-y", "-d", "-w", "ml", "-c", "h1", "--infra", "local", "--cpus", "1",
+                        "sleep 300"))
+        assert "Job 1 queued on cluster h1" in first.stderr, first.stderr
+        err_file = tmp_path / "second.err"
+        with open(err_file, "w") as err:
+            second = subprocess.Popen([sys.executable, "-m", "skypurza.cli.main", "launch", "-y", "-w", "ml", "-c",
+                                       "h2", "--infra", "local", "--cpus", "1", "echo admitted-at-last"],
+                                      env=w.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=err, text=True)
+            try:
+                _until(lambda: "… held: ml: 1/1 cpu in use" in err_file.read_text(), timeout=60)
+                _ok(spz(w.env, "cancel", "-y", "h1", "1"))
+                out, _ = second.communicate(timeout=120)
+            finally:
+                if second.poll() is None:
+                    second.kill()
+                    second.wait(10)
+        text = err_file.read_text()
+        assert second.returncode == 0, text
+        assert out.splitlines() == ["admitted-at-last"], out + text
+        assert "… Admitted (ml): choosing where to run the task" in text, text
+        assert text.index("held: ml") < text.index("Admitted (ml)") < text.index("Placement (attempt 1): local")
+        assert "Traceback" not in text
+        _ok(spz(w.env, "down", "-y", "h1", "h2"))

@@ -583,9 +583,9 @@ def _on_plane(plane: Any, publish: list[Any] = (), samples: list[Any] = ()) -> N
 def _gpu_sample(ts: Any) -> Any:
     from skypurza.events.nodesample import GpuSample, NodeSample
 
-    return NodeSample(cluster="gpubox", rank=0, ts=ts.isoformat(), cpu_pct=23.0, expected_gpus=2, gpus=[
+    return NodeSample(cluster="gpubox", rank=0, ts=ts.isoformat(), cpu_pct=23.0, expected_gpus=2, gpu_source="dcgm", gpus=[
         GpuSample(index=0, name="NVIDIA H100 80GB HBM3", utilization_pct=87.0, memory_used_mib=40000.0,
-                  memory_total_mib=81559.0, temperature_c=61.0, power_w=390.0),
+                  memory_total_mib=81559.0, temperature_c=61.0, power_w=390.0, ecc_corrected_volatile=37),
         GpuSample(index=1, name="NVIDIA H100 80GB HBM3", utilization_pct=5.0, memory_used_mib=500.0,
                   memory_total_mib=81559.0, temperature_c=40.0, power_w=70.0)])
 
@@ -622,6 +622,7 @@ def test_the_observability_page_shows_gpus_goodput_and_a_health_finding_as_it_la
     rows = wait_until("gpubox's last sample kept by the GPU health manager", gpubox, 20)
     assert [(r["gpu_index"], r["utilization_pct"], r["memory_total_mib"]) for r in rows] == \
         [(0, 87.0, 81559.0), (1, 5.0, 81559.0)], rows
+    assert [(r["gpu_source"], r["ecc_corrected_volatile"]) for r in rows] == [("dcgm", 37), ("dcgm", None)], rows
 
     def useful() -> float:
         g = api.http.get("/api/v1/observability/goodput", headers=api.as_(t["root"])).json()
@@ -635,6 +636,9 @@ def test_the_observability_page_shows_gpus_goodput_and_a_health_finding_as_it_la
     expect(page.get_by_role("heading", name="Observability")).to_be_visible()
     gpus = page.locator("table", has=page.locator("caption", has_text="Each GPU's last sample"))
     expect(gpus.locator("tr", has_text="gpubox").first).to_contain_text("87 %")
+    first = gpus.locator("tbody tr", has_text="gpubox").first.locator("td")
+    expect(first.nth(8)).to_have_text("37")  # ECC corrected (DCGM's single-bit count)
+    expect(first.nth(9)).to_have_text("dcgm")  # the GPU source
     expect(page.locator("svg.chart")).to_have_attribute("aria-label", re.compile("gpubox/0/gpu0 87 %"))
     by_team = page.locator("table", has=page.locator("caption", has_text="Goodput by team"))
     expect(by_team.locator("tr", has_text="(none)")).to_contain_text("10 GPU-s")

@@ -6,8 +6,11 @@ GpuUnhealthy and the node drained."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -317,6 +320,23 @@ def test_agents_reading_dcgm_are_judged_and_drained(nats_server, spz_home, tmp_p
                 assert await _drained(bus, cluster) == set()
             answer = await bus.request("gpuhealth", "nodes", {"cluster": "d-xid"})
             assert answer[0]["sample"]["gpu_source"] == "dcgm"
+            # `spz health` shows each node's GPU source and DCGM's corrected ECC count (table and JSON).
+            env = {**os.environ, "SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test",
+                   "COLUMNS": "1000"}  # one line a node (a narrower table wraps its cells)
+            shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "skypurza.cli.main", "health"],
+                                            env=env, capture_output=True, text=True, timeout=60)
+            assert shown.returncode == 0, shown.stderr
+            lines = {line.split()[0]: line.split() for line in shown.stdout.splitlines()
+                     if line.strip().startswith("d-")}
+            assert lines["d-ecc"][4] == "dcgm" and lines["d-down"][4] == "nvidia-smi", shown.stdout
+            assert "17" in lines["d-ecc"], shown.stdout  # ECC CORRECTED: GPU 0's 17, GPU 1's 0
+            one = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "skypurza.cli.main", "health",
+                                                           "d-ecc", "-o", "json"],
+                                          env=env, capture_output=True, text=True, timeout=60)
+            assert one.returncode == 0, one.stderr
+            [node] = json.loads(one.stdout)
+            assert (node["gpu_source"], node["ecc_corrected_volatile"]) == ("dcgm", 17)
+            assert [g["ecc_corrected_volatile"] for g in node["sample"]["gpus"]] == [17, 0]
             assert {f["rule"] for f in answer[0]["findings"]} == {"xid", "gpu_missing"}
         finally:
             stop.set()
@@ -325,6 +345,45 @@ def test_agents_reading_dcgm_are_judged_and_drained(nats_server, spz_home, tmp_p
             await sub.unsubscribe()
             for cluster in cases:
                 await terminate(adapter, cluster)
+            await bus.close()
+
+    asyncio.run(main())
+
+
+def test_a_rising_corrected_ecc_count_is_published_as_a_warning_without_a_drain(nats_server):
+    """The real manager on a real bus: DCGM's corrected ECC count climbing past the configured rise
+    within the window is one GpuUnhealthy warning (once), and no NodeLost: the node is not drained."""
+    from skypurza.events.clock import ManualClock
+    from skypurza.events.nodesample import GpuSample, NodeSample
+
+    clock = ManualClock()
+    cfg = HealthSettings.load({"SKYPURZA_GPUHEALTH_ECC_CORRECTED_RISE": "5",
+                               "SKYPURZA_GPUHEALTH_ECC_CORRECTED_WINDOW_S": "600"})
+
+    def wire(count: int) -> bytes:
+        g = GpuSample(index=0, name="NVIDIA H100 80GB HBM3", ecc_corrected_volatile=count, ecc_uncorrected_volatile=0)
+        return NodeSample(cluster="sbe", rank=0, ts=clock.now().isoformat(), gpus=[g], expected_gpus=1,
+                          gpu_source="dcgm").model_dump_json().encode()
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        health = GpuHealthService(cfg, clock=clock)
+        health.bus = bus
+        try:
+            assert await health.handle(wire(17)) == []
+            clock.advance(60)
+            assert await health.handle(wire(21)) == []
+            clock.advance(60)
+            [found] = await health.handle(wire(22))
+            assert (found.rule, found.severity, found.evidence["rise"]) == ("ecc_corrected", "warning", 5)
+            clock.advance(10)
+            assert await health.handle(wire(40)) == []  # reported once
+            evs = await wait_events(bus, "sbe", lambda evs: any(e.EVENT_NAME == "gpu_unhealthy" for e in evs))
+            assert [(e.rule, e.severity, e.gpu_index) for e in evs if e.EVENT_NAME == "gpu_unhealthy"] == \
+                [("ecc_corrected", "warning", 0)]
+            assert not [e for e in evs if e.EVENT_NAME == "node_lost"]
+            assert await _drained(bus, "sbe") == set()
+        finally:
             await bus.close()
 
     asyncio.run(main())

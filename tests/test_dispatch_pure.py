@@ -145,6 +145,8 @@ def test_budgets_alert_hold_and_forecast():
     month = DispatchPolicy.model_validate({"budgets": [{"team": "a", "period": "month", "limit_usd": 1000,
                                                         "hard": False}]})
     assert budgets.status(month.budgets[0], spend, NOW + timedelta(days=1)).spent_usd == 100
+    # A tenth of a cent against a large limit: a run-out past what a datetime holds is none, not a crash.
+    assert budgets.forecast(0.001, 1e12, NOW - timedelta(days=2), NOW + timedelta(days=28), NOW) is None
 
 
 def test_policy_errors_are_positioned(tmp_path: Path):

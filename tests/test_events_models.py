@@ -56,6 +56,21 @@ def test_derived_ids_are_deterministic_and_distinct():
                 derive_id("cause-1", "optimizer", "attempt-2")}) == 4
 
 
+def test_derived_ids_are_the_version_5_uuids_they_always_were():
+    """derive_id is built without the UUID object (issue 21): it must stay uuid5's text, or a
+    redelivered cause would publish a new id (a duplicate JetStream no longer drops)."""
+    import uuid
+
+    from skypurza.events.envelope import _ID_NAMESPACE
+
+    assert derive_id("cause-1", "optimizer", "attempt-1") == \
+        str(uuid.uuid5(uuid.UUID("5b1f3c52-7a0e-4d7b-9a57-6b1d2f0c9e11"), "cause-1|optimizer|attempt-1"))
+    for cause, handler, key in [("", "", ""), ("é☃", "/optimizer", "attempt-2"), ("x" * 300, "h|i", "k|")]:
+        got = derive_id(cause, handler, key)
+        assert got == str(uuid.uuid5(_ID_NAMESPACE, f"{cause}|{handler}|{key}"))
+        assert uuid.UUID(got).version == 5
+
+
 def test_unknown_newer_and_poison():
     env = make_envelope(TaskSubmitted(task_id="t", cluster="c", task={}), source="/t")
     unknown = env.model_copy(update={"type": "io.skypurza.brand_new.v1"})

@@ -85,18 +85,22 @@ def test_samples_arrive_and_each_bad_fixture_is_found(nats_server, spz_home, tmp
             assert answer[0]["sample"]["unlisted"][0]["xids"][0]["code"] == 79
             assert {f["rule"] for f in answer[0]["findings"]} == {"xid", "gpu_missing"}
             # `spz health` (the platform's CLI plugin) shows the same, as a table and as JSON.
-            env = {**os.environ, "SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test"}
+            env = {**os.environ, "SKYPURZA_NATS_URL": nats_server.url, "SKYPURZA_STAGE": "test",
+                   "COLUMNS": "1000"}  # one line a node (a narrower table wraps its cells)
             shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "skypurza.cli.main", "health"],
                                             env=env, capture_output=True, text=True, timeout=60)
             assert shown.returncode == 0, shown.stderr
             lines = {line.split()[0]: line for line in shown.stdout.splitlines() if line.strip().startswith("g-")}
             assert "healthy" in lines.get("g-healthy", ""), shown.stdout
+            assert "SOURCE" in shown.stdout and "ECC CORRECTED" in shown.stdout, shown.stdout
+            assert lines["g-healthy"].split()[4] == "nvidia-smi", shown.stdout  # no dcgmi on these nodes
             assert "fatal: xid" in lines.get("g-xid", ""), shown.stdout
             one = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "skypurza.cli.main", "health",
                                                            "g-xid", "-o", "json"],
                                           env=env, capture_output=True, text=True, timeout=60)
             assert one.returncode == 0, one.stderr
-            assert [n["cluster"] for n in json.loads(one.stdout)] == ["g-xid"]
+            assert [(n["cluster"], n["gpu_source"], n["ecc_corrected_volatile"]) for n in json.loads(one.stdout)] == \
+                [("g-xid", "nvidia-smi", None)]  # nvidia-smi's query has no corrected ECC column
             # A restarted manager reads its findings back and does not report them again.
             again = GpuHealthService(HealthSettings())
             again.bus = bus

@@ -90,8 +90,39 @@ def test_thermal_throttling_lasting_throttle_s():
     assert e2.findings[0].evidence["temperature_c"] == 92
 
 
+def _corrected(count: int | None) -> NodeSample:
+    return NodeSample(cluster="c", rank=0, ts="t", gpu_source="dcgm",
+                      gpus=[GpuSample(index=1, ecc_corrected_volatile=count, ecc_uncorrected_volatile=0)])
+
+
+def test_a_rising_corrected_ecc_count_is_a_warning_within_the_window_only():
+    cfg = HealthSettings.load({}, {"gpuhealth": {"ecc_corrected_rise": 10, "ecc_corrected_window_s": 600}})
+    assert (HealthSettings().ecc_corrected_rise, HealthSettings().ecc_corrected_window_s) == (100, 3600.0)
+    e = evaluate(_corrected(500), T0, {}, cfg, {})
+    assert e.findings == []  # a count already high when first seen is not a rise
+    e = evaluate(_corrected(509), T0 + timedelta(seconds=300), e.since, cfg, e.ecc_base)
+    assert e.findings == []  # 9 < 10
+    e2 = evaluate(_corrected(510), T0 + timedelta(seconds=400), e.since, cfg, e.ecc_base)
+    [f] = e2.findings
+    assert (f.rule, f.severity, f.gpu_index) == ("ecc_corrected", "warning", 1)
+    assert (f.evidence["rise"], f.evidence["base"], f.evidence["ecc_corrected_volatile"]) == (10, 500, 510)
+    assert f.detail == "GPU 1: corrected ECC errors rose by 10 in 400 s (to 510, volatile)"
+    # The window passed: the base is taken again, so a slow climb is never a rise.
+    e3 = evaluate(_corrected(515), T0 + timedelta(seconds=601), e.since, cfg, e.ecc_base)
+    assert e3.findings == [] and e3.ecc_base["c|0|1|ecc_corrected"] == (T0 + timedelta(seconds=601), 515)
+    # The driver reloaded (volatile counts restart): the lower count is the new base.
+    e4 = evaluate(_corrected(3), T0 + timedelta(seconds=100), e.since, cfg, e.ecc_base)
+    assert e4.findings == [] and e4.ecc_base["c|0|1|ecc_corrected"][1] == 3
+    # No reading (nvidia-smi has no corrected column): no base, no finding.
+    assert evaluate(_corrected(None), T0, {}, cfg, e.ecc_base).ecc_base == {}
+    off = HealthSettings.load({"SKYPURZA_GPUHEALTH_ECC_CORRECTED_RISE": "0"})
+    assert evaluate(_corrected(10**6), T0 + timedelta(seconds=1), {}, off, {"c|0|1|ecc_corrected": (T0, 0)}).findings == []
+
+
 @pytest.mark.parametrize("env", [{"SKYPURZA_GPUHEALTH_FATAL_XIDS": "79,abc"}, {"SKYPURZA_GPUHEALTH_IDLE_S": "0"},
-                                 {"SKYPURZA_GPUHEALTH_ECC_UNCORRECTED": "0"}])
+                                 {"SKYPURZA_GPUHEALTH_ECC_UNCORRECTED": "0"},
+                                 {"SKYPURZA_GPUHEALTH_ECC_CORRECTED_RISE": "-1"},
+                                 {"SKYPURZA_GPUHEALTH_ECC_CORRECTED_WINDOW_S": "10"}])
 def test_bad_thresholds_are_refused_with_their_name(env):
     with pytest.raises(SettingsError, match=next(iter(env))):
         HealthSettings.load(env)

@@ -212,6 +212,13 @@ def test_a_user_in_two_teams_submits_into_each_and_each_team_is_billed(nats_serv
         assert joined == {"team": "fin", "user": "alice", "teams": ["fin", "ml", "cv"], "primary": "fin"}
         now_fin = post({"cluster": "c-fin"})
         assert (now_fin.status_code, now_fin.json()["team"]) == (202, "fin"), now_fin.text  # the new primary
+        # The health route and `spz api info` name every team of the caller's, the primary first.
+        caller = api.http.get("/api/v1/health", headers=api.as_(alice)).json()["caller"]
+        assert (caller["team"], caller["teams"]) == ("fin", ["fin", "ml", "cv"]), caller
+        info = _ok(_spz({**via, "SKYPURZA_API_TOKEN": alice}, "api", "info"))
+        assert "team: fin (also in: ml, cv)" in info.stdout, info.stdout
+        info = json.loads(_ok(_spz({**via, "SKYPURZA_API_TOKEN": alice}, "api", "info", "-o", "json")).stdout)
+        assert (info["team"], info["teams"]) == ("fin", ["fin", "ml", "cv"]), info
         left = _ok(_spz(via, "teams", "remove-member", "cv", "alice")).stdout
         assert "alice's teams: fin, ml (primary: fin)" in left, left
         assert problem(post({"workspace": "cv"}), 403)["detail"].startswith("alice is not in team cv; their teams: "
@@ -241,9 +248,14 @@ def test_a_user_in_two_teams_submits_into_each_and_each_team_is_billed(nats_serv
             cv = api.http.get("/api/v1/cost-report", headers=api.as_(root["token"]), params={"workspace": "cv"})
             mine = api.http.get("/api/v1/cost-report", headers=api.as_(alice))
             theirs = api.http.get("/api/v1/cost-report", headers=api.as_(alice), params={"workspace": "cv"})
-            return report, cv, mine, theirs
+            # `spz cost-report -w cv` both ways: the bus's (the OS user: every team's to read) and the server's.
+            plugins = {k: v for k, v in env.items() if k != "SKYPURZA_NO_PLUGINS"}
+            clis = [_spz({**plugins, **extra}, "cost-report", "-w", "cv", "-o", "json") for extra in (
+                {}, {"SKYPURZA_API_SERVER": api.url, "SKYPURZA_API_TOKEN": root["token"]},
+                {"SKYPURZA_API_SERVER": api.url, "SKYPURZA_API_TOKEN": alice})]
+            return report, cv, mine, theirs, clis
 
-        by_team, by_user, (report, cv, mine, theirs) = asyncio.run(_provision_and_bill(
+        by_team, by_user, (report, cv, mine, theirs, clis) = asyncio.run(_provision_and_bill(
             nats_server, tmp_path / "ledger.duckdb", {"c-ml": primary.json()["task_id"],
                                                       "c-cv": chosen.json()["task_id"]}, reports))
         assert _usage(by_team) == {"ml": 1_006_000, "cv": 1_006_000}, by_team  # an hour of g5.xlarge each
@@ -254,6 +266,13 @@ def test_a_user_in_two_teams_submits_into_each_and_each_team_is_billed(nats_serv
         assert (cv.json()["scope"], _usage(cv.json())) == ("team cv", {"cv": 1_006_000}), cv.text
         assert (mine.json()["scope"], _usage(mine.json())) == ("team ml", {"ml": 1_006_000}), mine.text
         assert problem(theirs, 403)["detail"].startswith("alice is not in team cv; their teams: ml")
+        on_bus, via_root, via_alice = clis
+        for r in (on_bus, via_root):
+            assert _usage(json.loads(_ok(r).stdout)) == {"cv": 1_006_000}, r.stdout + r.stderr
+        assert "Team cv only." in on_bus.stderr and "team cv only" in via_root.stderr
+        assert json.loads(on_bus.stdout).keys() == json.loads(via_root.stdout).keys()  # printed the same
+        assert via_alice.returncode == 1 and "alice is not in team cv" in via_alice.stderr, via_alice.stderr
+        assert "Traceback" not in via_alice.stderr
     finally:
         out = api.close()
     assert "Traceback" not in out and alice not in out

@@ -271,9 +271,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
             out["caller"] = None
         elif token is not None:
             who = authenticate(await directory(), token)
-            out["caller"] = None if who is None else {"user": who.user, "team": who.team, "role": who.role}
+            out["caller"] = None if who is None else {"user": who.user, "team": who.team,
+                                                      "teams": list(who.in_teams), "role": who.role}
         elif (local := local_caller(request)) is not None:
-            out["caller"] = {"user": local.user, "team": local.team, "role": local.role, "local": True}
+            out["caller"] = {"user": local.user, "team": local.team, "teams": list(local.in_teams),
+                             "role": local.role, "local": True}
         out["auth"] = "local-or-token" if settings.local_admin is not None else "token"
         return out
 

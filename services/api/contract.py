@@ -63,8 +63,8 @@ CONTRACT = Contract(
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels",
                    UserJoinedTeam: "a user's teams: the workspaces -w may name", UserLeftTeam: "a user's teams"},
-    # The status, ledger, metrics and GPU health queries it answers requests with, the provisioner's reconcile
+    # The status, ledger, metrics, GPU health and dispatch queries it answers requests with, the provisioner's reconcile
     # (spz status -r), jobs' output (SSE), a task's secrets and uploads (the secured bus's grants).
-    bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth", "provisioner"), logs="read",
+    bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth", "provisioner", "dispatch"), logs="read",
                   secrets="write", objects="write"),
 )

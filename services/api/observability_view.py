@@ -1,7 +1,8 @@
 """What the console's observability page shows, from what the observability services answer (pure).
 
 - `gpu_rows`: the GPU health manager's last sample of each node (events/health_queries.py) as one
-  row per GPU, with the node's CPU and its nvidia-smi error beside (a node with no GPU listed is
+  row per GPU, with the node's CPU, its GPU source (dcgm or nvidia-smi), each GPU's ECC counts
+  (corrected: DCGM only) and the source's error beside (a node with no GPU listed is
   one row with `gpu_index` null, so a node whose GPUs fell off the bus still shows);
 - `finding_row`: one GpuUnhealthy from the log; `drained` is whether the node agents drained the
   cluster on it (a fatal finding: services/agent/view.py; no new job is admitted there).
@@ -23,8 +24,18 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _text(value: Any) -> str:
     return value[:MAX_TEXT_CHARS] if isinstance(value, str) else ""
+
+
+def gpu_source(sample: dict[str, Any]) -> str:
+    """dcgm or nvidia-smi; an agent from before DCGM says nothing and read nvidia-smi; "" for no GPU."""
+    source = _text(sample.get("gpu_source"))
+    return source or ("nvidia-smi" if sample.get("gpus") else "")
 
 
 def gpu_rows(nodes: list[Any], cluster: str | None = None) -> tuple[list[dict[str, Any]], bool]:
@@ -39,6 +50,7 @@ def gpu_rows(nodes: list[Any], cluster: str | None = None) -> tuple[list[dict[st
             continue  # findings read back from the log, no sample heard since the manager started
         base = {"cluster": _text(node.get("cluster")), "rank": node.get("rank"), "sampled_at": _text(sample.get("ts")),
                 "cpu_pct": _num(sample.get("cpu_pct")), "gpu_error": _text(sample.get("gpu_error")),
+                "gpu_source": gpu_source(sample),
                 "findings": len(node.get("findings") or [])}
         gpus = [g for g in sample.get("gpus") or [] if isinstance(g, dict)]
         for g in gpus or [None]:
@@ -46,7 +58,9 @@ def gpu_rows(nodes: list[Any], cluster: str | None = None) -> tuple[list[dict[st
                 return rows, True
             rows.append({**base, "gpu_index": g.get("index") if g else None, "name": _text(g.get("name")) if g else "",
                          **{k: (_num(g.get(k)) if g else None) for k in
-                            ("utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "power_w")}})
+                            ("utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c", "power_w")},
+                         **{k: (_count(g.get(k)) if g else None) for k in
+                            ("ecc_corrected_volatile", "ecc_uncorrected_volatile")}})
     return rows, False
 
 

@@ -18,8 +18,11 @@ list`); docs/team.md lists who may call each.
 - `GET /api/v1/alerts`: the alerts raised and not resolved (AlertRaised, AlertResolved folded from
   the log: events/alert_events.py); viewers, who read only their own team's, see none.
 
-Dispatch is platform code: what it computes is read through services/api/dispatch_reads.py, the
-same fold and loader the CLI uses; without it the dispatch routes are a 404 that says so.
+Dispatch is platform code. The queue, the tree and the budgets are the dispatch service's answer
+over the bus (events/dispatch_queries.py), from the state it keeps current, so a read costs the
+same however long the log is; with no dispatch service answering, the server folds the log itself
+through services/api/dispatch_reads.py (the same fold and loader the CLI uses), the same answer.
+Without dispatch installed the dispatch routes are a 404 that says so.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import yaml
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from skypurza.events import naming
+from skypurza.events import dispatch_queries, naming
 from skypurza.events.alert_events import AlertRaised, AlertResolved
 from skypurza.events.dispatch_events import POLICY_ID, DispatchPolicyApplied
 from skypurza.events.principal import stamp
@@ -50,6 +53,7 @@ MAX_ALERTS = 1000
 SOURCE_CHARS = 200
 PRIO_FACTORS = ("age", "fairshare", "jobsize", "qos")
 MAX_SHARE_ROWS = 10_000  # rows of the fairshare tree an answer holds (teams and users)
+ASK_TIMEOUT_S = 10.0  # the dispatch service's answer (it waits at most 5 s to catch up with the log)
 
 
 class PolicyBody(BaseModel):
@@ -65,6 +69,15 @@ class PolicyBody(BaseModel):
 def policy_yaml(policy: Any) -> str:
     """The policy as the editor shows it (pure): what `spz dispatch policy show` prints."""
     return yaml.safe_dump(policy.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+
+
+def pending_row(p: dict[str, Any]) -> dict[str, Any]:
+    """One pending task of the dispatch service's `queue` view as the route gives it (pure)."""
+    return {"task_id": p["task_id"], "cluster": p["cluster"], "team": p["team"], "user": p["user"],
+            "position": p["position"], "priority": p["priority"], "submitted_seq": p["submitted_seq"],
+            "request": p["request"], "factors": {k: round(float(p["weighted"].get(k, 0.0)), 3) for k in PRIO_FACTORS},
+            "tres": {k: round(float(v), 3) for k, v in p["tres"].items()}, "nice": p["nice"], "kind": p["kind"],
+            "reason": p["reason"]}
 
 
 def queue_quotas(policy: Any, usage: dict[str, dict[tuple[str, str], float]]) -> list[dict[str, Any]]:
@@ -112,6 +125,16 @@ def router(deps: ApiDeps) -> APIRouter:
                             "every submission is admitted at once")
         return reads
 
+    async def answer(query: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The dispatch service's view, current to the log's end; None when none answers (the
+        caller folds the log)."""
+        b = deps.bus()
+        try:
+            return await dispatch_queries.ask(b, query, params, min_seq=await b.last_seq(), timeout=ASK_TIMEOUT_S)
+        except Exception as exc:  # no responders, a timeout, a service behind: the fold answers the same
+            log.debug("dispatch %s query: %s: %s; folding the log", query, type(exc).__name__, exc)
+            return None
+
     async def state() -> Any:
         d = need_dispatch()
         try:
@@ -122,6 +145,11 @@ def router(deps: ApiDeps) -> APIRouter:
 
     @r.get("/dispatch/queue", summary="Pending tasks with why each waits, and each queue's quota in use")
     async def queue(who: Principal = caller) -> dict[str, Any]:
+        need_dispatch()
+        view = await answer("queue")
+        if view is not None:
+            return {"policy": view["policy"], "pending": visible(who, [pending_row(p) for p in view["pending"]], True),
+                    "queues": view["queues"], "note": "ordered as dispatch decides them"}
         st = await state()
         # dispatch's admission order (multifactor priority, then submission), as `spz dispatch queue`
         ranked = st.ranked(datetime.now(timezone.utc))
@@ -143,6 +171,10 @@ def router(deps: ApiDeps) -> APIRouter:
         if d.share_rows is None:
             raise not_found("this dispatch gives no fairshare tree (an older dispatch package); "
                             "`spz dispatch share` prints it")
+        view = await answer("share")
+        if view is not None:
+            return {"policy": view["policy"], "algorithm": view.get("algorithm"),
+                    "rows": list(view.get("rows") or [])[:MAX_SHARE_ROWS]}
         st = await state()
         tree = d.share_rows(st, datetime.now(timezone.utc))
         rows = list(tree.get("rows") or [])[:MAX_SHARE_ROWS]
@@ -205,6 +237,9 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.get("/budgets", summary="Every budget: spent this period, the limit, its state and forecast")
     async def budget_list(who: Principal = caller) -> dict[str, Any]:
         d = need_dispatch()
+        view = await answer("budgets")
+        if view is not None:
+            return {"budgets": [r for r in view["budgets"] if who.role == "admin" or r["team"] in who.in_teams]}
         st = await state()
         now = datetime.now(timezone.utc)
         rows = []

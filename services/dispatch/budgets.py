@@ -89,8 +89,12 @@ def forecast(spent: float, limit: float, start: datetime, end: datetime, now: da
     elapsed = (now - start).total_seconds()
     if spent <= 0 or elapsed <= 0:
         return None
-    at = now + timedelta(seconds=(limit - spent) * elapsed / spent)
-    return at if at < end else None
+    left_s = (limit - spent) * elapsed / spent
+    # Compared in seconds first: a tiny spend against a large limit would put `at` past year
+    # 9999, which datetime cannot hold (the fold raised on such a UsageRecorded).
+    if left_s >= (end - now).total_seconds():
+        return None
+    return now + timedelta(seconds=left_s)
 
 
 def applicable(budgets: list[Budget], team: str | None, user: str) -> list[Budget]:

@@ -2,8 +2,9 @@
 CLI plugin (platform; joins `spz` through the `skypurza.cli_plugins` entry point). It also adds
 the what-if commands (`share`, `prio`, cliwhatif.py) to the same `dispatch` sub-app.
 
-Answers come from the log itself (the service's own fold, services/dispatch/state.py), so they
-work whether or not the service runs; `policy apply` publishes DispatchPolicyApplied.
+Reads ask the dispatch service, which answers from the state it keeps current; with no service
+running they fold the log themselves (services/dispatch/ask.py), the same view either way
+(services/dispatch/reads.py). `policy apply` publishes DispatchPolicyApplied.
 """
 
 from __future__ import annotations
@@ -23,38 +24,32 @@ def _output(output: str) -> str:
     return check_output(output, OUTPUTS)
 
 
-async def _state() -> Any:
+async def _read(query: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from skypurza.cli.control import connect_bus
 
-    from .service import load_state
+    from .ask import read
 
     bus = await connect_bus(stage())
     try:
-        return await load_state(bus)
+        return await read(bus, query, params)
     finally:
         await bus.close()
+
+
+QUEUE_KEYS = ("task_id", "cluster", "team", "user", "position", "priority", "submitted_seq", "request", "kind", "reason")
 
 
 def queue_command(output: str = typer.Option("table", "-o", "--output", help="json or table.")) -> None:
     """Pending tasks with why each waits and their priority (like `squeue --start`), in the order
     they are decided: highest priority first, then submission."""
-    from datetime import datetime, timezone
-
     _output(output)
-    state = run_async(_state())
-    ranked = state.ranked(datetime.now(timezone.utc))
-    rows = []
-    for i, r in enumerate(ranked, 1):
-        p = state.pending[r.task_id]
-        rows.append({"task_id": p.task_id, "cluster": p.cluster, "team": p.team, "user": p.user,
-                     "position": i, "priority": r.priority, "submitted_seq": p.seq, "request": p.request,
-                     "kind": state.held.get(p.task_id, ("", ""))[0],
-                     "reason": state.held.get(p.task_id, ("", "not decided yet"))[1]})
+    view = run_async(_read("queue"))
+    rows = [{k: p[k] for k in QUEUE_KEYS} for p in view["pending"]]
     if output == "json":
-        print_json({"policy": state.policy is not None, "pending": rows,
+        print_json({"policy": view["policy"], "pending": rows,
                     "note": "ordered by priority (Slurm's multifactor), then submission (stream sequence)"})
         return
-    if state.policy is None:
+    if not view["policy"]:
         typer.echo("no dispatch policy: every submission is admitted at once")
     if not rows:
         typer.echo("no task waits for admission")
@@ -66,41 +61,25 @@ def queue_command(output: str = typer.Option("table", "-o", "--output", help="js
 
 
 class _Live:
-    """`spz dispatch share` and `prio` without --tree / --explain: over the fold of the log
-    (the decayed usage of every UsageRecorded, the pending tasks), as the service sees it."""
+    """`spz dispatch share` and `prio` without --tree / --explain: the dispatch service's view
+    (the decayed usage of every UsageRecorded, the pending tasks), or the fold of the log's."""
 
     def share(self, algorithm: str | None, output: str) -> None:
-        from datetime import datetime, timezone
-
-        from skypurza.events.dispatch_policy import PriorityConfig
-
-        from . import order
         from .cliwhatif import print_share
-        from .whatif import share_rows
 
-        state = run_async(_state())
-        cfg = (state.policy.priority if state.policy is not None else None) or PriorityConfig()
-        usage = state.fs_usage.at(datetime.now(timezone.utc).timestamp())
-        print_share(share_rows(order.share_tree(cfg, state.members, usage), algorithm or cfg.algorithm), output)
+        print_share(run_async(_read("share", {"algorithm": algorithm} if algorithm else None))["rows"], output)
 
     def prio(self, output: str) -> None:
-        from datetime import datetime, timezone
-
         from .cliwhatif import print_table
 
-        state = run_async(_state())
-        rows = []
-        for r in state.ranked(datetime.now(timezone.utc)):
-            p = state.pending[r.task_id]
-            rows.append({"task_id": r.task_id, "cluster": p.cluster, "team": p.team, "user": p.user,
-                         "priority": r.priority, **{k: r.weighted.get(k, 0.0) for k in ("age", "fairshare", "jobsize",
-                                                                                         "qos")},
-                         "nice": r.nice, "tres": r.weighted_tres, "factors": r.factors})
+        view = run_async(_read("queue"))
+        rows = [{"task_id": p["task_id"], "cluster": p["cluster"], "team": p["team"], "user": p["user"],
+                 "priority": p["priority"], **p["weighted"], "nice": p["nice"], "tres": p["tres"],
+                 "factors": p["factors"]} for p in view["pending"]]
         if output == "json":
-            print_json({"policy": state.policy is not None,
-                        "priority": state.policy is not None and state.policy.priority is not None, "jobs": rows})
+            print_json({"policy": view["policy"], "priority": view["priority"], "jobs": rows})
             return
-        if state.policy is None or state.policy.priority is None:
+        if not view["priority"]:
             typer.echo("no priority section in the dispatch policy: tasks are admitted in submission order")
         if not rows:
             typer.echo("no task waits for admission")
@@ -210,20 +189,8 @@ def show_command(output: str = typer.Option("table", "-o", "--output", help="jso
 
 def budgets_command(output: str = typer.Option("table", "-o", "--output", help="json or table.")) -> None:
     """Every budget of the policy: spent so far this period, the limit, and when it runs out."""
-    from datetime import datetime, timezone
-
-    from . import budgets as bd
-
     _output(output)
-    state = run_async(_state())
-    now = datetime.now(timezone.utc)
-    rows = []
-    for b in (state.policy.budgets if state.policy else []):
-        st = bd.status(b, state.spend, now)
-        rows.append({"team": st.team, "user": st.user, "period": st.period, "period_key": st.period_key,
-                     "spent_usd": st.spent_usd, "limit_usd": st.limit_usd, "fraction": st.fraction,
-                     "state": st.state, "hard": st.hard, "on_limit": b.on_limit,
-                     "resets_at": st.resets_at.isoformat(), "runs_out_at": st.runs_out_at.isoformat() if st.runs_out_at else None})
+    rows = run_async(_read("budgets"))["budgets"]
     if output == "json":
         print_json({"budgets": rows})
         return

@@ -12,6 +12,11 @@ With no policy in the log it emits nothing: the optimizer places every TaskSubmi
 nothing changes for a broker without one. While a policy is active the optimizer waits for the
 TaskAdmitted (both read which policy was active at the submission's stream sequence).
 
+Reads (`spz dispatch queue|share|prio`, `spz budgets`, the API's dispatch routes) are answered
+over the bus from that same state (its `queue`, `share`, `budgets` queries, events/dispatch_queries.py;
+the views are services/dispatch/reads.py's), as fresh as the caller's `min_seq`: a read costs the
+same however long the log is.
+
 Stateless across restarts: `start` folds the log (services/dispatch/state.py) up to its end,
 its own decisions included, then the durable consumer resumes; an event already folded is not
 folded again, and a task already admitted is never admitted again. Decisions are
@@ -21,9 +26,11 @@ why a task waited.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
-from skypurza.events import naming
+from skypurza.events import dispatch_queries, naming
 from skypurza.events.bus import Bus, Stored
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.dispatch_events import (
@@ -31,9 +38,10 @@ from skypurza.events.dispatch_events import (
 )
 from skypurza.events.job_events import CancelRequested
 from skypurza.events.managed_events import ManagedJobCancelRequested
+from skypurza.events.contract import BusAccess
 from skypurza.events.service import Emit, EmitContext, InOrder, Reactions, ServiceContract, handles
 
-from . import admit, budgets
+from . import admit, budgets, reads
 from .state import FOLDED, OWN, DispatchState
 
 log = logging.getLogger("skypurza.dispatch")
@@ -53,12 +61,15 @@ CONTRACT = ServiceContract(
                 CancelRequested: "the preempted (or budget-stopped) task's job, with the reason",
                 TaskBudgetStopped: "an admitted task of a spent `on_limit: stop` budget, once",
                 ManagedJobCancelRequested: "a budget-stopped managed job: cancelled for good, not recovered"},
+    # `queue`, `share`, `budgets`: the reads of `spz dispatch` and the API (events/dispatch_queries.py).
+    bus=BusAccess(answers=dispatch_queries.SERVICE),
 )
+QUERY_CONCURRENCY = 4  # one answer waiting for its min_seq does not hold up the others
 
 
-def fold_subjects(stage: str) -> list[str]:
-    """Every subject the fold reads: what the service consumes and its own decisions."""
-    return [naming.event_filter(stage, cls.AGGREGATE, cls.EVENT_NAME) for cls in FOLDED + OWN]
+def fold_subjects(stage: str, types: tuple[type, ...] = FOLDED + OWN) -> list[str]:
+    """Every subject the fold reads (default): what the service consumes and its own decisions."""
+    return [naming.event_filter(stage, cls.AGGREGATE, cls.EVENT_NAME) for cls in types]
 
 
 async def load_state(bus: Bus) -> DispatchState:
@@ -76,19 +87,68 @@ class DispatchService:
     def __init__(self, clock: Clock = SYSTEM_CLOCK):
         self.clock = clock
         self.state = DispatchState()
+        self._bus: Bus | None = None
+        self._queries: list[Any] = []  # the request-reply subscriptions
+        self._folded = asyncio.Event()  # set (and replaced) on every event folded: what a read waits on
+        self._current_to = 0  # every event the fold reads up to this stream sequence is folded
 
     async def start(self, bus: Bus) -> None:
+        self._bus = bus
         self.state = await load_state(bus)
         log.info("dispatch: policy %s, %d pending, %d admitted holding quota",
                  "active" if self.state.policy else "none", len(self.state.pending), len(self.state.admitted))
+        if not self._queries:
+            self._queries = await bus.serve_queries(
+                dispatch_queries.SERVICE, {q: self._answerer(q) for q in reads.VIEWS}, concurrency=QUERY_CONCURRENCY)
 
     async def close(self) -> None:
-        pass
+        for sub in self._queries:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection is already gone: nothing left to answer on
+                pass
+        self._queries = []
 
     @handles(*FOLDED)
     async def on_event(self, stored: Stored, ctx: EmitContext) -> Reactions:
         self.state.apply(stored)  # idempotent: a redelivered event was folded at start
+        self._folded.set()
+        self._folded = asyncio.Event()
         return self.react()
+
+    # ------------------------------------------------------------------ reads (queries)
+
+    def _answerer(self, query: str):
+        async def answer(params: dict[str, Any]) -> dict[str, Any]:
+            if not isinstance(params, dict):
+                raise ValueError("a query's parameters are an object")
+            min_seq = params.pop("min_seq", None)
+            if min_seq is not None:
+                if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
+                    raise ValueError("min_seq: a stream sequence (an integer >= 0)")
+                await self._current(min_seq)
+            return reads.view(self.state, query, self.clock.now(), params)
+        return answer
+
+    async def _current(self, min_seq: int, wait_s: float = dispatch_queries.WAIT_S) -> None:
+        """Return once every event the fold consumes up to `min_seq` is folded; raise past `wait_s`
+        (the caller then folds the log itself). The newest such event is looked up, not waited
+        for: most of the log (a node's events, job output) is nothing dispatch reads."""
+        if self.state.through >= min_seq or self._current_to >= min_seq:
+            return
+        assert self._bus is not None
+        newest = await self._bus.last_seq_of(fold_subjects(self._bus.stage, FOLDED))
+        target = min(min_seq, newest)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while self.state.through < target:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise TimeoutError(f"dispatch has folded the log to {self.state.through}, not yet to {target}")
+            try:
+                await asyncio.wait_for(self._folded.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        self._current_to = max(self._current_to, min_seq)
 
     def react(self) -> Reactions:
         """Emit what changed: an admission for each newly admitted task, a hold whose reason changed."""

@@ -161,6 +161,9 @@ def cost_report_command(
                                                          "(as sky cost-report -a: --by cluster, no --days limit)."),
     live: bool = typer.Option(False, "--live", help="The cost so far of the jobs running now (managed jobs: their "
                                                     "cluster's metered cost; jobs on a shared cluster: an estimate)."),
+    workspace: Optional[str] = typer.Option(None, "-w", "--workspace",
+                                            help="One team's lines only (a workspace is a team: spz teams list). "
+                                                 "Through an API server: a team of yours (an admin: any)."),
 ) -> None:
     """Showback: cost in dollars and Slurm billing units, for live and finished clusters.
 
@@ -169,9 +172,12 @@ def cost_report_command(
     Late usage of a settled period is a `compensation` line in the period it is booked in.
     """
     check_output(output, ("table", "json", "csv"))
+    from skypurza.cli.options import workspace_of
+
+    team = workspace_of(workspace)
     if live:
-        if all_ or since is not None or until is not None or days is not None:
-            raise typer.BadParameter("--live is the jobs running now: leave out --since/--until/--days/-a",
+        if all_ or since is not None or until is not None or days is not None or team is not None:
+            raise typer.BadParameter("--live is the jobs running now: leave out --since/--until/--days/-a/-w",
                                      param_hint="--live")
         return _live_report(output)
     if all_:
@@ -190,9 +196,13 @@ def cost_report_command(
     if t is not None:  # through the configured API server: its GET /api/v1/cost-report
         from skypurza.cli.via_api_jobs import cost_report
 
-        rep = cost_report(t, by, _since(since, days), until)
+        rep = cost_report(t, by, _since(since, days), until, workspace=team)
     else:
-        rep = _ask("cost-report", lambda bus: lq.cost_report(bus, by=by, since=_since(since, days), until=until))
+        rep = _ask("cost-report", lambda bus: lq.cost_report(bus, by=by, since=_since(since, days), until=until,
+                                                             team=team))
+        if team is not None:  # the ledger's cut, said on stderr as through a server: the report prints the same
+            rep.pop("team", None)
+            typer.echo(f"Team {team} only.", err=True)
     if output == "json":
         print_json(rep)
         return

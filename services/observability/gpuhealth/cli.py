@@ -39,6 +39,30 @@ def _gpus(sample: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+def gpu_source(sample: dict[str, Any] | None) -> str:
+    """Who read the node's GPUs: dcgm or nvidia-smi (an agent from before DCGM says nothing: nvidia-smi)."""
+    if not sample:
+        return "-"
+    source = sample.get("gpu_source")
+    if isinstance(source, str) and source:
+        return source
+    return "nvidia-smi" if sample.get("gpus") else "-"
+
+
+def corrected_ecc(sample: dict[str, Any] | None) -> int | None:
+    """The node's volatile corrected (single-bit) ECC errors over its GPUs; None when no GPU reports
+    the count (nvidia-smi's query has no such column: only DCGM gives it)."""
+    counts = [g.get("ecc_corrected_volatile") for g in (sample or {}).get("gpus") or [] if isinstance(g, dict)]
+    known = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    return sum(known) if known else None
+
+
+def with_gpu_source(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The JSON form: each node as the manager answered, plus its GPU source and corrected ECC count."""
+    return [{**n, "gpu_source": gpu_source(n.get("sample")), "ecc_corrected_volatile": corrected_ecc(n.get("sample"))}
+            for n in nodes]
+
+
 def _findings(found: list[dict[str, Any]]) -> str:
     if not found:
         return "healthy"
@@ -53,7 +77,7 @@ def rows_of(nodes: list[dict[str, Any]]) -> list[list[str]]:
     for n in nodes:
         s = n.get("sample")
         out.append([n["cluster"], str(n["rank"]), (s or {}).get("ts", "-"), _fmt((s or {}).get("cpu_pct"), "%"),
-                    _gpus(s), _findings(n.get("findings") or [])])
+                    gpu_source(s), _gpus(s), _fmt(corrected_ecc(s)), _findings(n.get("findings") or [])])
     return out
 
 
@@ -61,8 +85,8 @@ def health_command(
     cluster: Optional[str] = typer.Argument(None, metavar="CLUSTER", help="Only this cluster's nodes."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Each node's last sample (CPU, GPUs) and the GPU health findings (Xid, ECC, missing GPUs,
-    idle or throttled GPUs). A node with a fatal finding is drained and its managed jobs are
+    """Each node's last sample (CPU, GPUs, the GPU source: dcgm or nvidia-smi, corrected ECC errors)
+    and the GPU health findings (Xid, ECC, missing GPUs, idle or throttled GPUs). A node with a fatal finding is drained and its managed jobs are
     recovered elsewhere (docs/gpu-health.md)."""
     check_output(output)
     name = check_cluster_name(cluster, "CLUSTER", pattern=False)
@@ -88,14 +112,14 @@ def health_command(
             raise fail(str(exc))
         raise
     if output == "json":
-        print_json(nodes)
+        print_json(with_gpu_source(nodes))
         return
     if not nodes:
         typer.echo(f"No samples from {name}'s nodes yet." if name else "No node samples yet.")
         return
     from skypurza.cli.tables import print_table
 
-    print_table(["CLUSTER", "NODE", "SAMPLED", "CPU", "GPUS", "HEALTH"], rows_of(nodes))
+    print_table(["CLUSTER", "NODE", "SAMPLED", "CPU", "SOURCE", "GPUS", "ECC CORRECTED", "HEALTH"], rows_of(nodes))
 
 
 def register(app: typer.Typer) -> None:

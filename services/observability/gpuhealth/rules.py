@@ -8,6 +8,10 @@ makes it once-only (the service reports each key once). Rules:
   fatal for `fatal_xids` (79 fallen off the bus, 48 double-bit ECC, 64 row remap failure, ...),
   a warning otherwise (13/31/43 are mostly the application's), none for `ignored_xids`;
 - ecc_uncorrected: volatile uncorrected ECC errors at or over `ecc_uncorrected`: fatal;
+- ecc_corrected: the volatile corrected (single-bit) ECC count risen by `ecc_corrected_rise` or
+  more within `ecc_corrected_window_s` (DCGM only: nvidia-smi's query has no such column): a
+  warning (the memory still corrects; a rising rate comes before row remapping or an uncorrectable
+  error, so the node is watched, not drained);
 - gpu_missing: fewer GPUs than the node was provisioned with, or the GPU source failing on a node
   that should have GPUs: fatal (gpu_index None: the node);
 - gpu_idle: a GPU a running job holds under `idle_pct` utilisation for `idle_s`: a warning
@@ -52,6 +56,8 @@ class Finding:
 class Evaluation:
     findings: list[Finding]
     since: dict[str, datetime]  # lasting condition -> when it began (only the conditions still true)
+    # GPU -> (when its window began, its corrected ECC count then): the base a rise is measured from
+    ecc_base: dict[str, tuple[datetime, int]] = field(default_factory=dict)
 
 
 def _source(s: NodeSample) -> str:
@@ -85,6 +91,33 @@ def _ecc_findings(s: NodeSample, cfg: HealthSettings) -> list[Finding]:
                     {"ecc_uncorrected_volatile": g.ecc_uncorrected_volatile, "threshold": cfg.ecc_uncorrected})
             for g in s.gpus if g.ecc_uncorrected_volatile is not None
             and g.ecc_uncorrected_volatile >= cfg.ecc_uncorrected]
+
+
+def _ecc_corrected_findings(s: NodeSample, now: datetime, base: Mapping[str, tuple[datetime, int]],
+                            cfg: HealthSettings, kept: dict[str, tuple[datetime, int]]) -> list[Finding]:
+    """A rise of the volatile corrected count within a window. The base is taken again when the
+    window has passed and when the count fell (the driver reloaded: volatile counts restart)."""
+    if cfg.ecc_corrected_rise <= 0:
+        return []
+    out = []
+    for g in s.gpus:
+        count = g.ecc_corrected_volatile
+        if count is None:
+            continue
+        key = f"{s.cluster}|{s.rank}|{g.index}|ecc_corrected"
+        began, first = base.get(key, (now, count))
+        if count < first or (now - began).total_seconds() > cfg.ecc_corrected_window_s:
+            began, first = now, count
+        kept[key] = (began, first)
+        rise = count - first
+        if rise >= cfg.ecc_corrected_rise:
+            out.append(Finding(s.cluster, s.rank, g.index, "ecc_corrected", "warning",
+                               f"GPU {g.index}: corrected ECC errors rose by {rise} in "
+                               f"{(now - began).total_seconds():.0f} s (to {count}, volatile)",
+                               {"ecc_corrected_volatile": count, "base": first, "since": began.isoformat(),
+                                "rise": rise, "threshold": cfg.ecc_corrected_rise,
+                                "window_s": cfg.ecc_corrected_window_s, "source": s.gpu_source}))
+    return out
 
 
 def _missing_findings(s: NodeSample) -> list[Finding]:
@@ -127,10 +160,14 @@ def _lasting(s: NodeSample, now: datetime, since: Mapping[str, datetime], cfg: H
     return out
 
 
-def evaluate(sample: NodeSample, now: datetime, since: Mapping[str, datetime], cfg: HealthSettings) -> Evaluation:
+def evaluate(sample: NodeSample, now: datetime, since: Mapping[str, datetime], cfg: HealthSettings,
+             ecc_base: Mapping[str, tuple[datetime, int]] | None = None) -> Evaluation:
     """The findings of one sample; `since` holds when each lasting condition of this node began
-    (from earlier samples). The returned `since` replaces this node's entries."""
+    and `ecc_base` each GPU's corrected ECC base (both from earlier samples). The returned ones
+    replace this node's entries."""
     kept: dict[str, datetime] = {}
-    findings = (_xid_findings(sample, cfg) + _ecc_findings(sample, cfg) + _missing_findings(sample)
+    bases: dict[str, tuple[datetime, int]] = {}
+    findings = (_xid_findings(sample, cfg) + _ecc_findings(sample, cfg)
+                + _ecc_corrected_findings(sample, now, ecc_base or {}, cfg, bases) + _missing_findings(sample)
                 + _lasting(sample, now, since, cfg, kept))
-    return Evaluation(findings, kept)
+    return Evaluation(findings, kept, bases)

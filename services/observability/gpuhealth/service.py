@@ -60,6 +60,7 @@ class GpuHealthService:
         self.nodes: OrderedDict[tuple[str, int], NodeSample] = OrderedDict()
         self.findings: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
         self.since: dict[str, datetime] = {}
+        self.ecc_base: dict[str, tuple[datetime, int]] = {}  # GPU -> its corrected ECC window (rules.py)
         self.reported: set[str] = set()
         self.dropped = 0
         self._subs: list[Any] = []
@@ -125,9 +126,11 @@ class GpuHealthService:
         now = self.clock.now()
         prefix = f"{sample.cluster}|{sample.rank}|"
         mine = {k: v for k, v in self.since.items() if k.startswith(prefix)}
-        result = rules.evaluate(sample, now, mine, self.settings)
+        bases = {k: v for k, v in self.ecc_base.items() if k.startswith(prefix)}
+        result = rules.evaluate(sample, now, mine, self.settings, bases)
         self._forget_since(node)
         self.since.update(result.since)
+        self.ecc_base.update(result.ecc_base)
         new = [f for f in result.findings if f.key not in self.reported]
         for f in new:
             await self._publish(f, sample, now)
@@ -137,6 +140,8 @@ class GpuHealthService:
         prefix = f"{node[0]}|{node[1]}|"
         for k in [k for k in self.since if k.startswith(prefix)]:
             del self.since[k]
+        for k in [k for k in self.ecc_base if k.startswith(prefix)]:
+            del self.ecc_base[k]
 
     async def _publish(self, f: rules.Finding, sample: NodeSample, now: datetime) -> None:
         assert self.bus is not None

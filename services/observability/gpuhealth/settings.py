@@ -4,6 +4,8 @@
     SKYPURZA_GPUHEALTH_FATAL_XIDS=48,64,74,79,95,119,120   gpuhealth.fatal_xids     Xids that drain the node
     SKYPURZA_GPUHEALTH_IGNORED_XIDS=                       gpuhealth.ignored_xids   Xids never reported
     SKYPURZA_GPUHEALTH_ECC_UNCORRECTED=1                   gpuhealth.ecc_uncorrected   volatile uncorrected ECC errors that drain; 1-1e9
+    SKYPURZA_GPUHEALTH_ECC_CORRECTED_RISE=100              gpuhealth.ecc_corrected_rise   corrected ECC errors risen this much warn; 0 off, up to 1e9
+    SKYPURZA_GPUHEALTH_ECC_CORRECTED_WINDOW_S=3600         gpuhealth.ecc_corrected_window_s   ... within this; 60-604800
     SKYPURZA_GPUHEALTH_IDLE_PCT=1                          gpuhealth.idle_pct       utilisation under this is idle; 0-100
     SKYPURZA_GPUHEALTH_IDLE_S=1800                         gpuhealth.idle_s         idle this long while a job holds the GPU; 1-604800
     SKYPURZA_GPUHEALTH_THROTTLE_S=300                      gpuhealth.throttle_s     thermal/power throttling this long; 1-86400
@@ -40,6 +42,8 @@ class HealthSettings:
     fatal_xids: frozenset[int] = frozenset(DEFAULT_FATAL)
     ignored_xids: frozenset[int] = frozenset()
     ecc_uncorrected: int = 1
+    ecc_corrected_rise: int = 100
+    ecc_corrected_window_s: float = 3600.0
     idle_pct: float = 1.0
     idle_s: float = 1800.0
     throttle_s: float = 300.0
@@ -54,6 +58,10 @@ class HealthSettings:
             ignored_xids=_codes(src, "SKYPURZA_GPUHEALTH_IGNORED_XIDS", "gpuhealth.ignored_xids", ()),
             ecc_uncorrected=src.integer("SKYPURZA_GPUHEALTH_ECC_UNCORRECTED", b.ecc_uncorrected, low=1,
                                         high=10**9, key="gpuhealth.ecc_uncorrected"),
+            ecc_corrected_rise=src.integer("SKYPURZA_GPUHEALTH_ECC_CORRECTED_RISE", b.ecc_corrected_rise, low=0,
+                                           high=10**9, key="gpuhealth.ecc_corrected_rise"),
+            ecc_corrected_window_s=src.seconds("SKYPURZA_GPUHEALTH_ECC_CORRECTED_WINDOW_S", b.ecc_corrected_window_s,
+                                               low=60, high=WEEK_S, key="gpuhealth.ecc_corrected_window_s"),
             idle_pct=src.number("SKYPURZA_GPUHEALTH_IDLE_PCT", b.idle_pct, low=0, high=100, key="gpuhealth.idle_pct"),
             idle_s=src.seconds("SKYPURZA_GPUHEALTH_IDLE_S", b.idle_s, low=1, high=WEEK_S, key="gpuhealth.idle_s"),
             throttle_s=src.seconds("SKYPURZA_GPUHEALTH_THROTTLE_S", b.throttle_s, low=1, high=86400,

@@ -29,7 +29,8 @@ export async function render(root, { me, signal, at }) {
   const health = el("div");
   root.append(
     el("section", { "aria-labelledby": "h-gpus" }, el("h2", { id: "h-gpus" }, "GPU utilisation"),
-      el("p", { class: "muted" }, "Each GPU as its node's last sample saw it (the node agents sample every few seconds)."),
+      el("p", { class: "muted" }, "Each GPU as its node's last sample saw it (the node agents sample every few seconds), "
+        + "read through DCGM or nvidia-smi (Source); corrected (single-bit) ECC errors come from DCGM only."),
       gpuMsg, gpus),
     el("section", { "aria-labelledby": "h-goodput" }, el("h2", { id: "h-goodput" }, "Goodput"),
       el("p", { class: "muted" }, "Useful GPU time (a GPU busy in the samples) over the GPU time the ledger metered, "
@@ -63,6 +64,9 @@ export async function render(root, { me, signal, at }) {
         ["Utilisation", (r) => pct(r.utilization_pct), "num"],
         ["Memory", (r) => (r.memory_total_mib ? `${num(r.memory_used_mib, "")}/ ${num(r.memory_total_mib, "MiB")}` : "-"), "num"],
         ["Temp", (r) => num(r.temperature_c, "°C"), "num"], ["Power", (r) => num(r.power_w, "W"), "num"],
+        ["ECC corrected", (r) => (r.ecc_corrected_volatile === null || r.ecc_corrected_volatile === undefined
+          ? "-" : String(r.ecc_corrected_volatile)), "num"],
+        ["Source", (r) => r.gpu_source || "-"],
         ["CPU", (r) => pct(r.cpu_pct), "num"], ["Sampled", (r) => when(r.sampled_at)],
         ["Note", (r) => r.gpu_error || (r.findings ? `${r.findings} finding(s)` : "")],
       ], rows, "no node sample heard yet"));
