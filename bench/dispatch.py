@@ -9,9 +9,13 @@ Prints:
   priority order), its time and decisions per second;
 - TaskSubmitted -> TaskAdmitted through a real nats-server and the dispatch service with an
   empty queue, p50 and p99 (goal p50 <= 5 ms);
-- memory: the fold's peak (tracemalloc, in a second, untimed run) with 10,000 pending.
+- memory: the fold's peak (tracemalloc, in a second, untimed run) with 10,000 pending;
+- `spz dispatch queue`'s read with a long log (100 pending, --usage UsageRecorded): the fold of
+  the log (the old path, still the answer without a dispatch service) beside the dispatch
+  service's `queue` query (events/dispatch_queries.py), same run, median wall and CPU seconds
+  and the messages each reads (`--reads-only`: this row alone).
 
-    python bench/dispatch.py [--pending 10000] [--teams 100] [--users 1000] [--samples 300]
+    python bench/dispatch.py [--pending 10000] [--teams 100] [--users 1000] [--samples 300] [--usage 50000]
 """
 
 from __future__ import annotations
@@ -149,13 +153,84 @@ async def through_bus(samples: int, teams: int, users: int) -> tuple[float, floa
             server.stop()
 
 
+async def queue_read(usage: int, rounds: int = 5) -> dict[str, float]:
+    """`spz dispatch queue`'s read, the fold against the service's answer, on one log."""
+    from skypurza.services.dispatch import ask, reads
+    from skypurza.services.dispatch.service import load_state
+
+    with tempfile.TemporaryDirectory() as d:
+        server = NatsServer(Path(d) / "js", free_port()).start()
+        try:
+            bus = await Bus.connect(server.url, "bench", source="/bench")
+            await bus.publish(DispatchPolicyApplied(policy=policy(10, 10, nominal=0)))
+            await bus.publish_many([TaskSubmitted(task_id=f"p{i}", cluster=f"pc{i}", task=TASK, user=f"u{i % 10}-0",
+                                                  team=f"team{i % 10}") for i in range(100)])
+            t = datetime.now(timezone.utc) - timedelta(hours=1)
+            for lo in range(0, usage, 5000):
+                await bus.publish_many([UsageRecorded(cluster="old", rank=0, instance_id="i-1",
+                                                      start=t + timedelta(milliseconds=i),
+                                                      end=t + timedelta(milliseconds=i + 1), hourly_price_micros=1,
+                                                      cost_micros=1, billing=1.0, user="u0-0", team="team0")
+                                        for i in range(lo, min(usage, lo + 5000))])
+            service = DispatchService()
+            runner = ServiceRunner(bus, service)
+            job = asyncio.create_task(runner.run())
+            while await ask.from_service(bus, "queue") is None:
+                await asyncio.sleep(0.05)
+
+            async def timed(read) -> tuple[float, float, dict]:
+                walls, cpus = [], []
+                for _ in range(rounds):
+                    w, c = time.perf_counter(), time.process_time()
+                    got = await read()
+                    walls.append(time.perf_counter() - w)
+                    cpus.append(time.process_time() - c)
+                return statistics.median(walls), statistics.median(cpus), got
+
+            async def fold() -> dict:
+                return reads.view(await load_state(bus), "queue", datetime.now(timezone.utc))
+
+            fold_wall, fold_cpu, a = await timed(fold)
+            ask_wall, ask_cpu, b = await timed(lambda: ask.read(bus, "queue"))
+            assert [p["task_id"] for p in a["pending"]] == [p["task_id"] for p in b["pending"]]
+            n_fold = 0
+            async for _ in bus.replay_raw(filter_subjects=[naming.event_filter("bench", c.AGGREGATE, c.EVENT_NAME)
+                                                           for c in (UsageRecorded, TaskSubmitted, DispatchPolicyApplied,
+                                                                     TaskHeld)]):
+                n_fold += 1
+            runner.stop()
+            await job
+            await service.close()
+            await bus.close()
+            return {"fold_wall": fold_wall, "fold_cpu": fold_cpu, "ask_wall": ask_wall, "ask_cpu": ask_cpu,
+                    "fold_msgs": n_fold, "pending": len(b["pending"])}
+        finally:
+            server.stop()
+
+
+def print_queue_read(usage: int) -> None:
+    import os
+
+    r = asyncio.run(queue_read(usage))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"`spz dispatch queue` read, {r['pending']:.0f} pending, {usage:,} UsageRecorded in the log (load {load}): "
+          f"fold of the log (old path; {r['fold_msgs']:,.0f} messages) {r['fold_wall'] * 1000:.0f} ms wall / "
+          f"{r['fold_cpu'] * 1000:.0f} ms CPU; the dispatch service's answer (0 messages replayed) "
+          f"{r['ask_wall'] * 1000:.1f} ms wall / {r['ask_cpu'] * 1000:.1f} ms CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pending", type=int, default=10_000)
     ap.add_argument("--teams", type=int, default=100)
     ap.add_argument("--users", type=int, default=1_000)
     ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--usage", type=int, default=50_000, help="UsageRecorded in the log for the queue-read row")
+    ap.add_argument("--reads-only", action="store_true", help="only the `spz dispatch queue` read row")
     a = ap.parse_args()
+    if a.reads_only:
+        print_queue_read(a.usage)
+        return
     r = in_process(a.pending, a.teams, a.users)
     r["peak_mib"] = in_process(a.pending, a.teams, a.users, trace=True)["peak_mib"]
     print(f"submissions: {r['submissions']:,} decided in {r['submit_s']:.2f} s = {r['per_s']:,.0f}/s "
@@ -166,6 +241,7 @@ def main() -> None:
     p50, p99 = asyncio.run(through_bus(a.samples, a.teams, a.users))
     print(f"TaskSubmitted -> TaskAdmitted, empty queue, real nats-server: p50 {p50 * 1000:.2f} ms, "
           f"p99 {p99 * 1000:.2f} ms (goal p50 <= 5 ms)")
+    print_queue_read(a.usage)
     sys.stdout.flush()
 
 

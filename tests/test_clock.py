@@ -208,7 +208,6 @@ SYSTEM_TIME_ALLOWED = {
     "services/optimizer/catalog/build.py": "the date a catalog was built",
     "services/optimizer/catalog/refresh.py": "the date of a price refresh and EC2's StartTime",
     "services/ledger/cli.py": "a command's default `--since` (the CLI edge)",
-    "services/dispatch/cli.py": "the moment `spz dispatch queue|prio|share` and `spz budgets` judge at (the CLI edge)",
     "services/observability/top.py": "the moment a `spz top` frame is drawn (the terminal edge)",
     "services/api/routes_clusters.py": "a purge's terminated_at, stamped when the request arrives (the HTTP edge)",
     "services/api/routes_dispatch.py": "the moment a queue or budget answer is judged at (the HTTP edge)",

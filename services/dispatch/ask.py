@@ -6,11 +6,11 @@ against a replay of the whole log)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from skypurza.events import dispatch_queries
 from skypurza.events.bus import Bus
+from skypurza.events.clock import SYSTEM_CLOCK, Clock
 
 from . import reads
 from .service import load_state
@@ -24,10 +24,11 @@ async def from_service(bus: Bus, query: str, params: dict[str, Any] | None = Non
         return None
 
 
-async def read(bus: Bus, query: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+async def read(bus: Bus, query: str, params: dict[str, Any] | None = None,
+               clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """One of reads.VIEWS, from the service when it answers, else from the fold of the log (which
     raises what the view raises: a bad `algorithm`, say)."""
     answer = await from_service(bus, query, params)
     if answer is not None:
         return answer
-    return reads.view(await load_state(bus), query, datetime.now(timezone.utc), params)
+    return reads.view(await load_state(bus), query, clock.now(), params)
