@@ -6,7 +6,7 @@ Importing typer, click and rich's help renderer is most of a cold `--help` (~0.1
 terminal looks, so the first run renders it with typer as ever, recording what was written and
 the exit code; a later run with the same `help_key` writes the recorded bytes back and exits.
 
-The key covers what the rendering reads: the version, the directories on sys.path (installing or
+The key covers what the rendering reads: the arguments (`spz` alone exits 2), the version, the directories on sys.path (installing or
 removing a plugin changes them), the program name, the streams (which are terminals, their sizes and encodings) and the
 environment variables rich, typer and click consult (width, colour: COLUMNS, TERM, NO_COLOR,
 FORCE_COLOR, ...) plus every SKYPURZA_ variable. The cached text also lists every module file
@@ -94,10 +94,11 @@ def _unchanged(files: Any) -> bool:
     return True
 
 
-def current_key() -> str:
+def current_key(argv: list[str]) -> str:
     from skypurza import __version__
 
-    return help_key(__version__, dict(os.environ), [_place_facts(), _stream_facts()])
+    # argv: `spz` alone exits 2 where `spz --help` exits 0, with the same text
+    return help_key(__version__, dict(os.environ), [list(argv), _place_facts(), _stream_facts()])
 
 
 class _Recorder:
@@ -122,10 +123,10 @@ class _Recorder:
         return getattr(self._stream, name)
 
 
-def _cache_file() -> Any:
+def _cache_file(argv: list[str]) -> Any:
     from skypurza.events import naming
 
-    return naming.help_cache_file(current_key())
+    return naming.help_cache_file(current_key(argv))
 
 
 def serve(argv: list[str]) -> None:
@@ -133,7 +134,7 @@ def serve(argv: list[str]) -> None:
     if tuple(argv) not in HELP_ARGS:
         return
     try:
-        path = _cache_file()
+        path = _cache_file(argv)
         if path.stat().st_size > _MAX_CACHED:
             return
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -153,6 +154,7 @@ def serve(argv: list[str]) -> None:
 
 def run_recorded(app: Any) -> None:
     """Run `app` (a top-level help) with its output recorded, then store what it printed."""
+    argv = sys.argv[1:]
     out, err = _Recorder(sys.stdout), _Recorder(sys.stderr)
     sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
     code: Any = 0
@@ -164,12 +166,12 @@ def run_recorded(app: Any) -> None:
     finally:
         sys.stdout, sys.stderr = out._stream, err._stream
         if out.clean and err.clean and isinstance(0 if code is None else code, int):
-            _store("".join(out.text), "".join(err.text), 0 if code is None else code, _module_files())
+            _store(argv, "".join(out.text), "".join(err.text), 0 if code is None else code, _module_files())
 
 
-def _store(out: str, err: str, code: int, files: list[list[Any]]) -> None:
+def _store(argv: list[str], out: str, err: str, code: int, files: list[list[Any]]) -> None:
     try:
-        path = _cache_file()
+        path = _cache_file(argv)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"out": out, "err": err, "code": code, "files": files}), encoding="utf-8")

@@ -103,9 +103,9 @@ def load_all() -> typer.Typer:
 
 
 if __name__ == "__main__":
-    from .helpcache import HELP_ARGS, run_recorded
+    if sys.argv[1:] in ([], ["--help"], ["-h"]):
+        from .helpcache import run_recorded
 
-    if tuple(sys.argv[1:]) in HELP_ARGS:
         run_recorded(app)  # recorded for the next one
     else:
         app()

@@ -129,3 +129,17 @@ def test_the_scripts_help_args_are_the_caches() -> None:
     from skypurza.cli.helpcache import HELP_ARGS
 
     assert script.HELP_ARGS == HELP_ARGS
+
+
+def test_python_dash_m_serves_the_cache_too(tmp_path) -> None:
+    """`python -m skypurza.cli.main` (how bench/latency.py runs spz) takes the same light path
+    for each help form, under its own program name."""
+    env = _env(tmp_path, COLUMNS="100")
+    for args in ([], ["--help"], ["-h"]):
+        want = _run([sys.executable, "-m", "skypurza.cli.main", *args], env)
+        assert "Usage: python -m skypurza.cli.main" in want.stdout
+        again = _run([sys.executable, "-X", "importtime", "-m", "skypurza.cli.main", *args], env)
+        assert (again.returncode, again.stdout) == (want.returncode, want.stdout)
+        assert "typer" not in _imported(again.stderr), args
+    assert len(_cached(tmp_path)) == 3  # one per form: `spz` alone exits 2, `--help` 0
+    assert [_run([sys.executable, "-m", "skypurza.cli.main", *a], env).returncode for a in ([], ["-h"])] == [2, 0]

@@ -69,6 +69,7 @@ def test_every_call_the_backend_makes_is_granted(tmp_path: Path) -> None:
                 await a.launch(spec("t2"))
                 await a.launch(spec("t2"))  # redelivered: the pods adopted, the Secret patched
                 await a.list_owned("test")
+                await a.list_owned_objects("test")
                 await a.describe(ClusterRef(stage="test", cluster="r", region="ctx", infra="kubernetes"))
                 await a.terminate(ClusterRef(stage="test", cluster="r", region="ctx", infra="kubernetes"))
             finally:
@@ -84,6 +85,7 @@ def test_every_call_the_backend_makes_is_granted(tmp_path: Path) -> None:
     namespaced, cluster_wide = granted()
     assert ("pods", "create", True) in used and ("nodes", "list", False) in used  # the recording works
     assert {("secrets", "create", True), ("secrets", "patch", True), ("secrets", "delete", True)} <= used
+    assert {("services", "list", True), ("secrets", "list", True)} <= used  # reconciliation's object listing
     missing = [(res, verb, ns) for res, verb, ns in sorted(used)
                if (res, verb) not in (namespaced if ns else cluster_wide)]
     assert missing == [], f"calls the Role does not grant: {missing}"

@@ -229,6 +229,42 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class OwnedObject:
+    """A cluster's object that is not a node (a Kubernetes cluster's headless Service, its
+    Secret), as listed for reconciliation: it bills nothing, but left behind it is an orphan."""
+
+    kind: str  # "Service", "Secret"
+    name: str
+    region: str  # the Kubernetes context
+    stage: str | None = None  # its stage label
+    cluster: str | None = None  # its cluster label
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ObjectListing:
+    """What `list_owned_objects` found, and why each region it could not list failed."""
+
+    objects: list[OwnedObject] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ObjectOwner(Protocol):
+    """A backend whose clusters hold objects besides their nodes (Kubernetes). Reconciliation
+    lists them beside the nodes and deletes the ones no cluster accounts for."""
+
+    async def list_owned_objects(self, stage: str, regions: Sequence[str] | None = None) -> ObjectListing:
+        """Every such object labelled with `stage`, in every region listed for nodes."""
+        ...
+
+    async def delete_objects(self, stage: str, objects: Sequence[OwnedObject]) -> list[str]:
+        """Delete the given objects (orphans); only those labelled with `stage`, and only while
+        their cluster still has no node. Returns the names deleted (gone already counts)."""
+        ...
+
+
+@dataclass(frozen=True)
 class ClusterRef:
     """Enough to find a cluster's nodes again: its name, where it is, and the ids we know."""
 

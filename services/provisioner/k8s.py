@@ -18,6 +18,9 @@ pods look like is k8s_manifest.py; what fits where is events/k8s_capacity.py.
 - terminate: every object labelled with the cluster, waited for until gone (bounded).
 - list_owned: every pod labelled with the stage, in every enabled context (reconciliation); a
   context that does not answer is reported (PartialListing) and the others are still listed.
+- list_owned_objects / delete_objects: the stage's labelled Services and Secrets, the same
+  contexts, so reconciliation finds those of a launch that died before its pods (what is an
+  orphan is decided in reconcile.py); one is deleted only while its cluster has no pod.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from .adapter import (
     LaunchSpec,
     NodeInfo,
     NodeState,
+    ObjectListing,
+    OwnedObject,
     PartialListing,
     ProvisionError,
     ReleaseReport,
@@ -293,6 +298,40 @@ class KubernetesAdapter:
             raise PartialListing(out, unreachable)
         return out
 
+    async def list_owned_objects(self, stage: str, regions: Sequence[str] | None = None) -> ObjectListing:
+        """The stage's labelled Services and Secrets in the contexts list_owned lists; a context
+        that does not answer is in `unreachable`, the others are still listed."""
+        out = ObjectListing()
+        contexts = self.contexts()
+        selector = _selector({naming.K8S_LABEL_STAGE: naming.check_stage(stage)})
+        for context in contexts + sorted(set(regions or ()) - set(contexts)):
+            try:
+                core = self._core(context)
+                ns = self.namespace(context)
+                found = []
+                for kind, lister in (("Service", core.list_namespaced_service), ("Secret", core.list_namespaced_secret)):
+                    got = await self._call(context, lister, ns, label_selector=selector)
+                    found += [_object(kind, context, _plain(core, o)) for o in got.items]
+                out.objects.extend(found)
+            except Exception as exc:  # away: its objects unknown, not the others'
+                out.unreachable[context] = str(exc) or type(exc).__name__
+        return out
+
+    async def delete_objects(self, stage: str, objects: Sequence[OwnedObject]) -> list[str]:
+        done = []
+        deleters = {"Service": "delete_namespaced_service", "Secret": "delete_namespaced_secret"}
+        for obj in objects:
+            if obj.stage != stage or not obj.cluster or obj.kind not in deleters:
+                continue
+            # Checked again right before: a launch of that cluster may have made its pods meanwhile.
+            if await self._pods(obj.region, naming.k8s_labels(stage, obj.cluster)):
+                continue
+            core = self._core(obj.region)
+            await self._call(obj.region, getattr(core, deleters[obj.kind]), obj.name, self.namespace(obj.region),
+                             ok=(404,))
+            done.append(obj.name)
+        return done
+
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
         done = []
         clusters: set[tuple[str, str]] = set()
@@ -341,6 +380,13 @@ class KubernetesAdapter:
             ))
         out.sort(key=lambda n: (n.cluster or "", n.rank if n.rank is not None else 1 << 30, n.instance_id))
         return out
+
+
+def _object(kind: str, context: str, obj: Mapping[str, Any]) -> OwnedObject:
+    meta = obj.get("metadata") or {}
+    return OwnedObject(kind=kind, name=str(meta.get("name") or ""), region=context,
+                       stage=_label(obj, naming.K8S_LABEL_STAGE), cluster=_label(obj, naming.K8S_LABEL_CLUSTER),
+                       created_at=_time(meta.get("creationTimestamp")))
 
 
 def _selector(labels: Mapping[str, str]) -> str:

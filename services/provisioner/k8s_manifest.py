@@ -94,6 +94,16 @@ def secret_manifest(plan: PodPlan) -> dict[str, Any] | None:
     }
 
 
+# The kinds of object a cluster holds besides its pods, and the name each has (events/naming.py).
+OBJECT_NAMES = {"Service": naming.k8s_service, "Secret": naming.k8s_secret}
+
+
+def object_name(kind: str, stage: str, cluster: str) -> str | None:
+    """The name our `kind` of object of this cluster has (None: not a kind of ours)."""
+    make = OBJECT_NAMES.get(kind)
+    return make(stage, cluster) if make is not None else None
+
+
 def agent_command(plan: PodPlan, rank: int) -> list[str]:
     extra = {"start_seq": plan.start_seq} if plan.start_seq else {}
     spec = AgentSpec(nats_url=plan.nats_url, stage=plan.stage, cluster=plan.cluster, rank=rank,

@@ -11,6 +11,15 @@
   a second OrphanFound with action "terminated" records it. Each (node, action) is recorded once.
 - Nodes younger than `grace_s` are never orphans: their launch may still be on its way to the log.
   Clusters this process is launching right now are accepted whatever their nodes.
+- A backend whose clusters hold objects besides nodes (Kubernetes: each cluster's headless
+  Service and Secret; `ObjectOwner`) lists them too. One whose cluster holds no pod in its
+  context (any phase), is not up per the log, is not being launched or torn down by this
+  process, and is older than `grace_s`, is an orphan (`orphan_objects`): a launch that died
+  between its Service/Secret and its pods, never retried. It is reported and recorded like an
+  orphan node (OrphanFound, instance id `service/<name>` or `secret/<name>`) and deleted with
+  `terminate=True`. Only objects labelled with this stage and named as events/naming.py names
+  that cluster's object are ever candidates: a user's object is never touched. The objects of a
+  cluster with orphan pods go with those pods (`terminate_nodes`).
 - A vanished cluster (the log knows node ids the cloud no longer holds alive) is reported; the
   recovery service owns what to do about a node lost from a cluster that still runs. When every
   node of a cluster is gone, nothing bills any more and the cluster is over: ClusterTerminated
@@ -35,9 +44,9 @@ from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import ClusterProvisioned, ClusterTerminated, OrphanFound
 
-from . import cleanup
+from . import cleanup, k8s_manifest
 
-from .adapter import NodeInfo, PartialListing, find_orphans
+from .adapter import NodeInfo, ObjectOwner, OwnedObject, PartialListing, find_orphans
 from .backends import Backends, UnsupportedInfra
 from .state import find_event, live_clusters
 
@@ -51,7 +60,8 @@ class ReconcileReport:
     checked: dict[str, list[str]] = field(default_factory=dict)  # infra -> regions listed
     live: list[str] = field(default_factory=list)
     orphans: list[NodeInfo] = field(default_factory=list)
-    terminated: list[str] = field(default_factory=list)
+    orphan_objects: list[OwnedObject] = field(default_factory=list)  # a cluster's Service, Secret
+    terminated: list[str] = field(default_factory=list)  # node ids, and object ids (object_id)
     vanished: dict[str, tuple[str, ...]] = field(default_factory=dict)
     ended: list[str] = field(default_factory=list)  # vanished entirely: ClusterTerminated published
     cleanup_failed: list[str] = field(default_factory=list)  # resources the sweep could not release
@@ -67,6 +77,12 @@ class ReconcileReport:
                  "launched_at": n.launched_at.isoformat() if n.launched_at else None,
                  "terminated": n.instance_id in self.terminated}
                 for n in self.orphans
+            ] + [
+                {"instance_id": object_id(o), "cluster": o.cluster, "region": o.region, "zone": None,
+                 "state": "present", "instance_type": o.kind,
+                 "launched_at": o.created_at.isoformat() if o.created_at else None,
+                 "terminated": object_id(o) in self.terminated}
+                for o in self.orphan_objects
             ],
             "vanished": {c: list(ids) for c, ids in self.vanished.items()},
             "ended": self.ended,
@@ -79,6 +95,33 @@ def old_enough(nodes: Sequence[NodeInfo], now: datetime, grace_s: float) -> list
     """Pure: the nodes launched at least `grace_s` ago (a node without a launch time counts)."""
     limit = now - timedelta(seconds=grace_s)
     return [n for n in nodes if n.launched_at is None or _aware(n.launched_at) <= limit]
+
+
+def object_id(obj: OwnedObject) -> str:
+    """How an object is named in reports and OrphanFound: `service/<name>`, kubectl's way."""
+    return f"{obj.kind.lower()}/{obj.name}"
+
+
+def orphan_objects(objects: Sequence[OwnedObject], *, stage: str, live: Collection[str],
+                   with_nodes: Collection[tuple[str, str]], busy: Collection[str] = (),
+                   unlisted: Collection[str] = (), now: datetime, grace_s: float) -> list[OwnedObject]:
+    """Pure: the objects no cluster accounts for. Ours only (this stage's label, a cluster
+    label, the name events/naming.py gives that cluster's object of that kind), in a region
+    whose nodes and objects were both listed; their cluster not up per the log (`live`), not
+    launched or torn down by this process (`busy`), with no node of any phase in that region
+    (`with_nodes`: (region, cluster)), and older than `grace_s` (no creation time counts)."""
+    limit = now - timedelta(seconds=grace_s)
+    out = []
+    for obj in objects:
+        cluster = obj.cluster or ""
+        if obj.stage != stage or not cluster or obj.name != k8s_manifest.object_name(obj.kind, stage, cluster):
+            continue  # not ours, whatever its labels say
+        if obj.region in unlisted or cluster in live or cluster in busy or (obj.region, cluster) in with_nodes:
+            continue
+        if obj.created_at is not None and _aware(obj.created_at) > limit:
+            continue  # its launch may be on its way: Service and Secret come before the pods
+        out.append(obj)
+    return sorted(out, key=lambda o: (o.region, o.cluster or "", o.kind, o.name))
 
 
 def ended_clusters(vanished: dict[str, tuple[str, ...]], live: dict[str, ClusterProvisioned],
@@ -205,9 +248,47 @@ async def reconcile(
             for node in orphans:
                 if node.instance_id in done:
                     await record_orphan(bus, node, infra, "terminated")
+        if isinstance(backend, ObjectOwner):
+            await _reconcile_objects(bus, backend, infra, report, regions=regions, owned=owned, live=live,
+                                     unlisted=unlisted, busy=set(launching) | set(terminating), terminate=terminate,
+                                     now=now, grace_s=grace_s)
     if terminate:
         await _sweep(bus, backends, report, cleanup_policy or cleanup.RetryPolicy(), now)
     return report
+
+
+async def _reconcile_objects(bus: Bus, backend: ObjectOwner, infra: str, report: ReconcileReport, *,
+                             regions: Sequence[str] | None, owned: Sequence[NodeInfo],
+                             live: dict[str, ClusterProvisioned], unlisted: Collection[str], busy: Collection[str],
+                             terminate: bool, now: datetime, grace_s: float) -> None:
+    """The non-node objects' orphans of one backend: listed, decided (orphan_objects), recorded,
+    deleted with `terminate`. A failure here is an error of its own, never the pass's."""
+    try:
+        listing = await backend.list_owned_objects(bus.stage, regions)
+    except Exception as exc:
+        log.warning("reconcile: listing %s objects failed: %s", infra, exc)
+        report.errors[f"{infra}/objects"] = f"{type(exc).__name__}: {exc}"
+        return
+    for region, why in sorted(listing.unreachable.items()):
+        report.errors.setdefault(f"{infra}/{region}", why)
+    found = orphan_objects(listing.objects, stage=bus.stage, live=set(live), busy=busy,
+                           with_nodes={(n.region or "", n.cluster or "") for n in owned},
+                           unlisted=set(unlisted) | set(listing.unreachable), now=now, grace_s=grace_s)
+    for obj in found:
+        await record_object_orphan(bus, obj, infra, "reported")
+    report.orphan_objects += found
+    if not (terminate and found):
+        return
+    try:
+        done = await backend.delete_objects(bus.stage, found)
+    except Exception as exc:
+        log.warning("reconcile: deleting %s orphan objects failed: %s", infra, exc)
+        report.errors[f"{infra}/objects"] = f"delete: {type(exc).__name__}: {exc}"
+        return
+    for obj in found:
+        if obj.name in done:
+            report.terminated.append(object_id(obj))
+            await record_object_orphan(bus, obj, infra, "terminated")
 
 
 async def _sweep(bus: Bus, backends: Backends, report: ReconcileReport, policy: cleanup.RetryPolicy,
@@ -250,6 +331,25 @@ async def record_orphan(bus: Bus, node: NodeInfo, infra: str, action: str) -> bo
     env = bus.envelope(event, id=derive_id(f"{bus.stage}/{infra}/{node.instance_id}", "reconcile", action))
     await bus.publish(env)
     log.warning("reconcile: orphan %s (cluster %s) %s", node.instance_id, cluster, action)
+    return True
+
+
+async def record_object_orphan(bus: Bus, obj: OwnedObject, infra: str, action: str) -> bool:
+    """OrphanFound for an object (once per object, region and action). Returns whether it was new."""
+    cluster = obj.cluster or UNKNOWN_CLUSTER
+    oid = object_id(obj)
+    subject = naming.event_subject(bus.stage, "cluster", cluster, OrphanFound.EVENT_NAME)
+    seen = await find_event(bus, subject, lambda s: isinstance(s.event, OrphanFound) and s.event.instance_id == oid
+                            and s.event.region == obj.region and s.event.action == action)
+    if seen is not None:
+        return False
+    detail = (f"{infra} {obj.kind} {obj.name} in {obj.region}, its cluster without pods; created "
+              f"{obj.created_at.isoformat() if obj.created_at else 'at an unknown time'}")
+    event = OrphanFound(cluster=cluster, instance_id=oid, region=obj.region, action=action,  # type: ignore[arg-type]
+                        detail=detail)
+    await bus.publish(bus.envelope(event, id=derive_id(f"{bus.stage}/{infra}/{obj.region}/{oid}", "reconcile",
+                                                       action)))
+    log.warning("reconcile: orphan %s (cluster %s, %s) %s", oid, cluster, obj.region, action)
     return True
 
 

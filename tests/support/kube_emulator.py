@@ -9,6 +9,8 @@ exactly as to a real cluster. What kmock 0.8 lacks and a real server does, this 
 - `GET /version/` (the client asks with the trailing slash);
 - Secrets as the API stores them: `stringData` written (create or patch) lands base64-encoded
   in `data` and is never served back; the Kubelet below resolves `secretKeyRef` from them.
+A test can make the server refuse the next pod creations (`refuse_pod_creates`: 500, as an
+API server whose etcd is away answers): a launch then stops after its Service and Secret.
 Every object a client creates is validated with kubernetes-validate against the newest
 upstream schema, strict: a manifest the real server would refuse fails the test here.
 
@@ -121,11 +123,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.fallback["get /version/"] << self._serve_server_version
         self.rejected: list[str] = []
         self._rv = 0
+        self.refuse_pods = 0  # the next pod creations answered 500
+        self.pod_creates_refused = 0
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
             plural = request.resource.plural or ""
             obj = request.data
+            if plural == "pods" and self.refuse_pods > 0:
+                self.refuse_pods -= 1
+                self.pod_creates_refused += 1
+                raise kmock.KubernetesError(status=500, reason="InternalError", message="etcdserver: request timed out")
             obj.setdefault("apiVersion", "v1")
             obj.setdefault("kind", KIND_OF.get(plural, plural.capitalize()))
             if plural in ("pods", "services", "secrets"):  # what our code creates: checked as the real server would
@@ -252,6 +260,17 @@ class KubeCluster:
     def requests(self) -> list[Any]:
         """Every request the server got (kmock's records: action, resource, namespace, name)."""
         return self._call(lambda: list(self.emulator or ()))
+
+    def refuse_pod_creates(self, times: int) -> None:
+        """Answer the next `times` pod creations with a 500 (nothing is created)."""
+        def put() -> None:
+            assert self.emulator is not None
+            self.emulator.refuse_pods = times
+        self._call(put)
+
+    def pod_creates_refused(self) -> int:
+        assert self.emulator is not None
+        return self.emulator.pod_creates_refused
 
     def rejected(self) -> list[str]:
         assert self.emulator is not None
