@@ -110,12 +110,23 @@ class _Recorder:
         self.clean = True
 
     def write(self, s: str) -> int:
-        n = self._stream.write(s)  # click probes with write(b""): the text stream's TypeError
+        try:
+            n = self._stream.write(s)  # click probes with write(b""): the text stream's TypeError
+        except OSError:  # a broken pipe (`spz --help | head`): what was recorded is cut short
+            self.clean = False
+            raise
         if isinstance(s, str):
             self.text.append(s)
         elif s:  # bytes a stream took: not replayable as text
             self.clean = False
         return n
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self.clean = False
+            raise
 
     def __getattr__(self, name: str) -> Any:
         if name == "buffer":  # bytes written past the text layer: cannot be replayed faithfully
@@ -144,11 +155,16 @@ def serve(argv: list[str]) -> None:
             return
     except (OSError, ValueError, KeyError, TypeError):
         return  # no cache yet, or not one we can read: typer renders it
-    sys.stdout.write(out)
-    sys.stdout.flush()
-    if err:
-        sys.stderr.write(err)
-        sys.stderr.flush()
+    try:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+        if err:
+            sys.stderr.write(err)
+            sys.stderr.flush()
+    except BrokenPipeError:  # `spz --help | head`: what click does, exit 1 without a word
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        raise SystemExit(1) from None
     raise SystemExit(code)
 
 
@@ -164,9 +180,20 @@ def run_recorded(app: Any) -> None:
         code = exc.code
         raise
     finally:
+        # Stored only when typer ended as usual: click swaps the streams out on a broken pipe
+        # (`spz --help | head`), and the text written then is cut short.
+        whole = sys.stdout is out and sys.stderr is err and _flushed(out._stream) and _flushed(err._stream)
         sys.stdout, sys.stderr = out._stream, err._stream
-        if out.clean and err.clean and isinstance(0 if code is None else code, int):
+        if whole and out.clean and err.clean and isinstance(0 if code is None else code, int):
             _store(argv, "".join(out.text), "".join(err.text), 0 if code is None else code, _module_files())
+
+
+def _flushed(stream: Any) -> bool:
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _store(argv: list[str], out: str, err: str, code: int, files: list[list[Any]]) -> None:

@@ -143,3 +143,24 @@ def test_python_dash_m_serves_the_cache_too(tmp_path) -> None:
         assert "typer" not in _imported(again.stderr), args
     assert len(_cached(tmp_path)) == 3  # one per form: `spz` alone exits 2, `--help` 0
     assert [_run([sys.executable, "-m", "skypurza.cli.main", *a], env).returncode for a in ([], ["-h"])] == [2, 0]
+
+
+def _into_a_closed_pipe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before a byte is written: `spz --help | true`
+    try:
+        return subprocess.run([SPZ, "--help"], stdout=write, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    finally:
+        os.close(write)
+
+
+def test_a_broken_pipe_is_exit_1_without_a_traceback_and_is_not_recorded(tmp_path) -> None:
+    env = _env(tmp_path, COLUMNS="100")
+    r = _into_a_closed_pipe(env)
+    assert (r.returncode, r.stderr) == (1, "")  # what typer does
+    assert _cached(tmp_path) == []  # the cut-short text was not kept
+    good = _run([SPZ, "--help"], env)
+    assert good.returncode == 0 and len(_cached(tmp_path)) == 1
+    r = _into_a_closed_pipe(env)  # served from the cache now
+    assert (r.returncode, r.stderr) == (1, "")
+    assert _run([SPZ, "--help"], env).stdout == good.stdout

@@ -644,8 +644,9 @@ class ProvisionerService:
             try:
                 report = await self.reconcile()
                 await self.sync_agent_users()
-                if report.orphans or report.vanished:
-                    log.warning("reconcile: %d orphan(s), %d vanished cluster(s) (%d ended)", len(report.orphans),
+                if report.orphans or report.orphan_objects or report.vanished:
+                    log.warning("reconcile: %d orphan(s), %d vanished cluster(s) (%d ended)",
+                                len(report.orphans) + len(report.orphan_objects),
                                 len(report.vanished), len(report.ended))
             except asyncio.CancelledError:
                 raise
