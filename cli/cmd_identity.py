@@ -17,7 +17,7 @@ import typer
 
 from .context import check_output, fail, print_json, run_async, stage
 
-users = typer.Typer(name="users", help="Users of the API server: their team, role and token.", no_args_is_help=True)
+users = typer.Typer(name="users", help="Users of the API server: their teams, role and token.", no_args_is_help=True)
 teams = typer.Typer(name="teams", help="Teams (SkyPilot's workspaces): allowed infras and default labels.",
                     no_args_is_help=True)
 

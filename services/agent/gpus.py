@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from . import dcgm
-from .sampling import run_tool
+# dcgm and sampling (node-sample models) are imported where a detection runs, not with the agent's
+# entry point: the agent's start imports only what it needs (tests/test_cli_light.py).
 
 _VENDOR = re.compile(r"^(NVIDIA|Tesla|GeForce|Quadro)\s+", re.IGNORECASE)
 
@@ -40,6 +40,8 @@ def parse_gpu_names(text: str) -> dict[str, int]:
 
 def names_of_discovery(text: str) -> dict[str, int]:
     """`dcgmi discovery -l` -> {short name: count} (a GPU listed without a name counts as `GPU`)."""
+    from . import dcgm
+
     found, _ = dcgm.parse_discovery(text)
     out: dict[str, int] = {}
     for gpu in found.values():
@@ -51,6 +53,9 @@ def names_of_discovery(text: str) -> dict[str, int]:
 def detect_gpus(source: str = "auto", *, smi_exe: str = "nvidia-smi", dcgm_exe: str = "dcgmi",
                 timeout_s: float = 10.0) -> dict[str, int]:
     """{short name: count} of this node's GPUs; {} on a node without them (or whose source fails)."""
+    from . import dcgm
+    from .sampling import run_tool
+
     if source in ("auto", "dcgm"):
         code, out = run_tool((dcgm_exe, *dcgm.DISCOVERY_ARGS), timeout_s)
         names = names_of_discovery(out) if code == 0 else {}
