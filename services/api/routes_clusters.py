@@ -83,6 +83,32 @@ async def cluster_or_404(deps: ApiDeps, name: str) -> ClusterView:
     return view
 
 
+async def job_view_or_404(deps: ApiDeps, name: str, job_id: int, who: Principal) -> ClusterView:
+    """The cluster of a job whose logs `who` asks for: 404 without the cluster or the job, 403
+    when its owner's logs are not theirs to read (the log routes and the log-file download)."""
+    view = await cluster_or_404(deps, name)
+    if job_id not in view.jobs:
+        raise not_found(f"no job {job_id} on cluster {name} (GET /api/v1/clusters/{name}/jobs lists them)")
+    _allow(who, "logs", view.job_owner.get(job_id, view.owner))
+    return view
+
+
+async def managed_row_or_404(deps: ApiDeps, job_id: int) -> dict[str, Any]:
+    """A managed job's row from the status service: 503 when it does not answer, 404 without it."""
+    b = deps.bus()
+    try:
+        rows = await status_queries.jobs_queue(b, job_ids=[job_id], min_seq=await b.last_seq(),
+                                               timeout=STATUS_TIMEOUT_S)
+    except Exception as exc:
+        log.warning("jobs_queue query failed: %s: %s", type(exc).__name__, exc)
+        raise unavailable(f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control "
+                          "plane running (spz api status)?")
+    row = next((x for x in rows if x.get("job_id") == job_id), None)
+    if row is None:
+        raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
+    return row
+
+
 def _allow(who: Principal, action: Action, owner: tuple[str, str | None]) -> None:
     decision = authorize(who, action, owner[0], owner[1])
     if not decision.allowed:

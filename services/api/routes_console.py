@@ -19,15 +19,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from skypurza.events import naming, status_queries
+from skypurza.events import naming
 from skypurza.events.bus import Stored
 from skypurza.events.cluster_events import ClusterProvisioned
 
 from . import directory_io, timetravel
-from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName
+from .deps import ApiDeps, ClusterName
 from .identity import Principal, authorize
 from .problems import forbidden, not_found, unavailable
-from .routes_clusters import cluster_or_404
+from .routes_clusters import cluster_or_404, managed_row_or_404
 from .routes_identity import Name
 from .routes_jobs import ManagedJobId
 
@@ -118,7 +118,7 @@ def router(deps: ApiDeps) -> APIRouter:
         b = deps.bus()
         row: dict[str, Any] | None = None
         if when is None:  # now: the status projection's row, authorized before the log is read
-            row = await managed_row(b, job_id)
+            row = await managed_row_or_404(deps, job_id)
             decision = authorize(who, "read", row.get("user") or "", row.get("team"))
             if not decision.allowed:
                 raise forbidden(decision.reason)
@@ -145,18 +145,6 @@ def router(deps: ApiDeps) -> APIRouter:
                 "team": row.get("team"), "preemptions": sum(1 for c in changes if c["kind"] == "preempted"),
                 "changes": changes, "placements": placements, **({"at": when.isoformat()} if when else {})}
 
-    async def managed_row(b: Any, job_id: int) -> dict[str, Any]:
-        try:
-            rows = await status_queries.jobs_queue(b, job_ids=[job_id], min_seq=await b.last_seq(),
-                                                   timeout=STATUS_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("jobs_queue query failed: %s: %s", type(exc).__name__, exc)
-            raise unavailable(f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control "
-                              "plane running (spz api status)?")
-        row = next((x for x in rows if x.get("job_id") == job_id), None)
-        if row is None:
-            raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
-        return row
 
     async def admin(who: Principal = caller) -> Principal:
         decision = authorize(who, "manage")

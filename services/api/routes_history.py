@@ -25,16 +25,16 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from skypurza.events import naming, status_queries
+from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.clusterhistory import (HISTORIES, MAX_LOG_FILE_BYTES, event_line, history_lines, job_file_lines,
                                             log_file_name)
 
 from . import timetravel
 from .clusterview import read_view
-from .deps import STATUS_TIMEOUT_S, ApiDeps, ClusterName, JobId
+from .deps import ApiDeps, ClusterName, JobId
 from .identity import Principal, authorize
-from .problems import forbidden, not_found, unavailable
+from .problems import forbidden, unavailable
 from .sse import SseResponse, StreamSlots, frame
 
 log = logging.getLogger("skypurza.api")
@@ -107,32 +107,18 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
                        max_bytes: int = Query(MAX_LOG_FILE_BYTES, ge=1, le=MAX_LOG_FILE_BYTES,
                                               description="Cut the file after this many bytes."),
                        who: Principal = caller) -> SseResponse:
-        from .routes_clusters import cluster_or_404
+        from .routes_clusters import job_view_or_404
 
-        view = await cluster_or_404(deps, name)
-        if job_id not in view.jobs:
-            raise not_found(f"no job {job_id} on cluster {name} (GET /api/v1/clusters/{name}/jobs lists them)")
-        owner = view.job_owner.get(job_id, view.owner)
-        decision = authorize(who, "logs", owner[0], owner[1])
-        if not decision.allowed:
-            raise forbidden(decision.reason)
+        await job_view_or_404(deps, name, job_id, who)
         release = slots.take(who.user)
         return SseResponse(_file(deps.bus(), name, job_id, rank, max_bytes), release,
                            media_type="text/plain; charset=utf-8",
                            headers={"Content-Disposition": f'attachment; filename="{log_file_name(rank)}"'})
 
     async def managed_or_404(job_id: int, who: Principal) -> None:
-        b = deps.bus()
-        try:
-            rows = await status_queries.jobs_queue(b, job_ids=[job_id], min_seq=await b.last_seq(),
-                                                   timeout=STATUS_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("jobs_queue query failed: %s: %s", type(exc).__name__, exc)
-            raise unavailable(f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
-                              "running (spz api status)?")
-        row = next((x for x in rows if x.get("job_id") == job_id), None)
-        if row is None:
-            raise not_found(f"no managed job {job_id} (GET /api/v1/jobs?all_users=true lists them)")
+        from .routes_clusters import managed_row_or_404
+
+        row = await managed_row_or_404(deps, job_id)
         decision = authorize(who, "logs", row.get("user") or "", row.get("team"))
         if not decision.allowed:
             raise forbidden(decision.reason)

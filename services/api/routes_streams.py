@@ -30,8 +30,7 @@ from skypurza.events.logchunks import ChunkFilter, LogLine, parse_log
 
 from .clusterview import Owner, read_view, task_owner
 from .deps import ApiDeps, ClusterName, JobId
-from .identity import Principal, authorize
-from .problems import forbidden, not_found
+from .identity import Principal
 from .sse import KEEPALIVE, KEEPALIVE_S, SseResponse, StreamSlots, frame
 
 log = logging.getLogger("skypurza.api")
@@ -208,17 +207,11 @@ def router(deps: ApiDeps, slots: StreamSlots) -> APIRouter:
                        last_event_id: Optional[str] = Header(None, max_length=20, description=(
                            "A reconnecting client's last seen frame id: only the chunks after it.")),
                        ) -> SseResponse:
-        from .routes_clusters import cluster_or_404
+        from .routes_clusters import job_view_or_404
 
         b = deps.bus()
         after = _last_event_id(last_event_id) or 0
-        view = await cluster_or_404(deps, name)
-        if job_id not in view.jobs:
-            raise not_found(f"no job {job_id} on cluster {name} (GET /api/v1/clusters/{name}/jobs lists them)")
-        owner = view.job_owner.get(job_id, view.owner)
-        decision = authorize(who, "logs", owner[0], owner[1])
-        if not decision.allowed:
-            raise forbidden(decision.reason)
+        view = await job_view_or_404(deps, name, job_id, who)
         release = slots.take(who.user)
         return SseResponse(_job_logs(b, name, job_id, follow, tail, view, after), release)
 
