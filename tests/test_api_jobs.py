@@ -53,7 +53,9 @@ def test_managed_jobs_cost_report_and_identity_over_http(tmp_path: Path) -> None
             carol = res.json()["token"]
             listed = api.http.get("/api/v1/users", headers=api.as_(root))
             assert listed.status_code == 200 and carol not in listed.text and "token" in listed.text
-            assert {"name": "carol", "team": "cv", "role": "member", "tokens": 1} in listed.json()["users"]
+            rows = {u["name"]: u for u in listed.json()["users"]}
+            assert {k: rows["carol"][k] for k in ("team", "teams", "role", "tokens")} == {
+                "team": "cv", "teams": ["cv"], "role": "member", "tokens": 1}
             deadline = time.monotonic() + 20  # the server's directory follows the log
             while (api.http.get("/api/v1/health", headers=api.as_(carol)).json().get("caller") or {}).get("user") \
                     != "carol":

@@ -31,7 +31,7 @@ STAGE = "apistart"
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "SKYPURZA_HOME": str(home), "SKYPURZA_STAGE": STAGE, "SKYPURZA_USER": "osuser",
            "COLUMNS": "200", **extra}
-    for var in ("SKYPURZA_NATS_URL", "SKYPURZA_NATS_PORT", "SKYPURZA_API_SERVER", "SKYPURZA_API_TOKEN",
+    for var in ("SKYPURZA_NATS_URL", "SKYPURZA_NATS_PORT", "SKYPURZA_API_SERVER", "SKYPURZA_API_TOKEN", "SKYPURZA_API_PORT",
                 "SKYPILOT_API_SERVER_ENDPOINT", "SKYPILOT_API_SERVER_LOCAL_PORT"):
         if var not in extra:
             env.pop(var, None)
