@@ -387,3 +387,44 @@ def test_a_rising_corrected_ecc_count_is_published_as_a_warning_without_a_drain(
             await bus.close()
 
     asyncio.run(main())
+
+
+def test_each_nodes_lasting_conditions_are_its_own(nats_server):
+    """The real manager keeps when each lasting condition began per node (one sample reads and
+    replaces only its node's, not a scan of the fleet's): a node that got busy again starts its
+    idle clock over while its neighbour's keeps running, and only the neighbour is reported;
+    a node evicted past `max_nodes` takes its conditions with it."""
+    from skypurza.events.clock import ManualClock
+    from skypurza.events.nodesample import GpuSample, NodeSample
+
+    clock = ManualClock()
+    cfg = HealthSettings.load({"SKYPURZA_GPUHEALTH_IDLE_S": "600", "SKYPURZA_GPUHEALTH_MAX_NODES": "3"})
+
+    def wire(rank: int, util: float, cluster: str = "lasting") -> bytes:
+        g = GpuSample(index=0, name="NVIDIA H100 80GB HBM3", utilization_pct=util, ecc_uncorrected_volatile=0)
+        return NodeSample(cluster=cluster, rank=rank, ts=clock.now().isoformat(), gpus=[g], expected_gpus=1,
+                          busy_gpus=[0]).model_dump_json().encode()
+
+    async def main():
+        bus = await connect_bus(nats_server)
+        health = GpuHealthService(cfg, clock=clock)
+        health.bus = bus
+        try:
+            for rank in (1, 10):  # "lasting|1|" is a prefix of neither's keys: each its own
+                assert await health.handle(wire(rank, 0.0)) == []
+            clock.advance(300)
+            assert await health.handle(wire(10, 90.0)) == []  # busy again: its idle clock stops
+            assert set(health.since) == {("lasting", 1)}
+            clock.advance(301)
+            [found] = await health.handle(wire(1, 0.0))
+            assert (found.rank, found.rule, found.severity) == (1, "gpu_idle", "warning")
+            assert await health.handle(wire(10, 0.0)) == []  # idle for 0 s, not 601
+            assert set(health.since) == {("lasting", 1), ("lasting", 10)}
+            for other in ("o1", "o2"):  # two more nodes: the least recently heard (rank 1) goes
+                await health.handle(wire(0, 0.0, other))
+            assert ("lasting", 1) not in health.since and ("lasting", 1) not in health.nodes
+            assert ("lasting", 10) in health.since
+        finally:
+            await bus.close()
+
+    asyncio.run(main())

@@ -59,8 +59,10 @@ class GpuHealthService:
         self.bus: Bus | None = None
         self.nodes: OrderedDict[tuple[str, int], NodeSample] = OrderedDict()
         self.findings: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
-        self.since: dict[str, datetime] = {}
-        self.ecc_base: dict[str, tuple[datetime, int]] = {}  # GPU -> its corrected ECC window (rules.py)
+        # Per node, so a sample reads and replaces its own node's entries only: one flat dict
+        # scanned by key prefix cost every sample the whole fleet's idle GPUs (bench/metrics.py).
+        self.since: dict[tuple[str, int], dict[str, datetime]] = {}
+        self.ecc_base: dict[tuple[str, int], dict[str, tuple[datetime, int]]] = {}  # corrected ECC windows (rules.py)
         self.reported: set[str] = set()
         self.dropped = 0
         self._subs: list[Any] = []
@@ -124,24 +126,20 @@ class GpuHealthService:
             self.findings.pop(gone, None)
             self._forget_since(gone)
         now = self.clock.now()
-        prefix = f"{sample.cluster}|{sample.rank}|"
-        mine = {k: v for k, v in self.since.items() if k.startswith(prefix)}
-        bases = {k: v for k, v in self.ecc_base.items() if k.startswith(prefix)}
-        result = rules.evaluate(sample, now, mine, self.settings, bases)
+        result = rules.evaluate(sample, now, self.since.get(node, {}), self.settings, self.ecc_base.get(node, {}))
         self._forget_since(node)
-        self.since.update(result.since)
-        self.ecc_base.update(result.ecc_base)
+        if result.since:
+            self.since[node] = result.since
+        if result.ecc_base:
+            self.ecc_base[node] = result.ecc_base
         new = [f for f in result.findings if f.key not in self.reported]
         for f in new:
             await self._publish(f, sample, now)
         return new
 
     def _forget_since(self, node: tuple[str, int]) -> None:
-        prefix = f"{node[0]}|{node[1]}|"
-        for k in [k for k in self.since if k.startswith(prefix)]:
-            del self.since[k]
-        for k in [k for k in self.ecc_base if k.startswith(prefix)]:
-            del self.ecc_base[k]
+        self.since.pop(node, None)
+        self.ecc_base.pop(node, None)
 
     async def _publish(self, f: rules.Finding, sample: NodeSample, now: datetime) -> None:
         assert self.bus is not None
