@@ -67,3 +67,15 @@ def _every_emit_is_declared():
     found = undeclared_emits()
     forget_undeclared_emits()
     assert not found, f"undeclared emits: {found}"
+
+
+@pytest.fixture(autouse=True)
+def _no_stage_left_by_an_earlier_test():
+    """A test that ran the whole CLI in this process (CliRunner with --stage or SKYPURZA_STAGE) left
+    its stage in cli.context.settings, and a later test's in-process command would act on that
+    stage instead of its own (a reconcile that saw none of its own pods)."""
+    context = sys.modules.get("skypurza.cli.context")
+    if context is not None:
+        context.settings.stage = None
+    yield
+

@@ -177,7 +177,14 @@ def test_launch_logs_queue_exec_cancel_down_on_local(cli_env, tmp_path: Path) ->
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "started"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        from procdiag import process_report
+
+        report = process_report(proc.pid)
+        proc.kill()
+        raise AssertionError(f"exec did not detach on Ctrl-C: {report}") from None
     assert proc.returncode == 130 and "nothing was cancelled" in err
     time.sleep(0.5)
     jobs = json.loads(spz(cli_env, "queue", "dist", "-o", "json").stdout)

@@ -68,7 +68,13 @@ def test_tail_follows_new_events_live(nats_server, tmp_path):
         ids = [json.loads(x)["data"]["task_id"] for x in lines]
         assert ids == ["new1", "new2"]
         proc.send_signal(signal.SIGINT)  # Ctrl-C stops following: exit 130, no traceback
-        assert proc.wait(20) == 130
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            from procdiag import process_report
+
+            raise AssertionError(f"the tail did not stop on Ctrl-C: {process_report(proc.pid)}") from None
+        assert code == 130
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
