@@ -30,6 +30,22 @@ def _own_api_port_per_worker() -> None:
 
 
 _own_api_port_per_worker()
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """Started as a background job of a non-interactive shell (`pytest ... &`), the suite inherits
+    SIGINT and SIGQUIT ignored (POSIX, for asynchronous commands without job control), and so does
+    every `spz` it starts: the tests that press Ctrl-C would wait on a process that cannot hear it.
+    A terminal's defaults are put back, for this process and what it starts."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+_ctrl_c_as_in_a_terminal()
 from leftovers import kill_under  # noqa: E402
 
 
