@@ -10,8 +10,9 @@ clusters known), p50 and p99 latency of:
 - a member's `GET /api/v1/clusters` (their own clusters, the default: what most calls are), each
   client a member of its own, beside the status query of one user's clusters on the embedded bus
   (events/status_queries.py `status(user=...)`), as many at once;
-- an admin's `GET /api/v1/clusters?all_users=true` (every cluster: ~0.5 MB at 1,000), beside the
-  status query the CLI makes on the embedded bus (every cluster);
+- an admin's `GET /api/v1/clusters?all_users=true` (every cluster: ~0.8 MB at 1,000), beside the
+  status query the CLI makes on the embedded bus (every cluster); then the same asking for gzip
+  (Accept-Encoding, as httpx and browsers do: ~30 kB sent, decompressed by the client);
 - task submissions per second: `POST /api/v1/tasks` by `--clients` concurrent clients (goal:
   >= 200/s), beside `bus.publish(TaskSubmitted)` as `spz launch` does on the embedded bus.
 
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import httpx
@@ -152,32 +154,71 @@ async def _concurrently(clients: int, total: int, one) -> tuple[list[float], flo
     return times, time.perf_counter() - t0
 
 
+class _Received(asyncio.BufferedProtocol):
+    """One response at a time, read by the kernel straight into one buffer (no chunk copies):
+    the head, then a body of its Content-Length."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(1 << 16)
+        self.n = 0
+        self.head_end = self.length = -1
+        self.done: asyncio.Future[None] | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self.buf)[self.n:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.n += nbytes
+        if self.head_end < 0 and (end := self.buf.find(b"\r\n\r\n", 0, self.n)) >= 0:
+            self.head_end, self.length = end + 4, 0
+            for line in bytes(self.buf[:end]).split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    self.length = int(line[15:])
+            if len(self.buf) < self.head_end + self.length:  # a new buffer: the kernel fills the rest
+                bigger = bytearray(self.head_end + self.length)
+                bigger[:self.n] = self.buf[:self.n]
+                self.buf = bigger
+        elif self.head_end < 0 and self.n == len(self.buf):
+            self.buf = self.buf + bytearray(len(self.buf))
+        if self.head_end >= 0 and self.n >= self.head_end + self.length and self.done and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done and not self.done.done():
+            self.done.set_exception(exc or ConnectionError("the server closed the connection"))
+
+
 class LeanClient:
     """One keep-alive HTTP/1.1 connection, as little Python per request as a client can be: the
     load generator shares this machine's cores with the server, and httpx's own cost per request
-    (about 1.5 ms of CPU here, more than the server's) would be measured as the server's latency.
-    (`--client httpx` measures with httpx.) Bodies come with Content-Length, as the server sends."""
+    (about 1.5 ms of CPU here, more than the server's) would be measured as the server's latency;
+    so would asyncio streams' copies of a 0.8 MB body (about 0.6 ms: the kernel here reads it
+    into one buffer). (`--client httpx` measures with httpx.) Bodies come with Content-Length, as
+    the server sends. With `gzip` it asks for a compressed body (Accept-Encoding, as httpx and
+    browsers do) and decompresses it, as they do."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, gzip: bool = False) -> None:
         hostport = url.split("://", 1)[1]
         self.host, _, port = hostport.partition(":")
         self.port = int(port)
-        self.auth = f"Authorization: Bearer {token}\r\n".encode()
-        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.auth = f"Authorization: Bearer {token}\r\n".encode() + (b"Accept-Encoding: gzip\r\n" if gzip else b"")
+        self.conn: tuple[asyncio.Transport, _Received] | None = None
 
     async def send(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        if self.conn is None:
-            self.conn = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
-        reader, writer = self.conn
+        if self.conn is None or self.conn[0].is_closing():  # (the server closes an idle keep-alive: 5 s)
+            self.conn = await asyncio.get_running_loop().create_connection(_Received, self.host, self.port)  # type: ignore[assignment]
+        transport, got = self.conn  # type: ignore[misc]
+        got.n, got.head_end, got.length = 0, -1, -1
+        got.done = asyncio.get_running_loop().create_future()
         extra = (b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n"
                  if body else b"")
-        writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth + extra + b"\r\n" + body)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-        status, length = int(head[9:12]), 0
-        for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        return status, await asyncio.wait_for(reader.readexactly(length), 60) if length else b""
+        transport.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth + extra + b"\r\n" + body)
+        await asyncio.wait_for(got.done, 60)
+        head = bytes(got.buf[:got.head_end])
+        content = bytes(memoryview(got.buf)[got.head_end:got.head_end + got.length])
+        gz = any(line.lower().startswith(b"content-encoding:") and line[17:].strip().lower() == b"gzip"
+                 for line in head.split(b"\r\n"))
+        return int(head[9:12]), zlib.decompress(content, 31) if gz else content
 
     async def get(self, path: str) -> tuple[int, bytes]:
         return await self.send("GET", path)
@@ -187,12 +228,13 @@ class LeanClient:
 
     async def aclose(self) -> None:
         if self.conn is not None:
-            self.conn[1].close()
+            self.conn[0].close()
 
 
 class HttpxClient:
-    def __init__(self, url: str, token: str) -> None:
-        self.c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    def __init__(self, url: str, token: str, gzip: bool = False) -> None:
+        self.c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}",
+                                                          "Accept-Encoding": "gzip" if gzip else "identity"}, timeout=60)
 
     async def get(self, path: str) -> tuple[int, bytes]:
         res = await self.c.get(path)
@@ -210,6 +252,7 @@ async def bench_http(url: str, token: str, members: list[str], clients: int, req
                      clusters: int, client_kind: str = "lean") -> dict:
     kind = LeanClient if client_kind == "lean" else HttpxClient
     pool = [kind(url, token) for _ in range(clients)]
+    packed = [kind(url, token, gzip=True) for _ in range(clients)]
     mine = [kind(url, members[k % len(members)]) for k in range(clients)]
     out: dict = {}
     try:
@@ -225,7 +268,12 @@ async def bench_http(url: str, token: str, members: list[str], clients: int, req
             if status != 200 or body.count(b'"name":') < clusters:
                 raise SystemExit(f"GET /api/v1/clusters: {status} {body[:200]!r}")
 
-        for row, listing in (("member", own), ("admin", every)):
+        async def every_gzip(k: int) -> None:
+            status, body = await packed[k].get("/api/v1/clusters?all_users=true")
+            if status != 200 or body.count(b'"name":') < clusters:
+                raise SystemExit(f"GET /api/v1/clusters (gzip): {status} {body[:200]!r}")
+
+        for row, listing in (("member", own), ("admin", every), ("admin_gzip", every_gzip)):
             await _concurrently(clients, clients, listing)  # warm: connections, the first read of the position
             lat, _ = await _concurrently(clients, requests, listing)
             out[row] = _pcts(lat)
@@ -237,14 +285,17 @@ async def bench_http(url: str, token: str, members: list[str], clients: int, req
 
         _, wall = await _concurrently(clients, tasks, submit)
     finally:
-        for c in pool + mine:
+        for c in pool + packed + mine:
             await c.aclose()
     return {**_figures(out), "submits_per_s": tasks / wall}
 
 
 def _figures(rows: dict) -> dict:
     (m50, m99), (a50, a99) = rows["member"], rows["admin"]
-    return {"member_p50_ms": m50, "member_p99_ms": m99, "p50_ms": a50, "p99_ms": a99}
+    out = {"member_p50_ms": m50, "member_p99_ms": m99, "p50_ms": a50, "p99_ms": a99}
+    if "admin_gzip" in rows:
+        out["gzip_p50_ms"], out["gzip_p99_ms"] = rows["admin_gzip"]
+    return out
 
 
 async def bench_embedded(bus: Bus, members: int, clients: int, requests: int, tasks: int, clusters: int) -> dict:
@@ -323,11 +374,13 @@ def report(res: dict, args: argparse.Namespace) -> str:
         f"({os.cpu_count()} CPUs); {getattr(args, 'client', 'lean')} HTTP client",
         f"{'':{w}}{'API server':>12}{'embedded bus':>14}{'goal':>10}",
     ]
-    for label, key in (("a member's GET /api/v1/clusters", "member_p"), ("admin, all users (~0.5 MB at 1,000)", "p")):
+    for label, key, ekey in (("a member's GET /api/v1/clusters", "member_p", "member_p"),
+                             ("admin, all users (~0.8 MB at 1,000)", "p", "p"),
+                             ("admin, all users, gzip (~30 kB)", "gzip_p", "p")):  # the bus has no gzip
         lines += [
-            f"{label + ' p50 (ms)':{w}}{h[key + '50_ms']:>12.1f}{e[key + '50_ms']:>14.1f}{'<= 25':>10}  "
+            f"{label + ' p50 (ms)':{w}}{h[key + '50_ms']:>12.1f}{e[ekey + '50_ms']:>14.1f}{'<= 25':>10}  "
             f"{ok(h[key + '50_ms'] <= GOAL_P50_MS)}",
-            f"{label + ' p99 (ms)':{w}}{h[key + '99_ms']:>12.1f}{e[key + '99_ms']:>14.1f}",
+            f"{label + ' p99 (ms)':{w}}{h[key + '99_ms']:>12.1f}{e[ekey + '99_ms']:>14.1f}",
         ]
     lines.append(f"{'task submissions per second':{w}}{h['submits_per_s']:>12.0f}{e['submits_per_s']:>14.0f}"
                  f"{'>= 200':>10}  {ok(h['submits_per_s'] >= GOAL_SUBMITS_PER_S)}")

@@ -16,7 +16,11 @@ Rows (medians of --runs):
 - rendering `spz status`'s table of 5,000 clusters (cli/tables.py), beside rich's own table.
 
 Each row has wall seconds and the command's CPU seconds (user + system); on a loaded machine the
-CPU figure is the one to compare. The cold rows run with bytecode caches written once (a user's
+CPU figure is the one to compare. The rows the warm CLI worker serves (local and views: a user
+with the control plane up) run through it, as a user's do (`spz api start` starts it; the views
+start it as the supervisor does), with `worker cpu s` the CPU of the worker's child that ran the
+command, and each has a `cold` line beside it: SKYPURZA_CLI_WORKER=0, the command in its own
+process. The cold rows run with bytecode caches written once (a user's
 install has them); `--no-bytecode` keeps a shell's PYTHONDONTWRITEBYTECODE.
 
 Baseline: with `--baseline DIR`, each row runs a second time with the code of DIR (a checkout
@@ -92,25 +96,61 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 3)
 
 
+def with_cold(trees: dict[str, Path | None]) -> dict[str, Path | None]:
+    """The rows a warm CLI worker serves (cli/warmworker.py): each beside `cold`, the same code
+    with SKYPURZA_CLI_WORKER=0 (the command in its own process, as without a worker)."""
+    return {**trees, "cold": None}
+
+
 def measure(name: str, argv_of, env_of, cwd: Path, runs: int, trees: dict[str, Path | None],
             ok=(0,), warm_up: bool = False) -> dict[str, dict[str, float]]:
     row: dict[str, dict[str, float]] = {}
     for label, tree in trees.items():
-        exits, firsts, cpus = [], [], []
+        exits, firsts, cpus, worker_cpus = [], [], [], []
+        env = env_of(tree)
+        stats = cwd / f".worker-stats-{os.getpid()}.jsonl"
+        env = {**env, "SKYPURZA_CLI_WORKER": "0"} if label == "cold" else {**env, "SKYPURZA_CLI_WORKER_STATS": str(stats)}
         if warm_up:  # writes the bytecode caches, as pip's install does: "cold" is the process, not the disk
-            _timed(argv_of(label, -1), env_of(tree), cwd)
+            _timed(argv_of(label, -1), env, cwd)
         for i in range(runs):
-            wall, first, rc, cpu = _timed(argv_of(label, i), env_of(tree), cwd)
+            stats.unlink(missing_ok=True)
+            wall, first, rc, cpu = _timed(argv_of(label, i), env, cwd)
             if rc not in ok:
                 raise SystemExit(f"{name} ({label}) exited {rc}")
             exits.append(wall)
             cpus.append(cpu)
             if first is not None:
                 firsts.append(first)
+            if stats.exists():  # the warm worker ran it: its child's CPU seconds too
+                worker_cpus.append(sum(json.loads(line).get("cpu_s", 0.0) for line in stats.read_text().splitlines()))
+        stats.unlink(missing_ok=True)
         row[label] = {"exit_s": _median(exits), "cpu_s": _median(cpus)}
         if firsts:
             row[label]["first_line_s"] = _median(firsts)
+        if worker_cpus:
+            row[label]["worker_cpu_s"] = _median(worker_cpus)
+            row[label]["warm_runs"] = len(worker_cpus)
     return row
+
+
+def start_cli_worker(stage: str, env: dict[str, str], work: Path) -> subprocess.Popen:
+    """The stage's CLI worker, started as the supervisor starts it (cli/supervisor.py), for the
+    rows that run their own nats-server and status service instead of `spz api start`."""
+    from skypurza.cli.workerproto import connect
+    from skypurza.events import naming
+
+    proc = subprocess.Popen([sys.executable, "-m", "skypurza.cli.warmworker", "--stage", stage], env=env,
+                            stdout=subprocess.DEVNULL, stderr=(work / f"{stage}-cli-worker.log").open("wb"))
+    sock = Path(env["SKYPURZA_HOME"]) / stage / naming.cli_worker_socket(stage).name
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            connect(str(sock), 1.0).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the CLI worker did not start; see {work / f'{stage}-cli-worker.log'}")
+            time.sleep(0.1)
 
 
 def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str, dict]:
@@ -155,15 +195,15 @@ def local_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str
         out["spz launch -c NEW 'echo hi'"] = measure(
             "launch", lambda label, i: _spz("launch", "-y", "--infra", "local", "-c", f"n{tag}{label[:1]}{i}",
                                             "echo hi"),
-            lambda t: _env(env, t), work, runs, trees)
+            lambda t: _env(env, t), work, runs, with_cold(trees))
         r = run("launch", "-y", "--infra", "local", "-c", f"x{tag}", "echo hi")
         if r.returncode != 0:
             raise SystemExit(f"launch for exec failed: {r.stderr}")
         out["spz exec CLUSTER 'echo hi'"] = measure(
-            "exec", lambda _l, _i: _spz("exec", f"x{tag}", "echo hi"), lambda t: _env(env, t), work, runs, trees)
+            "exec", lambda _l, _i: _spz("exec", f"x{tag}", "echo hi"), lambda t: _env(env, t), work, runs, with_cold(trees))
         out["spz jobs launch to SUCCEEDED"] = measure(
             "jobs launch", lambda _l, _i: _spz("jobs", "launch", "-y", "--infra", "local", "echo hi"),
-            lambda t: _env(env, t), work, runs, trees)
+            lambda t: _env(env, t), work, runs, with_cold(trees))
     finally:
         run("down", "-a", "-y")
         run("api", "stop")
@@ -226,7 +266,9 @@ def view_rows(runs: int, trees: dict[str, Path | None], work: Path, clusters: tu
             await bus.close()
 
     out: dict[str, dict] = {}
+    worker = None
     try:
+        worker = start_cli_worker(stage, env, work)
         status = subprocess.Popen([sys.executable, "-m", "skypurza.services.status.service", "--nats", server.url,
                                    "--stage", stage, "--db", str(work / "views-status.duckdb")],
                                   stdout=(work / "views-status.log").open("wb"), stderr=subprocess.STDOUT,
@@ -234,13 +276,18 @@ def view_rows(runs: int, trees: dict[str, Path | None], work: Path, clusters: tu
         small, big = clusters
         asyncio.run(seed(small, 0, 1))
         for what, args in ((f"spz status, {small:,} clusters", ("status",)),):
-            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs,
+                                with_cold(trees))
         asyncio.run(seed(big, jobs, 1))  # the first `small` again (the same names), and the rest
         for what, args in ((f"spz status, {big:,} clusters", ("status",)),
                            (f"spz jobs queue, {jobs:,} jobs", ("jobs", "queue")),
                            (f"spz jobs queue -a, {jobs:,} jobs", ("jobs", "queue", "-a"))):
-            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees)
+            out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs,
+                                with_cold(trees))
     finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(15)
         if status is not None:
             status.terminate()
             try:
@@ -384,12 +431,12 @@ def main() -> None:
     if args.output == "json":
         print(json.dumps(result, indent=2))
         return
-    print(f"{'what a user does':<46}{'code':<10}{'exit s':>8}{'first line s':>14}{'cpu s':>8}")
+    print(f"{'what a user does':<46}{'code':<10}{'exit s':>8}{'first line s':>14}{'cpu s':>8}{'worker cpu s':>14}")
     for what, row in result.items():
         for label, figs in row.items():
-            first, cpu = figs.get("first_line_s"), figs.get("cpu_s")
+            first, cpu, wcpu = figs.get("first_line_s"), figs.get("cpu_s"), figs.get("worker_cpu_s")
             print(f"{what:<46}{label:<10}{figs['exit_s']:>8.3f}{'' if first is None else f'{first:.3f}':>14}"
-                  f"{'' if cpu is None else f'{cpu:.3f}':>8}")
+                  f"{'' if cpu is None else f'{cpu:.3f}':>8}{'' if wcpu is None else f'{wcpu:.3f}':>14}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ CLI_EMITS = frozenset({
     "down_requested", "job_queued", "managed_job_cancel_requested", "managed_job_submitted", "orphan_found",
     "start_requested", "stop_requested", "task_submitted", "team_added", "team_removed", "team_updated",
     "token_issued", "token_revoked", "user_added", "user_joined_team", "user_left_team", "user_removed",
+    "user_team_role_set",
 })
 
 

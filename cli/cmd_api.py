@@ -366,8 +366,9 @@ def serve_command(
     import logging
     import signal
 
-    from .serve import parse_services, serve
+    from .serve import parse_services, serve, tune_gc
 
+    tune_gc()
     try:
         names = parse_services(services)
     except ValueError as exc:

@@ -97,17 +97,25 @@ def api_info(output: str = typer.Option("table", "-o", "--output", help="table o
     out = {"endpoint": url, "source": source, "stage": body.get("stage"), "version": body.get("version"),
            "user": caller.get("user"), "team": caller.get("team"),
            "teams": caller.get("teams") or ([caller["team"]] if caller.get("team") else []),  # an older server: one
-           "role": caller.get("role"), "authenticated": bool(caller) and not caller.get("local"),
+           "role": caller.get("role"),
+           "roles": caller.get("roles") or ({t: caller.get("role") for t in caller.get("teams") or [caller["team"]]}
+                                            if caller.get("team") else {}),  # an older server: one role
+           "authenticated": bool(caller) and not caller.get("local"),
            "token": "set" if token else None}  # whether one is used, never its value
     if output == "json":
         print_json(out)
         return
     typer.echo(f"API server: {url} ({source}), version {out['version']}, stage {out['stage']}")
     if caller:
-        how = "the OS user on the embedded control plane" if caller.get("local") else "by token"
+        how = ("the OS user on the embedded control plane" if caller.get("local")
+               else f"by the {caller['authenticator']} authenticator" if caller.get("authenticator") else "by token")
         others = [t for t in out["teams"] if t != caller.get("team")]
         teams = f" (also in: {', '.join(others)})" if others else ""
-        typer.echo(f"User: {caller.get('user')}  team: {caller.get('team')}{teams}  role: {caller.get('role')} ({how})")
+        # A role per team: the others are named where one differs from the primary team's.
+        differ = [f"{t}: {r}" for t, r in out["roles"].items() if t != caller.get("team") and r != caller.get("role")]
+        elsewhere = f"; {', '.join(differ)}" if differ else ""
+        typer.echo(f"User: {caller.get('user')}  team: {caller.get('team')}{teams}  role: {caller.get('role')}"
+                   f"{elsewhere} ({how})")
     else:
         typer.echo("User: none (no token: spz api login -e URL --token TOKEN)")
 

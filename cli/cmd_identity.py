@@ -46,6 +46,16 @@ def _team_values(values: Optional[list[str]]) -> list[str]:
     return list(dict.fromkeys(_name(v, "team name") for v in values or []))
 
 
+_TEAM_ROLES = ("member", "viewer")  # a role in one team; admin is deployment-wide
+
+
+def _team_role(value: Optional[str]) -> Optional[str]:
+    if value is not None and value not in _TEAM_ROLES:
+        raise typer.BadParameter(f"{value!r}; accepted: {', '.join(_TEAM_ROLES)} (admin is deployment-wide: "
+                                 "spz users add NAME --role admin)")
+    return value
+
+
 def _role(value: str) -> str:
     if value not in _ROLES:
         raise typer.BadParameter(f"{value!r}; accepted: {', '.join(_ROLES)}")
@@ -112,7 +122,7 @@ def users_add(
 
 @users.command("list")
 def users_list(output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
-    """Every user: teams (the primary first), role, live tokens (ids only)."""
+    """Every user: teams (the primary first), role in each, live tokens (ids only)."""
     check_output(output)
     t = _server()
     if t is not None:
@@ -123,7 +133,7 @@ def users_list(output: str = typer.Option("table", "-o", "--output", help="table
         from skypurza.services.api.directory_io import load_directory
 
         d = run_async(_with_bus("users", load_directory))
-        rows = [{"user": u.name, "team": u.team, "teams": list(u.teams), "role": u.role,
+        rows = [{"user": u.name, "team": u.team, "teams": list(u.teams), "role": u.primary_role, "roles": u.roles,
                  "tokens": sorted(tok.token_id for tok in u.tokens.values()),
                  "service_account_tokens": sorted(tok.token_id for tok in u.tokens.values() if tok.service_account)}
                 for u in sorted(d.users.values(), key=lambda u: u.name)]
@@ -133,7 +143,15 @@ def users_list(output: str = typer.Option("table", "-o", "--output", help="table
     from .tables import print_table
 
     print_table(["USER", "TEAM", "ROLE", "TOKENS"],
-                [[r["user"], ", ".join(r["teams"]), r["role"], str(len(r["tokens"]))] for r in rows])
+                [[r["user"], ", ".join(r["teams"]), _roles_cell(r), str(len(r["tokens"]))] for r in rows])
+
+
+def _roles_cell(row: dict[str, Any]) -> str:
+    """One role when it is the same in every team of theirs, else each team's (`ml: member, cv: viewer`)."""
+    roles = row.get("roles") or {}
+    if len(set(roles.values())) <= 1:
+        return str(row["role"])
+    return ", ".join(f"{team}: {role}" for team, role in roles.items())
 
 
 @users.command("token")
@@ -217,6 +235,20 @@ def _infra_list(infra: Optional[list[str]], allowed: Optional[str]) -> list[str]
 
 
 _ALLOWED_HELP = "Comma-separated infras its users may run on (aws,local; aws/us-east-1 for one region)."
+_AWS_PROFILE_HELP = ("A named profile of the server's AWS credentials/config files: the team's EC2 clusters are "
+                     "made with it (a reference, never a secret); unset: the server's default credentials.")
+
+
+def _aws_profile(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
+    """The --aws-profile value checked (exit 2 with what is accepted); '' clears it on update."""
+    if value is None or (clearing and value == ""):
+        return value
+    from skypurza.events.team_credentials import check_aws_profile
+
+    try:
+        return check_aws_profile(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--aws-profile") from None
 
 
 @teams.command("add")
@@ -226,20 +258,25 @@ def teams_add(
                                                                      "none: every infra."),
     allowed_infras: Optional[str] = typer.Option(None, "--allowed-infras", help=_ALLOWED_HELP + " None: every infra."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE, a label its tasks get (repeat)."),
+    aws_profile: Optional[str] = typer.Option(None, "--aws-profile", help=_AWS_PROFILE_HELP),
 ) -> None:
-    """Add a team (a workspace): where its users may run, and the labels its tasks get."""
+    """Add a team (a workspace): where its users may run, the labels its tasks get, its AWS profile."""
     name = _name(name, "team name")
     infras, labels = _infra_list(infra, allowed_infras), _labels(label)
+    profile = _aws_profile(aws_profile)
     t = _server()
     if t is not None:
         from . import via_api_identity
 
-        via_api_identity.add_team(t, name, infras, labels)
+        via_api_identity.add_team(t, name, infras, labels, profile)
     else:
+        from skypurza.events.team_credentials import with_aws_profile
         from skypurza.services.api.directory_io import add_team
 
-        run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels)))
-    typer.echo(f"Added team {name}" + (f" (infras: {', '.join(infras)})" if infras else "") + ".")
+        creds = with_aws_profile(None, profile)
+        run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels, creds)))
+    typer.echo(f"Added team {name}" + (f" (infras: {', '.join(infras)})" if infras else "")
+               + (f" (AWS profile {profile})" if profile else "") + ".")
 
 
 @teams.command("list")
@@ -255,16 +292,27 @@ def teams_list(output: str = typer.Option("table", "-o", "--output", help="table
         from skypurza.services.api.directory_io import load_directory
 
         d = run_async(_with_bus("teams", load_directory))
+        from skypurza.events.team_credentials import to_dict
+
+        d = run_async(_with_bus("teams", load_directory))
         rows = [{"team": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
-                 "users": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]
+                 "credentials": to_dict(t.credentials), "users": d.members(t.name)}
+                for t in sorted(d.teams.values(), key=lambda t: t.name)]
     if output == "json":
         print_json(rows)
         return
     from .tables import print_table
 
-    print_table(["TEAM", "INFRAS", "LABELS", "USERS"],
+    print_table(["TEAM", "INFRAS", "LABELS", "CREDENTIALS", "USERS"],
                 [[r["team"], ", ".join(r["allowed_infras"]) or "all",
-                  ", ".join(f"{k}={v}" for k, v in r["labels"].items()) or "-", str(len(r["users"]))] for r in rows])
+                  ", ".join(f"{k}={v}" for k, v in r["labels"].items()) or "-",
+                  _credentials_cell(r.get("credentials") or {}), str(len(r["users"]))] for r in rows])
+
+
+def _credentials_cell(creds: dict[str, Any]) -> str:
+    """`aws:ml-prod`, or `default` (the server's own credentials)."""
+    aws = creds.get("aws") or {}
+    return f"aws:{aws['profile']}" if aws.get("profile") else "default"
 
 
 @teams.command("update")
@@ -275,24 +323,29 @@ def teams_update(
     label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE (repeat): the team's labels, all "
                                                                      "replaced; unset: kept."),
     clear_labels: bool = typer.Option(False, "--clear-labels", help="Remove every label of the team."),
+    aws_profile: Optional[str] = typer.Option(
+        None, "--aws-profile", help=_AWS_PROFILE_HELP + " An empty value ('') goes back to the default; unset: kept."),
 ) -> None:
-    """Replace a team's allowed infras and/or labels; placement enforces the infras from the next task on."""
+    """Replace a team's allowed infras, labels and/or AWS profile; each applies from the next task on."""
     name = _name(name, "team name")
-    if allowed_infras is None and label is None and not clear_labels:
-        raise fail("nothing to change: give --allowed-infras, --label or --clear-labels", 2)
+    if allowed_infras is None and label is None and not clear_labels and aws_profile is None:
+        raise fail("nothing to change: give --allowed-infras, --label, --clear-labels or --aws-profile", 2)
     infras = None if allowed_infras is None else _infra_list(None, allowed_infras)
     labels = {} if clear_labels else (None if label is None else _labels(label))
+    profile = _aws_profile(aws_profile, clearing=True)
     t = _server()
     if t is not None:
         from . import via_api_identity
 
-        now_infras, now_labels = via_api_identity.update_team(t, name, infras, labels)
+        now_infras, now_labels = via_api_identity.update_team(t, name, infras, labels, profile)
     else:
         from skypurza.services.api.directory_io import update_team
 
-        now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels)))
+        now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels,
+                                                                                      profile)))
     typer.echo(f"Updated team {name}: infras {', '.join(now_infras) or 'all'}; labels "
-               + (", ".join(f"{k}={v}" for k, v in now_labels.items()) or "none") + ".")
+               + (", ".join(f"{k}={v}" for k, v in now_labels.items()) or "none")
+               + ("" if profile is None else f"; AWS profile {profile or 'the server default'}") + ".")
 
 
 @teams.command("remove")
@@ -324,6 +377,8 @@ def teams_add_member(
     user: str = typer.Argument(..., callback=_user_arg, help="The user (spz users list)."),
     primary: bool = typer.Option(False, "--primary", help="Make it the user's primary team: the workspace a "
                                                            "submission without -w runs in (and is billed to)."),
+    role: Optional[str] = typer.Option(None, "--role", callback=_team_role,
+                                       help="Their role in this team: member or viewer; unset: their own role."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
     """Put a user in one more team: a workspace they may submit into with -w/--workspace."""
@@ -333,11 +388,11 @@ def teams_add_member(
     if t is not None:
         from . import via_api_identity
 
-        now = via_api_identity.add_member(t, name, user, primary)
+        now = via_api_identity.add_member(t, name, user, primary, role)
     else:
         from skypurza.services.api.directory_io import add_member
 
-        now = run_async(_with_bus("teams", lambda bus: add_member(bus, name, user, primary)))
+        now = run_async(_with_bus("teams", lambda bus: add_member(bus, name, user, primary, role)))
     _membership_out(output, name, user, now, f"Added {user} to team {name}.")
 
 
@@ -360,6 +415,36 @@ def teams_remove_member(
 
         now = run_async(_with_bus("teams", lambda bus: remove_member(bus, name, user)))
     _membership_out(output, name, user, now, f"Removed {user} from team {name}.")
+
+
+@teams.command("set-role")
+def teams_set_role(
+    name: str = typer.Argument(..., help="The team."),
+    user: str = typer.Argument(..., callback=_user_arg, help="The user, one of the team's members."),
+    role: str = typer.Argument(..., help="member or viewer: what they may do in this team (admin is "
+                                         "deployment-wide)."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Change a member's role in one team; their token stays, the next request is decided by it."""
+    check_output(output)
+    name = _name(name, "team name")
+    if role not in _TEAM_ROLES:
+        raise fail(f"{role[:40]!r} is not a role in a team: member or viewer (admin is deployment-wide: "
+                   "spz users add NAME --role admin)", 2)
+    t = _server()
+    if t is not None:
+        from . import via_api_identity
+
+        roles = via_api_identity.set_role(t, name, user, role)
+    else:
+        from skypurza.services.api.directory_io import set_role
+
+        roles = run_async(_with_bus("teams", lambda bus: set_role(bus, name, user, role)))
+    if output == "json":
+        print_json({"team": name, "user": user, "role": role, "roles": roles})
+        return
+    typer.echo(f"{user} is a {role} in team {name}. Their roles: "
+               + ", ".join(f"{team}: {r}" for team, r in roles.items()) + ".")
 
 
 def register(app: typer.Typer) -> None:

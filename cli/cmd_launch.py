@@ -14,6 +14,7 @@ import typer
 from . import bounds, options
 from .context import check_output, fail, print_json, run_async, stage
 from skypurza.events.verbs import retry_delay_s  # noqa: F401  (moved there: the launch through a server waits the same)
+from .launchdry import idle_and_wait_for as _idle_and_wait_for
 from .verbs import _TASK, _config, _confirm, _detached_hint, _prepare, _stream, _watched
 
 
@@ -80,18 +81,9 @@ def launch_command(
     workspace = options.workspace_of(workspace)
     overrides = options.overrides_of(res, task_flags, name=name, priority=priority)
     if dryrun:
-        from .submit import SubmitError, load_task
+        from .launchdry import launch_dryrun  # also cli/fastpath.py's, for a cold `launch --dryrun FILE`
 
-        try:
-            task = load_task(entrypoint or [], overrides)
-        except SubmitError as exc:
-            raise fail(str(exc), exc.code)
-        _idle_and_wait_for(task, idle_minutes, wait_for)
-        try:
-            from .dryrun import dryrun_command
-        except ImportError:
-            raise fail("--dryrun is not available in this build")
-        raise typer.Exit(dryrun_command(task, None, output))
+        raise typer.Exit(launch_dryrun(entrypoint or [], overrides, output, idle_minutes, wait_for))
     task, public = _prepare(entrypoint or [], overrides)
     cfg = options.with_workspace(_config(), workspace)
     from .submit import SubmitError, cluster_name
@@ -268,18 +260,6 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         return code, summary
     finally:
         await bus.close()
-
-
-def _idle_and_wait_for(task: Any, idle_minutes: int | None, wait_for: str | None) -> tuple[int | None, str | None]:
-    """-i (else the task's resources.autostop) and --wait-for (else the task's autostop.wait_for);
-    --wait-for without an idle interval is a usage error."""
-    autostop = task.autostop()
-    enabled = autostop is not None and autostop.enabled
-    idle = idle_minutes if idle_minutes is not None else (autostop.idle_minutes if enabled else None)
-    wait_for = wait_for or (getattr(autostop, "wait_for", None) if enabled else None)
-    if wait_for is not None and idle is None:
-        raise fail("--wait-for goes with -i/--idle-minutes-to-autostop (or the task's resources.autostop)", 2)
-    return idle, wait_for
 
 
 async def _wait_started(bus: Any, cluster: Any, status: Any) -> None:

@@ -1,26 +1,17 @@
 """`spz check-yaml FILE...` and `spz schema task`: validate task YAMLs, print the JSON Schema.
 
 Nothing here touches the bus. Imports of the task models and rich happen inside the commands,
-so other verbs (and `spz --help`) do not pay for them.
+so other verbs (and `spz --help`) do not pay for them; what check-yaml does once its arguments
+are parsed is cli/checkyaml.py (also run without typer by cli/fastpath.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-
-_FORMATS = ("table", "json")
-
-
-def _problem_dict(p: Any) -> dict[str, Any]:
-    out = {"line": p.line, "column": p.column, "path": p.path, "message": p.message}
-    if p.document is not None:
-        out["document"] = p.document
-    return out
 
 
 def check_yaml_command(
@@ -31,52 +22,11 @@ def check_yaml_command(
     output: str = typer.Option("table", "-o", "--output", help="table (for people) or json (one object per file)."),
 ) -> None:
     """Validate task YAMLs as SkyPilot 0.14.1 would: exit 0 when all are valid, 1 otherwise."""
-    if output not in _FORMATS:
-        raise typer.BadParameter(f"{output!r}; accepted: {', '.join(_FORMATS)}", param_hint="-o/--output")
-    from rich.console import Console
-    from rich.markup import escape
+    from .checkyaml import FORMATS, check_yaml
 
-    from skypurza.events.taskspec.errors import Problem, TaskSpecError
-    from skypurza.events.taskspec.loader import load_tasks
-    from skypurza.events.taskspec.overrides import parse_var_flags
-
-    console = Console(highlight=False, soft_wrap=True)
-    try:
-        envs = parse_var_flags(env, os.environ, "--env")
-        secrets = parse_var_flags(secret, os.environ, "--secret")
-    except TaskSpecError as exc:
-        for p in exc.problems:
-            console.print(f"[red]error[/red] {escape(p.path)}: {escape(p.message)}")
-        raise typer.Exit(1) from None
-
-    all_valid = True
-    for path in files:
-        shown = str(path)
-        errors: list[Problem] = []
-        warnings: list[Problem] = []
-        count = 0
-        try:
-            loaded = load_tasks(path, env_overrides=envs, secret_overrides=secrets, filename=shown)
-            warnings, count = loaded.warnings, len(loaded.tasks)
-        except TaskSpecError as exc:
-            errors = exc.problems
-        except Exception as exc:  # a bug of ours must still not hide the other files' results
-            errors = [Problem(shown, None, None, "", f"internal error while checking this file: {exc!r}")]
-        all_valid = all_valid and not errors
-        if output == "json":
-            typer.echo(json.dumps({"file": shown, "valid": not errors, "errors": [_problem_dict(p) for p in errors],
-                                   "warnings": [_problem_dict(p) for p in warnings]}))
-            continue
-        if errors:
-            noun = "problem" if len(errors) == 1 else "problems"
-            console.print(f"[bold red]✗[/bold red] {escape(shown)}: {len(errors)} {noun}")
-        else:
-            noun = "task" if count == 1 else "tasks"
-            console.print(f"[bold green]✓[/bold green] {escape(shown)}: valid ({count} {noun})")
-        for p, style, label in [(p, "red", "error") for p in errors] + [(p, "yellow", "warning") for p in warnings]:
-            path_part = f" [cyan]{escape(p.path)}[/cyan]:" if p.path else ""
-            console.print(f"  {escape(p.location())}:{path_part} [{style}]{label}:[/{style}] {escape(p.message)}")
-    raise typer.Exit(0 if all_valid else 1)
+    if output not in FORMATS:
+        raise typer.BadParameter(f"{output!r}; accepted: {', '.join(FORMATS)}", param_hint="-o/--output")
+    raise typer.Exit(check_yaml(files, env, secret, output))
 
 
 def schema_task_command(

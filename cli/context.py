@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Coroutine, TypeVar
@@ -35,8 +34,7 @@ def check_output(output: str, accepted: tuple[str, ...] = OUTPUT_FORMATS) -> str
     return output
 
 
-def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n")
+from .jsonout import print_json  # noqa: E402,F401  (in a module of its own: cli/dryrun.py imports no typer)
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":

@@ -48,6 +48,7 @@ from skypurza.events.models import (
     UserJoinedTeam,
     UserLeftTeam,
     UserRemoved,
+    UserTeamRoleSet,
 )
 
 from .plugins import service_entry_points
@@ -58,7 +59,7 @@ CLI = Contract(
     emits=(TaskSubmitted, DownRequested, StopRequested, StartRequested, AutostopSet, JobQueued, CancelRequested,
            ManagedJobSubmitted, ManagedJobCancelRequested, ClusterTerminated, OrphanFound, CleanupFailed,
            TeamAdded, TeamRemoved, TeamUpdated, UserAdded, UserRemoved, UserJoinedTeam, UserLeftTeam, TokenIssued,
-           TokenRevoked, DispatchPolicyApplied),
+           TokenRevoked, DispatchPolicyApplied, UserTeamRoleSet),
     consumes=(PlacementChosen, PlacementFailed, CapacityError, ProvisionFailed, CleanupFailed, JobStarted,
               JobSucceeded, JobFailed, JobCancelled, ManagedJobStatusChanged),
     emit_notes={TaskSubmitted: "`spz launch`", DownRequested: "`spz down`", StopRequested: "`spz stop`",
@@ -71,7 +72,8 @@ CLI = Contract(
                 TeamUpdated: "`spz teams update`", UserAdded: "`spz users add`",
                 UserRemoved: "`spz users remove`",
                 UserJoinedTeam: "`spz teams add-member`, `spz users add --team A --team B`",
-                UserLeftTeam: "`spz teams remove-member`", TokenIssued: "`spz users add`, `spz users token`",
+                UserLeftTeam: "`spz teams remove-member`", UserTeamRoleSet: "`spz teams set-role`",
+                TokenIssued: "`spz users add`, `spz users token`",
                 TokenRevoked: "`spz users token` (the old token)",
                 DispatchPolicyApplied: "`spz dispatch policy apply|clear`"},
     consume_notes={PlacementChosen: "progress", CapacityError: "progress", PlacementFailed: "exit 1",

@@ -263,7 +263,10 @@ class ControlPlane:
                          "--port", str(port), "--services", services, *api_opts.argv(api_port),
                          planeprocs.CONTROL_PLANE_FLAG, str(self.state_dir)],
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                        # The caller's environment as it is: the supervisor flushes what it prints and
+                        # sets PYTHONUNBUFFERED for its children itself; its CLI worker gets this
+                        # one unchanged (cli/warmworker.py serves only clients it matches).
+                        start_new_session=True, env=dict(os.environ),
                     )
                 try:
                     self._wait_recorded(proc, sup_log)
@@ -323,7 +326,7 @@ class ControlPlane:
         its children in order), then whatever is left; returns only when all are gone."""
         url = (state or {}).get("nats_url")
         found = planeprocs.find(self.state_dir, self._nats_conf(), self.stage, url)
-        order = {"supervisor": 0, "api-server": 1, "services": 2, "nats-server": 3}
+        order = {"supervisor": 0, "api-server": 1, "services": 2, "nats-server": 3, "cli-worker": 4}
         stopped = []
         for p in sorted(found, key=lambda p: order[p.role]):
             _terminate(p.pid, STOP_TIMEOUT_S)

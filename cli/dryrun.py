@@ -9,9 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import typer
-
-from .context import print_json
+from .jsonout import print_json  # not cli/context.py: this module imports no typer (cli/launchdry.py)
 
 
 def dryrun_command(task: Any, overrides: Any = None, output: str = "table", limit: int = 10) -> int:
@@ -83,5 +81,7 @@ def _asks_local(task: Any) -> bool:
 
 
 def exit_with(code: int) -> None:
+    import typer
+
     sys.stdout.flush()
     raise typer.Exit(code)

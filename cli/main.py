@@ -16,10 +16,17 @@ from typing import Optional
 if __name__ == "__main__":  # `python -m skypurza.cli.main --help`: the cached text, before typer loads
     import sys
 
+    from .workerclient import run as _run_in_worker
+
+    _run_in_worker(sys.argv[1:])  # a warm worker's child runs it, or this returns (cli/workerclient.py)
     if sys.argv[1:] in ([], ["--help"], ["-h"]):  # cli/helpcache.py HELP_ARGS
         from .helpcache import serve
 
         serve(sys.argv[1:])
+    else:  # a plain `check-yaml FILE...`: run without typer (cli/fastpath.py); returns otherwise
+        from .fastpath import serve as run_plain
+
+        run_plain(sys.argv[1:])
 
 from . import richlight  # noqa: E402
 

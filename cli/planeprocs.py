@@ -21,13 +21,15 @@ CONTROL_PLANE_FLAG = "--control-plane"
 SUPERVISOR_MODULE = "skypurza.cli.supervisor"
 SERVE_MODULE = "skypurza.cli.serve"
 API_MODULE = "skypurza.services.api"
-_ROLE_OF_MODULE = {SUPERVISOR_MODULE: "supervisor", SERVE_MODULE: "services", API_MODULE: "api-server"}
+WORKER_MODULE = "skypurza.cli.warmworker"
+_ROLE_OF_MODULE = {SUPERVISOR_MODULE: "supervisor", SERVE_MODULE: "services", API_MODULE: "api-server",
+                   WORKER_MODULE: "cli-worker"}
 
 
 @dataclass(frozen=True)
 class PlaneProcess:
     pid: int
-    role: str  # supervisor | services | api-server | nats-server
+    role: str  # supervisor | services | api-server | nats-server | cli-worker
 
 
 def classify(argv: list[str], state_dir: str, nats_conf: str, stage: str, nats_url: str | None) -> str | None:
@@ -67,6 +69,17 @@ def read_argv(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+# /proc/<pid>/comm of the processes the CLI worker forks per command (cli/warmworker.py names them).
+FORKED_BY_WORKER = ("spz-command", "spz-monitor")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) of a live process, or None."""
     try:
@@ -87,6 +100,8 @@ def find(state_dir: Path, nats_conf: Path, stage: str, nats_url: str | None = No
             continue
         pid = int(entry)
         role = classify(read_argv(pid), sd, conf, stage, nats_url)
+        if role == "cli-worker" and _comm(pid) in FORKED_BY_WORKER:
+            continue  # a command the CLI worker runs for a user (and its monitor): not the plane
         stat = _stat(pid) if role else None
         if role and stat is not None and stat[0] != "Z":
             found[pid] = (role, stat[1])

@@ -41,7 +41,7 @@ from pathlib import Path
 from skypurza.events import naming
 from skypurza.events.natsserver import NatsServer, nats_server_binary, port_open
 
-from .planeprocs import CONTROL_PLANE_FLAG
+from .planeprocs import CONTROL_PLANE_FLAG, WORKER_MODULE
 
 READY_MARK = b"services ready"
 POLL_S = 0.1
@@ -75,6 +75,11 @@ def restart_delay(failures_in_a_row: int, first: float, cap: float) -> float:
     return min(cap, first * (2 ** max(0, failures_in_a_row - 1)))
 
 
+def cli_worker_wanted(env: dict[str, str] | os._Environ) -> bool:
+    """A plane started with SKYPURZA_CLI_WORKER=0 runs no CLI worker (every command cold)."""
+    return str(env.get("SKYPURZA_CLI_WORKER", "")).strip().lower() not in ("0", "false", "no", "off")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -103,10 +108,14 @@ class Child:
     ever_ready: bool = False
     extra: dict = field(default_factory=dict)
     own_env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's (its bus user)
+    # The supervisor's own environment, unchanged (the CLI worker: "the environment the CLI has").
+    callers_env: bool = False
 
     def spawn(self, env: dict[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
+        if self.callers_env:
+            env = dict(os.environ)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env={**env, **self.own_env},
@@ -176,6 +185,11 @@ class Supervisor:
                 logs / "api-server.log", first_delay=1.0, max_delay=30.0,
                 extra={"url": self.api_url, "host": api_host, "port": api_port, "deploy": deploy},
                 own_env=self._creds_env("api"))
+        # The warm CLI worker (cli/warmworker.py): `spz` commands forked from a pre-imported process.
+        # Started with the environment `spz api start` had; it serves only clients it matches.
+        self.worker = Child(
+            "cli-worker", [sys.executable, "-m", WORKER_MODULE, "--stage", stage, CONTROL_PLANE_FLAG, str(self.state_dir)],
+            logs / "cli-worker.log", first_delay=0.2, max_delay=5.0, callers_env=True)
         self._next_probe = 0.0
         self._next_agents_look = 0.0
         self._agents_seen: tuple = ()
@@ -256,7 +270,8 @@ class Supervisor:
             **({"bus_advertise": self.bus_advertise} if self.bus_advertise else {}),
             "supervisor": {"pid": os.getpid(), "log": str(naming.control_logs_dir(self.stage) / "supervisor.log")},
             "processes": {"nats-server": self.nats.record(), "services": self.services.record(),
-                          **({"api-server": self.api.record()} if self.api else {})},
+                          **({"api-server": self.api.record()} if self.api else {}),
+                          **({"cli-worker": self.worker.record()} if self.worker.proc is not None else {})},
             **({"api_url": self.api_url} if self.api else {}),
         }
         tmp = self.state_file.with_name(self.state_file.name + f".{os.getpid()}.tmp")
@@ -281,11 +296,18 @@ class Supervisor:
         self.services.spawn(self.env)
         if self.api:
             self.api.spawn(self.env)
+        if cli_worker_wanted(os.environ):
+            self.worker.spawn(self.env)
         self.write_state()
         print(f"supervising nats-server (pid {self.nats.proc.pid}) and services (pid {self.services.proc.pid}) "
               f"at {self.url}", flush=True)
         while not self.stopping:
             changed = self._tend(self.nats) | self._tend(self.services) | (self._tend(self.api) if self.api else False)
+            if self.worker.proc is not None:
+                changed |= self._tend(self.worker)
+                if not self.worker.ready and self.worker.alive() and naming.cli_worker_socket(self.stage).exists():
+                    self.worker.ready = self.worker.ever_ready = True  # it listens (it binds once imported)
+                    changed = True
             if not self.services.ready and self.services.alive() and self._reported_ready(self.services):
                 self.services.ready = self.services.ever_ready = True
                 changed = True
@@ -298,6 +320,7 @@ class Supervisor:
             if changed:
                 self.write_state()
             time.sleep(POLL_S)
+        self._stop_child(self.worker)
         if self.api:
             self._stop_child(self.api)
         self._stop_child(self.services)

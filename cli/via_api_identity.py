@@ -42,6 +42,7 @@ def user_rows(t: ApiTransport) -> list[dict[str, Any]]:
     """`spz users list -o json`'s rows, from GET /api/v1/users."""
     users = _call(lambda: t.get("/api/v1/users"))["users"]
     return [{"user": u["name"], "team": u["team"], "teams": list(u.get("teams") or [u["team"]]), "role": u["role"],
+             "roles": dict(u.get("roles") or {t: u["role"] for t in (u.get("teams") or [u["team"]])}),  # an older server
              "tokens": list(u.get("token_ids") or []),
              "service_account_tokens": list(u.get("service_account_token_ids") or [])} for u in users]
 
@@ -50,20 +51,26 @@ def team_rows(t: ApiTransport) -> list[dict[str, Any]]:
     """`spz teams list -o json`'s rows, from GET /api/v1/teams."""
     teams = _call(lambda: t.get("/api/v1/teams"))["teams"]
     return [{"team": x["name"], "allowed_infras": list(x["allowed_infras"]), "labels": dict(x["labels"]),
-             "users": list(x["members"])} for x in teams]
+             "credentials": dict(x.get("credentials") or {}), "users": list(x["members"])} for x in teams]
 
 
-def add_team(t: ApiTransport, name: str, infras: list[str], labels: dict[str, str]) -> None:
-    _call(lambda: t.post("/api/v1/teams", {"name": name, "allowed_infras": infras, "labels": labels}))
+def add_team(t: ApiTransport, name: str, infras: list[str], labels: dict[str, str],
+             aws_profile: str | None = None) -> None:
+    body: dict[str, Any] = {"name": name, "allowed_infras": infras, "labels": labels}
+    if aws_profile:
+        body["credentials"] = {"aws": {"profile": aws_profile}}
+    _call(lambda: t.post("/api/v1/teams", body))
 
 
 def update_team(t: ApiTransport, name: str, infras: list[str] | None,
-                labels: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+                labels: dict[str, str] | None, aws_profile: str | None = None) -> tuple[list[str], dict[str, str]]:
     body: dict[str, Any] = {}
     if infras is not None:
         body["allowed_infras"] = infras
     if labels is not None:
         body["labels"] = labels
+    if aws_profile is not None:  # "": back to the server's default
+        body["credentials"] = {"aws": {"profile": aws_profile} if aws_profile else None}
     out = _call(lambda: t.patch(f"/api/v1/teams/{name}", body))
     return list(out["allowed_infras"]), dict(out["labels"])
 
@@ -72,11 +79,20 @@ def remove_team(t: ApiTransport, name: str) -> None:
     _call(lambda: t.delete(f"/api/v1/teams/{name}"))
 
 
-def add_member(t: ApiTransport, team: str, user: str, primary: bool) -> tuple[str, ...]:
-    out = _call(lambda: t.post(f"/api/v1/teams/{team}/members", {"user": user, "primary": primary}))
+def add_member(t: ApiTransport, team: str, user: str, primary: bool, role: str | None = None) -> tuple[str, ...]:
+    body: dict[str, Any] = {"user": user, "primary": primary}
+    if role is not None:
+        body["role"] = role
+    out = _call(lambda: t.post(f"/api/v1/teams/{team}/members", body))
     return tuple(out["teams"])
 
 
 def remove_member(t: ApiTransport, team: str, user: str) -> tuple[str, ...]:
     out = _call(lambda: t.delete(f"/api/v1/teams/{team}/members/{user}"))
     return tuple(out["teams"])
+
+
+def set_role(t: ApiTransport, team: str, user: str, role: str) -> dict[str, str]:
+    """The user's role in each team after the change (PATCH /api/v1/teams/{team}/members/{user})."""
+    out = _call(lambda: t.patch(f"/api/v1/teams/{team}/members/{user}", {"role": role}))
+    return dict(out["roles"])

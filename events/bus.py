@@ -39,8 +39,9 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, Servi
 
 from . import naming
 from .bussettings import BusSettings, parse_servers
-from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, envelope_of
+from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, envelope_of, envelopes_of
 from .natscreds import BusCredentials, CredentialsError, credentials_from_env
+from .pubpipe import AckInbox
 
 log = logging.getLogger("skypurza.bus")
 T = TypeVar("T")
@@ -63,7 +64,7 @@ STREAM_EXISTS = 10058
 # cluster's stream leader SIGKILLed was replaced in ~5.2 s here (ordinary retries give ~3 s).
 ELECTION_WAIT_S = 12.0
 # How long a pipelined append waits for its ack before it is retried with the same id: the
-# same as one attempt of `publish`.
+# same as one attempt of `publish` (a window of them: how long it waits without any ack).
 ACK_WAIT_S = 5.0
 # A replay waits for this many empty one-second fetches while the server still reports messages
 # pending before it gives up on the rest; a JetStream API call (stream info, consumer create)
@@ -158,6 +159,7 @@ class _Link:
     reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     disconnected_at: float | None = None
     closed_on_purpose: bool = False  # `close()` was called: a closed connection is not a lost one
+    acks: AckInbox | None = None  # the pipelined appends' reply inbox (`publish_many`), made on first use
 
 
 
@@ -520,36 +522,35 @@ class Bus:
     async def publish_many(self, items: list[Event | Envelope], *, window: int = 4000,
                            ack_wait: float = ACK_WAIT_S) -> list[api.PubAck]:
         """Pipelined appends (many in flight), each with its own Nats-Msg-Id; what is not acked
-        within `ack_wait` of its window being sent is retried by id (`publish`'s retries)."""
-        envs = [i if isinstance(i, Envelope) else self.envelope(i) for i in items]
+        once its window has had no ack for `ack_wait` is retried by id (`publish`'s retries)."""
+        if any(isinstance(i, Envelope) for i in items):
+            envs = [i if isinstance(i, Envelope) else self.envelope(i) for i in items]
+        else:
+            envs = envelopes_of(items, source=self.source)  # type: ignore[arg-type]
         if self._hooks is not None:
             for env in envs:  # all checked before any is published
                 self._hooks.before(env)
         acks: list[api.PubAck] = []
-        publish_async = self.js.publish_async
+        inbox = self._link.acks
+        if inbox is None:
+            inbox = self._link.acks = AckInbox(self.nc)
+        stage, subject = self.stage, naming.event_subject
         for start in range(0, len(envs), window):
             chunk = envs[start:start + window]
-            # `send`, inlined: this loop is the bus's hot path (issue 21, bench/bus.py).
-            futs = [await publish_async(self.subject_of(e), e.to_json(), headers={"Nats-Msg-Id": e.id})
-                    for e in chunk]
-            # One bounded wait for the whole window rather than a timer per append; what is
-            # still unanswered after it is retried by id, one by one, as `settle` does.
-            pending = [f for f in futs if not f.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=ack_wait)
-            for env, fut in zip(chunk, futs):
-                ack = await self._settled(env, fut)
+            # The bus's hot path (issue 21, bench/bus.py): one reply inbox, one wait per window
+            # (events/pubpipe.py) rather than nats-py's future, timer slot and token per append.
+            sent = await inbox.send([(subject(stage, e.aggregate, e.aggregate_id, e.event_name), e.to_json(), e.id)
+                                     for e in chunk])
+            # What is still unanswered once acks stop coming (or was answered with anything but
+            # an ack) is appended again by id, one by one, as `settle` does.
+            await inbox.wait(sent, ack_wait)
+            for env, ack in zip(chunk, sent.acks):
+                if ack is None:
+                    ack = await self._append(env, expected_last_seq=None, occ_subject=None)
                 acks.append(ack)
                 if self._hooks is not None:
                     self._hooks.after(env, ack)
         return acks
-
-    async def _settled(self, env: Envelope, fut: asyncio.Future) -> api.PubAck:
-        """The ack of an append already waited for: its result, or the append retried by id."""
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            return fut.result()
-        fut.cancel()  # frees its pending-publish slot (a no-op on a future already done)
-        return await self._append(env, expected_last_seq=None, occ_subject=None)
 
     async def send(self, env: Envelope) -> asyncio.Future:
         """Start one append without waiting for its ack (no hooks run here: see `settle`)."""

@@ -38,7 +38,9 @@ class InOrder:
 @dataclass(frozen=True)
 class Pipelined:
     """A fetched batch handled in order, every reaction published without waiting for its ack, then
-    the acks awaited and the causes acked. For fast handlers that read only their inputs."""
+    the acks awaited and the causes acked, while the next batch is handled (a bounded number of
+    causes unsettled at once; a cause is acked only after its reactions are stored). For fast
+    handlers that read only their inputs, not their own reactions."""
 
 
 @dataclass(frozen=True)

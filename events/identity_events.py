@@ -19,9 +19,14 @@ from __future__ import annotations
 from typing import Literal
 
 from .registry import Event, register
+from .team_credentials import TeamCredentials
 
 Role = Literal["admin", "member", "viewer"]
 ROLES: tuple[Role, ...] = ("admin", "member", "viewer")
+# A role in one team. `admin` is not one: it is deployment-wide, a user's own role (UserAdded's),
+# and an admin is an admin in every team.
+TeamRole = Literal["member", "viewer"]
+TEAM_ROLES: tuple[TeamRole, ...] = ("member", "viewer")
 
 # CloudEvents extension attribute names: lower-case letters and digits, at most 20 characters
 # (CloudEvents 1.0, "Attribute Naming Convention").
@@ -48,16 +53,20 @@ class TeamAdded(_TeamEvent):
     EVENT_NAME = "team_added"
     allowed_infras: list[str] = []  # empty: every infra the broker has
     labels: dict[str, str] = {}
+    # By reference, never a secret (events/team_credentials.py); None (older events): the server's default.
+    credentials: TeamCredentials | None = None
 
 
 @register
 class TeamUpdated(_TeamEvent):
-    """A team's allowed infras and default labels replaced (`spz teams update`): the whole new
-    value of both, so a fold never merges. The optimizer enforces `allowed_infras` on placement."""
+    """A team's allowed infras, default labels and credentials replaced (`spz teams update`): the
+    whole new value of each, so a fold never merges. The optimizer enforces `allowed_infras` on
+    placement; the provisioner makes the team's clusters with `credentials`."""
 
     EVENT_NAME = "team_updated"
     allowed_infras: list[str] = []  # empty: every infra the broker has
     labels: dict[str, str] = {}
+    credentials: TeamCredentials | None = None  # None (older events): the server's default
 
 
 @register
@@ -76,11 +85,14 @@ class UserAdded(_UserEvent):
 class UserJoinedTeam(_UserEvent):
     """`user` is in one more team (`spz teams add-member`, `spz users add --team A --team B`): a
     workspace they may submit into with `-w`. A user's first team is their primary one, stamped on
-    a submission without `-w`; `primary` makes this one it (an existing membership moves first)."""
+    a submission without `-w`; `primary` makes this one it (an existing membership moves first).
+    `role` is the user's role in this team; absent (every event before per-team roles), the user's
+    own role (UserAdded's), so an old log means what it meant."""
 
     EVENT_NAME = "user_joined_team"
     team: str
     primary: bool = False
+    role: TeamRole | None = None
 
 
 @register
@@ -90,6 +102,18 @@ class UserLeftTeam(_UserEvent):
 
     EVENT_NAME = "user_left_team"
     team: str
+
+
+@register
+class UserTeamRoleSet(_UserEvent):
+    """`user`'s role in one team of theirs changed (`spz teams set-role`, `PATCH
+    /api/v1/teams/{team}/members/{user}`): what they may do in that team's workspace and on its
+    clusters and jobs from the next request on (their token stays). Not for an admin: admin is
+    deployment-wide. A fold ignores it for a team the user is not in."""
+
+    EVENT_NAME = "user_team_role_set"
+    team: str
+    role: TeamRole
 
 
 @register

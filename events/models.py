@@ -9,6 +9,7 @@ from .dispatch_events import DispatchPolicyApplied, TaskAdmitted, TaskHeld  # no
 from .health_events import GpuUnhealthy  # noqa: F401
 from .identity_events import (  # noqa: F401
     TeamAdded, TeamRemoved, TeamUpdated, TokenIssued, TokenRevoked, UserAdded, UserJoinedTeam, UserLeftTeam, UserRemoved,
+    UserTeamRoleSet,
 )
 from .job_events import *  # noqa: F401,F403
 from .ledger_events import *  # noqa: F401,F403

@@ -56,6 +56,7 @@ MODEL_MODULES: dict[str, tuple[str, str]] = {
     "user_joined_team": ("identity_events", "user"),
     "user_left_team": ("identity_events", "user"),
     "user_removed": ("identity_events", "user"),
+    "user_team_role_set": ("identity_events", "user"),
     "cancel_requested": ("job_events", "cluster"),
     "job_cancelled": ("job_events", "cluster"),
     "job_failed": ("job_events", "cluster"),

@@ -313,6 +313,16 @@ def control_state_file(stage: str) -> Path:
     return state_dir(stage) / "api.json"
 
 
+def cli_worker_socket(stage: str) -> Path:
+    """The warm CLI worker's AF_UNIX socket (cli/warmworker.py; 0600, its own user only)."""
+    return state_dir(stage) / "cli-worker.sock"
+
+
+def cli_worker_state_file(stage: str) -> Path:
+    """What the warm CLI worker has served (its pid, requests served, the last cold reason)."""
+    return state_dir(stage) / "cli-worker.json"
+
+
 def control_lock_file(stage: str) -> Path:
     """Held exclusively while the stage's control plane is started, stopped or restarted."""
     return state_dir(stage) / "control.lock"

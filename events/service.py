@@ -24,7 +24,9 @@ stored event and an `EmitContext` and returns the events to publish in reaction.
 - recreates its pull subscription after a reconnect (nats-py loses them on a server restart).
 
 Delivery (`contract.delivery`): `InOrder` (default) handles one message at a time. `Pipelined`
-handles a fetched batch in order and publishes the reactions without waiting for each ack.
+handles a fetched batch in order and publishes the reactions without waiting for each ack; the
+acks are awaited (and the causes acked) while the next batch is handled, a bounded number of
+causes at a time.
 `Keyed(concurrency=N, key=...)` handles up to N messages at once; messages with the same key
 still run one after another in stream order (the provisioner keys by cluster, so a DownRequested
 waits for that cluster's launch), and each message is acked only after its own reactions are
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
@@ -74,6 +76,10 @@ log = logging.getLogger("skypurza.service")
 BACKOFF_S = [0.5, 1.0, 2.0, 4.0, 8.0]
 NEWER_VERSION_DELAY_S = 60.0
 MAX_ERRORS = 100
+# Pipelined mode: causes whose reactions may be sent and not yet acked by the stream (at least;
+# four fetched batches), and how long a stopping runner waits for them to settle.
+PIPELINE_MIN_UNSETTLED = 400
+SETTLE_DRAIN_S = 10.0
 
 
 class Service(Protocol):
@@ -224,6 +230,9 @@ class ServiceRunner:
         # Concurrent mode: at most this many fetched and unacked messages in this process.
         self.max_in_flight = self.concurrency * 4
         self._in_flight: set[asyncio.Task] = set()
+        # Pipelined mode: the batches whose reactions are sent and not yet settled (task, causes).
+        self._settling: deque[tuple[asyncio.Task, int]] = deque()
+        self.max_unsettled = max(PIPELINE_MIN_UNSETTLED, 4 * batch)
         self._tails: dict[str, asyncio.Task] = {}
         self._slots = asyncio.Semaphore(self.concurrency)
         self.stats = RunnerStats()
@@ -267,6 +276,7 @@ class ServiceRunner:
         finally:
             # Unfinished handlers are abandoned unacked: their messages come back to whoever
             # consumes next (handlers are idempotent).
+            await self._drain_settling()
             await stop_tasks(*self._in_flight)
 
     async def _loop(self) -> None:
@@ -291,7 +301,10 @@ class ServiceRunner:
                 await self._safe_resubscribe()
                 continue
             try:
-                await self.process(msgs)
+                if self.pipelined:
+                    await self._pipeline(msgs)
+                else:
+                    await self.process(msgs)
             except asyncio.CancelledError:
                 raise
             except Exception:  # unacked messages come back after ack_wait; the consumer goes on
@@ -439,6 +452,36 @@ class ServiceRunner:
         """Pipelined mode: handle a batch in order, publish every reaction without waiting for
         each ack, then wait for the acks and ack the causes. A cause is acked only once all its
         reactions are stored, so a crash in between only means a redelivery (same derived ids)."""
+        await self._settle_pipelined(await self._send_pipelined(msgs))
+
+    async def _pipeline(self, msgs: list[Any]) -> None:
+        """Pipelined mode in the consumer loop: a batch's reactions are sent in order, and their
+        acks waited for (then the causes acked) while the next batch is fetched and handled, so
+        the consumer does not sit idle through every batch's ack round trip (issue 21). At most
+        `max_unsettled` causes wait so; past that the oldest batch's settling is awaited."""
+        pending = await self._send_pipelined(msgs)
+        if not pending:
+            return
+        self._settling.append((asyncio.create_task(self._settle_pipelined(pending)), len(pending)))
+        while sum(n for _, n in self._settling) > self.max_unsettled:
+            task, _ = self._settling.popleft()
+            await asyncio.wait([task])  # it settles every message itself: nothing to raise here
+        while self._settling and self._settling[0][0].done():
+            self._settling.popleft()
+
+    async def _drain_settling(self) -> None:
+        """On stop: the batches still settling get their acks (bounded by the ack wait and its
+        retries); what is left then is abandoned unacked and comes back to the next consumer."""
+        tasks = [t for t, _ in self._settling]
+        self._settling.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=SETTLE_DRAIN_S)
+            await stop_tasks(*tasks)
+
+    async def _send_pipelined(self, msgs: list[Any]
+                              ) -> list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]]:
+        """Handle a batch in order and send every reaction (not waiting for the acks): the causes
+        whose reactions are now to be settled, with their sends."""
         pending: list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]] = []
         for msg in msgs:
             stored = read_stored(msg)
@@ -462,6 +505,12 @@ class ServiceRunner:
                 await self._handler_failed(msg, stored, exc)
                 continue
             pending.append((msg, stored, ctx, futures))
+        return pending
+
+    async def _settle_pipelined(self, pending: list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]]
+                                ) -> None:
+        """Wait for the acks of the sent reactions, then ack each cause (a cause whose reaction
+        could not be stored is nak'ed or parked, as a handler error is)."""
         for msg, stored, ctx, futures in pending:
             try:
                 for env, fut in futures:

@@ -128,6 +128,13 @@ def test_an_authenticator_plug_in_maps_a_header_to_a_user_and_refuses_with_its_r
     # The built-in tokens still work beside the plug-in.
     res = api.http.post("/api/v1/tasks", headers=api.as_(token), json={"task": TASK, "cluster": "c2"})
     assert res.status_code == 202, res.text
+    # Health names a plug-in's caller as it names a token's, and which plug-in knew them.
+    caller = api.http.get("/api/v1/health", headers={"X-Test-User": "alice"}).json()["caller"]
+    assert caller == {"user": "alice", "team": "ml", "teams": ["ml"], "role": "member", "roles": {"ml": "member"},
+                      "authenticator": "header"}, caller
+    assert api.http.get("/api/v1/health", headers={"X-Test-User": "mallory"}).json()["caller"] is None
+    assert api.http.get("/api/v1/health", headers=api.as_(token)).json()["caller"]["user"] == "alice"
+    assert "caller" not in api.http.get("/api/v1/health").json()  # no credentials: a plain liveness probe
 
     subs = _submitted(nats_server)
     assert [stamped_principal(s.envelope) for s in subs] == [("alice", "ml"), ("alice", "ml")]

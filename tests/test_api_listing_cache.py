@@ -8,11 +8,16 @@ not a member's; If-None-Match gives 304 exactly when the body would be byte for 
 (an event that changes someone else's view still gives 304, one that changes yours never does);
 the status service reads once per projection position, answers a new position anew, answers a
 query while another waits for its min_seq, and with `strict` refuses rather than answer older
-than min_seq."""
+than min_seq. A client that accepts gzip gets the kept body compressed, which decodes to the very
+bytes another client gets uncompressed, with a weak ETag either form of which gives a 304; a
+client that refuses gzip (q=0) never gets it. Requests arriving together share one read of the
+log's position (services/api/logposition.py), and each gets a position read after it asked."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +33,8 @@ from skypurza.events import status_queries as sq
 from skypurza.events.cluster_events import ClusterProvisioned
 from skypurza.events.types import NodeInfo
 from skypurza.services.api.directory_io import add_team, add_user
-from skypurza.services.api.listing import Listing, etag_of
+from skypurza.services.api.listing import Listing, accepts_gzip, etag_of
+from skypurza.services.api.logposition import SharedReads
 from skypurza.services.status.answers import AnswerCache, answer_key
 from skypurza.services.status.service import StatusService
 
@@ -143,6 +149,117 @@ def test_a_kept_listing_is_never_staler_than_the_log_nor_anyone_elses(nats_serve
     assert get("alice", e2).status_code == 304
     assert names(get("bob", e_bob)) == {"cb", "cb2"}
     assert names(get("alice", e2, all_users="true")) == {"ca", "ca2", "cb", "cb2"}  # a different body: 200
+
+
+def test_a_gzip_answer_is_the_same_json_and_only_for_a_client_that_asks(nats_server, plane):
+    tok = _tokens(nats_server)
+    _publish(nats_server, *(_provisioned(f"g{i}", "alice") for i in range(4)))
+    api = plane
+
+    def raw(accept: str, etag: str | None = None) -> tuple[int, dict[str, str], bytes]:
+        headers = {**api.as_(tok["root"]), "Accept-Encoding": accept, **({"If-None-Match": etag} if etag else {})}
+        with api.http.stream("GET", "/api/v1/clusters", params={"all_users": "true"}, headers=headers) as res:
+            return res.status_code, dict(res.headers), b"".join(res.iter_raw())  # the bytes as sent
+
+    status, plain_headers, plain = raw("identity")
+    assert status == 200 and "content-encoding" not in plain_headers
+    assert {c["name"] for c in json.loads(plain)["clusters"]} == {f"g{i}" for i in range(4)}
+    status, headers, packed = raw("br;q=1.0, gzip;q=0.8")
+    assert status == 200 and headers["content-encoding"] == "gzip" and "Accept-Encoding" in headers["vary"]
+    assert len(packed) * 3 < len(plain) and gzip.decompress(packed) == plain  # the same bytes, decoded
+    assert headers["etag"] == "W/" + plain_headers["etag"] and plain_headers["etag"] == etag_of(plain)
+    assert raw("gzip", etag=raw("gzip")[1]["etag"])[1]["etag"] == headers["etag"]  # the same kept bytes again
+    for tag in (headers["etag"], plain_headers["etag"]):  # either form of the tag: nothing changed
+        assert raw("gzip", tag)[0] == 304 and raw("identity", tag)[0] == 304
+    for refused in ("gzip;q=0", "deflate", "*;q=0", ""):
+        status, h, body = raw(refused)
+        assert status == 200 and "content-encoding" not in h and body == plain, refused
+    assert raw("*")[1].get("content-encoding") == "gzip"
+
+    # A cluster launched after: the next compressed answer has it, and the old tags are no 304.
+    _publish(nats_server, _provisioned("g-new", "bob"))
+    status, h, newer = raw("gzip", headers["etag"])
+    assert status == 200 and "g-new" in {c["name"] for c in json.loads(gzip.decompress(newer))["clusters"]}
+    assert raw("identity", plain_headers["etag"])[0] == 200
+    # What httpx does by itself (it asks for gzip and decodes): the same JSON as uncompressed.
+    assert api.http.get("/api/v1/clusters", params={"all_users": "true"}, headers=api.as_(tok["root"])).json() \
+        == json.loads(raw("identity")[2])
+
+
+def test_accept_encoding_is_read_as_rfc_9110_says() -> None:
+    assert accepts_gzip("gzip") and accepts_gzip("gzip, deflate, br") and accepts_gzip("x-gzip")
+    assert accepts_gzip("br;q=1, GZIP ; q=0.5") and accepts_gzip("*") and accepts_gzip("identity, *;q=0.1")
+    assert not accepts_gzip(None) and not accepts_gzip("") and not accepts_gzip("identity")
+    assert not accepts_gzip("gzip;q=0") and not accepts_gzip("gzip;q=0.0, *") and not accepts_gzip("*;q=0")
+    assert not accepts_gzip("gzip;q=x") and not accepts_gzip("deflate, br")
+    assert not accepts_gzip("x" * 2000 + ", gzip")  # past the bound: not read
+
+
+def test_requests_together_share_one_read_of_the_log_and_none_reads_before_it_asked(nats_server) -> None:
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        shared = SharedReads(bus.last_seq)
+        try:
+            # Fifty at once: two reads at most (the one they all missed the start of, and theirs).
+            first = await bus.publish(_provisioned("s0", "alice"))
+            seqs = await asyncio.gather(*(shared.get() for _ in range(50)))
+            assert shared.reads <= 2 and all(s >= first.seq for s in seqs), (shared.reads, seqs)
+
+            # Never staler than the caller's own read: an event acknowledged before it asked is in
+            # the position it gets, while others keep reads in flight all along.
+            async def churn() -> None:
+                while True:
+                    await shared.get()
+
+            others = [asyncio.create_task(churn()) for _ in range(5)]
+            await asyncio.sleep(0.05)
+            for i in range(20):
+                ack = await bus.publish(_provisioned(f"s{i + 1}", "bob"))
+                assert await shared.get() >= ack.seq
+            for t in others:
+                t.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+        finally:
+            await shared.close()
+            await bus.close()
+
+        # A caller who arrives while a read is in flight waits for the next one; a failed read is
+        # every waiter's error, and the next caller reads again.
+        gate, value, fail = asyncio.Event(), [0], [False]
+
+        async def read() -> int:
+            value[0] += 1
+            n = value[0]
+            await gate.wait()
+            if fail[0]:
+                raise ConnectionError("bus away")
+            return n
+
+        reads = SharedReads(read)
+        early = asyncio.create_task(reads.get())
+        await asyncio.sleep(0.01)  # its read is in flight
+        late = [asyncio.create_task(reads.get()) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert await early == 1 and await asyncio.gather(*late) == [2, 2, 2] and reads.reads == 2
+        gate.clear()
+        fail[0] = True
+        failing = [asyncio.create_task(reads.get()) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert all(isinstance(r, ConnectionError) for r in await asyncio.gather(*failing, return_exceptions=True))
+        fail[0] = False
+        assert await reads.get() == 4
+        leaving = asyncio.create_task(reads.get())  # a caller who leaves: the read goes on for others
+        gate.clear()
+        staying = asyncio.create_task(reads.get())
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        gate.set()
+        assert await staying == 5
+        await reads.close()
+
+    asyncio.run(main())
 
 
 def test_if_none_match_is_read_as_rfc_9110_says() -> None:

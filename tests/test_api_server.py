@@ -122,7 +122,8 @@ def test_tokens_401_until_valid_and_die_when_replaced_or_the_user_removed(nats_s
 
     asyncio.run(poison())
     health = api.http.get("/api/v1/health", headers=api.as_(alice)).json()
-    assert health["caller"] == {"user": "alice", "team": "ml", "teams": ["ml"], "role": "member"} and health["version"]
+    assert health["caller"] == {"user": "alice", "team": "ml", "teams": ["ml"], "role": "member",
+                                "roles": {"ml": "member"}} and health["version"]
     assert "caller" not in api.http.get("/api/v1/health").json()
     assert api.http.get("/api/v1/health", headers={"Authorization": "Basic YWxpY2U6eA=="}).json()["caller"] is None
 

@@ -103,7 +103,8 @@ def test_api_start_serves_health_as_the_os_user_and_stop_leaves_no_api_server(ho
     health = httpx.get(f"{st['api_url']}/api/v1/health", timeout=10).json()
     assert health["stage"] == STAGE and health["version"]
     # The embedded default: a loopback caller without a token is the OS user, as admin.
-    assert health["caller"] == {"user": "osuser", "team": "local", "teams": ["local"], "role": "admin", "local": True}
+    assert health["caller"] == {"user": "osuser", "team": "local", "teams": ["local"], "role": "admin",
+                                "roles": {"local": "admin"}, "local": True}
     assert httpx.get(f"{st['api_url']}/api/v1/clusters", timeout=20).json()["clusters"] == []
     # The web console is served by the same server, at the URL `spz api start` and `status` give.
     assert st["console_url"] == f"{st['api_url']}/console/"
@@ -119,7 +120,7 @@ def test_api_start_serves_health_as_the_os_user_and_stop_leaves_no_api_server(ho
     assert json.loads(info.stdout) == {"endpoint": st["api_url"], "source": "embedded control plane",
                                            "stage": STAGE, "version": health["version"], "user": "osuser",
                                            "team": "local", "teams": ["local"], "role": "admin",
-                                           "authenticated": False,
+                                           "roles": {"local": "admin"}, "authenticated": False,
                                            "token": None}
     # A start that finds it running uses it; a deployment is not a no-op on a plane without auth.
     assert json.loads(spz(env, "api", "start", "-o", "json").stdout)["already_running"] is True
@@ -186,7 +187,7 @@ def test_deploy_makes_the_admin_once_and_login_info_logout_round_trip(home: Path
     assert json.loads(info.stdout) == {"endpoint": url, "source": "spz api login", "stage": STAGE,
                                            "version": json.loads(info.stdout)["version"], "user": "admin",
                                            "team": "admin", "teams": ["admin"], "role": "admin",
-                                           "authenticated": True,
+                                           "roles": {"admin": "admin"}, "authenticated": True,
                                            "token": "set"}
     status = spz(env, "api", "status", "-o", "json")
     assert token not in status.stdout and json.loads(status.stdout)["api_url"] == url

@@ -25,7 +25,8 @@ def test_api_start_status_stop_leaves_nothing_behind(tmp_path):
     assert started["running"] and not started["already_running"]
     assert started["nats_url"].startswith("nats://127.0.0.1:")
     pids = [p["pid"] for p in started["processes"]]
-    assert [p["name"] for p in started["processes"]] == ["supervisor", "nats-server", "services", "api-server"]
+    assert [p["name"] for p in started["processes"]] == ["supervisor", "nats-server", "services", "api-server",
+                                                         "cli-worker"]
     assert all(pid_alive(p) for p in pids)
     assert started["state_dir"] == str(tmp_path / "home" / "cptest")
 

@@ -28,8 +28,8 @@ ROUNDS = 20
 # and eight CLI processes besides: fewer rounds keep the suite's time (about 9 s a round on 2 cores).
 FIRST_USE_ROUNDS = 10
 STARTERS = 8
-# One control plane: its supervisor and the three processes it supervises.
-ONE_OF_EACH = Counter({"supervisor": 1, "nats-server": 1, "services": 1, "api-server": 1})
+# One control plane: its supervisor and the four processes it supervises (the CLI worker too).
+ONE_OF_EACH = Counter({"supervisor": 1, "nats-server": 1, "services": 1, "api-server": 1, "cli-worker": 1})
 
 
 def _env(home: Path, stage: str) -> dict[str, str]:

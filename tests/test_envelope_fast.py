@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from skypurza.events.envelope import (
-    Envelope, PoisonEvent, decode, envelope_of, make_envelope, new_id,
+    Envelope, PoisonEvent, decode, envelope_of, envelopes_of, make_envelope, new_id, new_ids,
 )
 from skypurza.events.models import TaskSubmitted
 
@@ -46,6 +46,22 @@ def test_envelope_of_writes_the_same_bytes_as_make_envelope_for_every_golden_eve
         assert back.status == "ok" and back.event == d.event and back.envelope == fast
 
 
+def test_envelopes_of_many_writes_each_as_envelope_of_with_its_own_new_id_and_time():
+    """The pipelined publish's batch (events of every type, mixed in runs) is `envelope_of` of
+    each: the same bytes given the same id and time, every id new, times in order."""
+    events = [d.event for d in _golden_events()]
+    events = events + events[::-1]  # runs of one type and changes of type both ways
+    before = datetime.now(timezone.utc)
+    envs = envelopes_of(events, source="/s")
+    assert len(envs) == len(events) and len({e.id for e in envs}) == len(envs)
+    assert [e.time for e in envs] == sorted(e.time for e in envs) and envs[0].time >= before
+    for ev, env in zip(events, envs):
+        one = envelope_of(ev, source="/s", id=env.id, time=env.time)
+        assert type(env) is type(one) and env.to_json() == one.to_json(), env.type
+        assert decode(env.to_json()).event == ev
+    assert envelopes_of([], source="/s") == []
+
+
 def test_times_with_and_without_microseconds_and_other_offsets_serialise_alike():
     ev = TaskSubmitted(task_id="t", cluster="c", task={"run": "x"})
     for t in (datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
@@ -65,7 +81,7 @@ def test_unexpected_arguments_take_the_validating_path():
 
 
 def test_new_ids_are_random_version_4_uuids_in_their_usual_form():
-    ids = [new_id() for _ in range(2000)]
+    ids = [new_id() for _ in range(2000)] + new_ids(2000) + new_ids(1)
     assert len(set(ids)) == len(ids)
     for s in ids:
         u = uuid.UUID(s)

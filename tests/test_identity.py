@@ -21,7 +21,7 @@ def test_a_token_finds_its_user_until_replaced_revoked_or_the_user_is_removed():
     events = [TeamAdded(team="ml", allowed_infras=["aws"], labels={"cost": "ml"}),
               UserAdded(user="alice", team="ml", role="member"), _issued("alice", first)]
     d = Directory.of(enumerate(events, 1))
-    assert authenticate(d, first.token) == Principal("alice", "ml", "member", first.token_id, False, ("ml",))
+    assert authenticate(d, first.token) == Principal("alice", "ml", "member", first.token_id, False, ("ml",), (("ml", "member"),))
     assert d.teams["ml"].allowed_infras == ("aws",) and d.members("ml") == ["alice"]
     assert d.seq_of("user", "alice") == 3 and d.seq_of("team", "ml") == 1 and d.seq_of("user", "bob") == 0
 

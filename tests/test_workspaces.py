@@ -162,10 +162,11 @@ def test_spz_teams_add_and_update_set_allowed_infras_and_labels(nats_server, tmp
     r = spz("teams", "update", "ml", "--allowed-infras", "aws/us-west-2")
     assert r.returncode == 0 and "infras aws/us-west-2; labels cost=ml" in r.stdout, r.stdout + r.stderr
     listed = json.loads(spz("teams", "list", "-o", "json").stdout)
-    assert listed == [{"team": "ml", "allowed_infras": ["aws/us-west-2"], "labels": {"cost": "ml"}, "users": []}]
+    assert listed == [{"team": "ml", "allowed_infras": ["aws/us-west-2"], "labels": {"cost": "ml"}, "credentials": {},
+                       "users": []}]
     assert spz("teams", "update", "ml", "--clear-labels", "--allowed-infras", "").returncode == 0
     assert json.loads(spz("teams", "list", "-o", "json").stdout)[0] | {} == {
-        "team": "ml", "allowed_infras": [], "labels": {}, "users": []}
+        "team": "ml", "allowed_infras": [], "labels": {}, "credentials": {}, "users": []}
     for bad in (("teams", "update", "ml"), ("teams", "update", "ml", "--allowed-infras", "aws;rm"),
                 ("teams", "update", "a.b", "--allowed-infras", "aws")):
         r = spz(*bad)

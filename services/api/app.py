@@ -1,7 +1,8 @@
 """The REST API in front of the bus: `create_app(settings)` (FastAPI; OpenAPI 3.1 at /openapi.json).
 
-- `GET /api/v1/health`: no auth; the version and stage, and the caller when a valid Bearer
-  token comes with it.
+- `GET /api/v1/health`: no auth; the version and stage, and the caller when they are known (a
+  valid Bearer token, an authenticator plug-in, the embedded default's local caller), with their
+  role in each team.
 - `GET /api/v1/clusters`: the status service's answer over the bus (events/status_queries.py),
   the caller's own clusters (an admin's: all); `?all_users=true` everyone's the caller may read;
   kept per log position and caller, with an ETag (If-None-Match: 304; listing.py).
@@ -53,7 +54,7 @@ from .console_static import CONSOLE_PATH, ConsoleFiles
 from .contract import CONTRACT
 from .deps import ApiDeps
 from .extensions import (ADMISSION_POLICIES, AUTHENTICATORS, AuthRefused, Credentials, Plugin, admitted_task,
-                         authenticate_plugins, load_group)
+                         authenticating_plugin, load_group)
 from .follower import DirectoryFollower, DirectoryStale
 from .identity import Principal, authenticate, authorize, visible
 from .problems import PROBLEM, PROBLEM_BASE, Problem  # noqa: F401  (app.Problem, as before)
@@ -230,6 +231,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return settings.local_admin if client in ("127.0.0.1", "::1") else None
 
     async def principal(request: Request) -> Principal:
+        return (await identify(request))[0]
+
+    async def identify(request: Request) -> tuple[Principal, str]:
+        """The caller and how they were known: "token", "local", or the authenticator plug-in's name."""
         malformed: Problem | None = None
         try:
             token = presented_token(request)
@@ -238,19 +243,19 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 raise
             token, malformed = None, exc
         if token is not None and (who := authenticate(await directory(), token)) is not None:
-            return who
+            return who, "token"
         if plugins:
             creds = Credentials(dict(request.headers), request.client.host if request.client else "")
             try:
-                found = await authenticate_plugins(plugins, creds, await directory())
+                found = await authenticating_plugin(plugins, creds, await directory())
             except AuthRefused as exc:
                 raise _unauthorized(exc.reason[:500], "invalid_token")
             if found is not None:
-                return found
+                return found[1], found[0]
         if malformed is not None:
             raise malformed
-        if token is None and local_caller(request) is not None:
-            return local_caller(request)  # type: ignore[return-value]
+        if token is None and (local := local_caller(request)) is not None:
+            return local, "local"
         if token is None:
             raise _unauthorized("this needs a token: send 'Authorization: Bearer <token>' (an admin makes one with "
                                 "spz users add NAME --team TEAM --role ROLE, or spz users token NAME)")
@@ -260,22 +265,27 @@ def create_app(settings: ApiSettings) -> FastAPI:
     def bus() -> Bus:
         return state["bus"]
 
-    @app.get("/api/v1/health", summary="The server's version; the caller, when a token is given")
+    @app.get("/api/v1/health", summary="The server's version; the caller, when they are known (a token, "
+                                        "an authenticator plug-in, the embedded default's local caller)")
     async def health(request: Request) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "ok", "version": __version__, "stage": settings.stage}
-        try:
-            token = presented_token(request)
-        except Problem:  # health needs no auth: a malformed header is no caller, not an error
-            token = ""
-        if token == "":
-            out["caller"] = None
-        elif token is not None:
-            who = authenticate(await directory(), token)
-            out["caller"] = None if who is None else {"user": who.user, "team": who.team,
-                                                      "teams": list(who.in_teams), "role": who.role}
-        elif (local := local_caller(request)) is not None:
-            out["caller"] = {"user": local.user, "team": local.team, "teams": list(local.in_teams),
-                             "role": local.role, "local": True}
+        try:  # the caller as every other route finds them: a token, a plug-in, the local one
+            who, via = await identify(request)
+        except Problem as exc:
+            if exc.status != 401:  # the directory is unreadable (503): said, as on any route
+                raise
+            # Health needs no auth: credentials that prove nobody are no caller, not an error;
+            # with none at all there is no caller key (a plain liveness probe).
+            if request.headers.get("authorization") is not None or "invalid_token" in exc.headers.get(
+                    "WWW-Authenticate", ""):
+                out["caller"] = None
+        else:
+            out["caller"] = {"user": who.user, "team": who.team, "teams": list(who.in_teams), "role": who.role,
+                             "roles": who.roles_map()}
+            if via == "local":
+                out["caller"]["local"] = True
+            elif via != "token":
+                out["caller"]["authenticator"] = via
         out["auth"] = "local-or-token" if settings.local_admin is not None else "token"
         return out
 
@@ -305,10 +315,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
             raise Problem(503, "unavailable", "Service unavailable",
                           f"the status service did not answer in {STATUS_TIMEOUT_S:.0f} s; is the control plane "
                           "running (spz api status)?", {"Retry-After": "5"})
-        return listing.response(now, request.headers.get("if-none-match"))
+        return listing.response(now, request.headers.get("if-none-match"), request.headers.get("accept-encoding"))
 
     @app.post("/api/v1/tasks", status_code=202, summary="Launch a task on a new cluster (as spz launch)")
     async def submit(body: TaskRequest, who: Principal = Depends(principal)) -> dict[str, Any]:
+        # The workspace first: the caller's role in that team (not their primary one's) decides.
+        who, defaults = workspaces.resolve(who, body.workspace, await directory_now())
         decision = authorize(who, "submit", who.user, who.team)
         if not decision.allowed:
             raise Problem(403, "forbidden", "Forbidden", decision.reason)
@@ -317,7 +329,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
             task = load_task(body)
         except Refused as exc:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
-        who, defaults = workspaces.resolve(who, body.workspace, await directory_now())
         task = await admitted_task(policies, "task", who, task, body.cluster)
         try:
             submission = build_submission(body, who, task_id, task, defaults)

@@ -17,6 +17,7 @@ from skypurza.events.identity_events import (
     UserJoinedTeam,
     UserLeftTeam,
     UserRemoved,
+    UserTeamRoleSet,
 )
 from skypurza.events.cluster_events import (
     AutostopSet,
@@ -34,9 +35,9 @@ CONTRACT = Contract(
     name="api",
     emits=(TaskSubmitted, JobQueued, StopRequested, StartRequested, DownRequested, ClusterTerminated, AutostopSet,
            CancelRequested, ManagedJobSubmitted, ManagedJobCancelRequested, TeamAdded, TeamRemoved, TeamUpdated, UserAdded,
-           UserRemoved, UserJoinedTeam, UserLeftTeam, TokenIssued, TokenRevoked, DispatchPolicyApplied),
-    consumes=(TeamAdded, TeamUpdated, TeamRemoved, UserAdded, UserJoinedTeam, UserLeftTeam, UserRemoved, TokenIssued,
-              TokenRevoked),
+           UserRemoved, UserJoinedTeam, UserLeftTeam, UserTeamRoleSet, TokenIssued, TokenRevoked, DispatchPolicyApplied),
+    consumes=(TeamAdded, TeamUpdated, TeamRemoved, UserAdded, UserJoinedTeam, UserLeftTeam, UserTeamRoleSet, UserRemoved,
+              TokenIssued, TokenRevoked),
     emit_notes={TaskSubmitted: "`POST /api/v1/tasks`, the envelope stamped with the caller: `spzuser`, `spzteam`",
                 JobQueued: "`POST /api/v1/clusters/{name}/jobs` (spz exec, spz launch -c on a cluster that is up): the "
                            "next job id by optimistic concurrency, stamped",
@@ -54,6 +55,7 @@ CONTRACT = Contract(
                 UserJoinedTeam: "`POST /api/v1/teams/{name}/members` and `POST /api/v1/users` with `other_teams`, "
                                 "admins only",
                 UserLeftTeam: "`DELETE /api/v1/teams/{name}/members/{user}`, admins only",
+                UserTeamRoleSet: "`PATCH /api/v1/teams/{name}/members/{user}`, admins only",
                 TokenIssued: "`POST /api/v1/users` and `/users/{name}/token`, admins only",
                 TokenRevoked: "`POST /api/v1/users/{name}/token` (the old one) and "
                               "`DELETE /api/v1/users/{name}/tokens/{id}`, admins only",
@@ -62,7 +64,8 @@ CONTRACT = Contract(
                 DispatchPolicyApplied: "`PUT` and `DELETE /api/v1/dispatch/policy`, admins only, stamped"},
     consume_notes={TokenIssued: "who a bearer token is", UserRemoved: "the user's tokens die",
                    TeamAdded: "teams", TeamUpdated: "a team's allowed infras and labels",
-                   UserJoinedTeam: "a user's teams: the workspaces -w may name", UserLeftTeam: "a user's teams"},
+                   UserJoinedTeam: "a user's teams: the workspaces -w may name", UserLeftTeam: "a user's teams",
+                   UserTeamRoleSet: "a user's role in one team"},
     # The status, ledger, metrics, GPU health and dispatch queries it answers requests with, the provisioner's reconcile
     # (spz status -r), jobs' output (SSE), a task's secrets and uploads (the secured bus's grants).
     bus=BusAccess(asks=("status", "ledger", "observability", "gpuhealth", "provisioner", "dispatch"), logs="read",

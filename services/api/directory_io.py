@@ -16,6 +16,7 @@ from typing import Any
 from skypurza.events import naming
 from skypurza.events.bus import Bus, ConcurrencyConflict
 from skypurza.events.identity_events import (
+    TEAM_ROLES,
     Role,
     TeamAdded,
     TeamRemoved,
@@ -26,8 +27,10 @@ from skypurza.events.identity_events import (
     UserJoinedTeam,
     UserLeftTeam,
     UserRemoved,
+    UserTeamRoleSet,
 )
 from skypurza.events.registry import Event
+from skypurza.events.team_credentials import TeamCredentials, with_aws_profile
 
 from .identity import Directory, IssuedToken, issue_token
 
@@ -76,25 +79,32 @@ async def _change(bus: Bus, aggregate: str, name: str, decide: Callable[[Directo
     raise IdentityError(f"{aggregate} {name} kept changing while this ran ({OCC_ATTEMPTS} tries); try again")
 
 
-async def add_team(bus: Bus, team: str, allowed_infras: list[str], labels: dict[str, str]) -> None:
+async def add_team(bus: Bus, team: str, allowed_infras: list[str], labels: dict[str, str],
+                   credentials: TeamCredentials | None = None) -> None:
     def decide(d: Directory) -> _Change:
         if team in d.teams:
             raise IdentityError(f"team {team} exists (spz teams list)")
-        return _Change([TeamAdded(team=team, allowed_infras=allowed_infras, labels=labels)])
+        given = None if credentials is None or credentials.is_empty() else credentials
+        return _Change([TeamAdded(team=team, allowed_infras=allowed_infras, labels=labels, credentials=given)])
 
     await _change(bus, "team", team, decide)
 
 
 async def update_team(bus: Bus, team: str, allowed_infras: list[str] | None = None,
-                      labels: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The team's allowed infras and/or labels replaced (None: kept); returns both as they now are."""
+                      labels: dict[str, str] | None = None,
+                      aws_profile: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The team's allowed infras, labels and/or AWS profile replaced (None: kept; a profile `""`:
+    removed, the server's default again); returns infras and labels as they now are."""
     def decide(d: Directory) -> _Change:
         if team not in d.teams:
             raise IdentityError(f"no team {team} (spz teams list)")
         t = d.teams[team]
         infras = list(t.allowed_infras) if allowed_infras is None else allowed_infras
         new_labels = dict(t.labels) if labels is None else labels
-        return _Change([TeamUpdated(team=team, allowed_infras=infras, labels=new_labels)], (infras, new_labels))
+        # TeamUpdated carries the whole new value of each field (the fold never merges).
+        creds = with_aws_profile(t.credentials, aws_profile)
+        return _Change([TeamUpdated(team=team, allowed_infras=infras, labels=new_labels,
+                                    credentials=None if creds.is_empty() else creds)], (infras, new_labels))
 
     return await _change(bus, "team", team, decide)
 
@@ -138,19 +148,55 @@ async def add_user(bus: Bus, user: str, team: str, role: Role, more_teams: Seque
     return await _change(bus, "user", user, decide)
 
 
-async def add_member(bus: Bus, team: str, user: str, primary: bool = False) -> tuple[str, ...]:
-    """`user` joins `team` (`primary`: it becomes their first team); returns their teams now."""
+def _team_role(d: Directory, user: str, role: str | None) -> None:
+    """A role in one team is member or viewer; admin is deployment-wide (a user's own role)."""
+    if role is None:
+        return
+    if role not in TEAM_ROLES:
+        raise IdentityError(f"{role!r} is not a role in a team (member or viewer): admin is deployment-wide, a "
+                            f"user's own role (spz users add NAME --role admin)")
+    if d.users[user].role == "admin":
+        raise IdentityError(f"{user} is an admin, which is deployment-wide: an admin is one in every team, so a "
+                            f"team's role would change nothing")
+
+
+async def add_member(bus: Bus, team: str, user: str, primary: bool = False,
+                     role: str | None = None) -> tuple[str, ...]:
+    """`user` joins `team` (`primary`: it becomes their first team) with `role` there (None: their
+    own role, UserAdded's); returns their teams now."""
     def decide(d: Directory) -> _Change:
         if user not in d.users:
             raise IdentityError(f"no user {user} (spz users list)")
         _known_team(d, team)
+        _team_role(d, user, role)
         teams = d.users[user].teams
         if team in teams and (not primary or teams[0] == team):
             raise IdentityError(f"{user} is already in team {team} (teams: {', '.join(teams)})")
         if team not in teams and len(teams) >= MAX_TEAMS_PER_USER:
             raise IdentityError(f"{user} is in {len(teams)} teams, the most a user may be in")
         now = (team, *[t for t in teams if t != team]) if primary else (*teams, team)
-        return _Change([UserJoinedTeam(user=user, team=team, primary=primary)], now)
+        joined = UserJoinedTeam(user=user, team=team, primary=primary, role=role)  # type: ignore[arg-type]
+        return _Change([joined], now)
+
+    return await _change(bus, "user", user, decide)
+
+
+async def set_role(bus: Bus, team: str, user: str, role: str) -> dict[str, Role]:
+    """`user`'s role in `team`, one of theirs, set (UserTeamRoleSet); returns their role in each
+    team now. The same role again publishes nothing."""
+    def decide(d: Directory) -> _Change:
+        if user not in d.users:
+            raise IdentityError(f"no user {user} (spz users list)")
+        _known_team(d, team)
+        u = d.users[user]
+        if team not in u.teams:
+            raise IdentityError(f"{user} is not in team {team} (teams: {', '.join(u.teams)}); add them first: "
+                                f"spz teams add-member {team} {user} --role {role}")
+        _team_role(d, user, role)
+        roles = {**u.roles, team: role}
+        if u.role_in(team) == role:
+            return _Change([], roles)
+        return _Change([UserTeamRoleSet(user=user, team=team, role=role)], roles)  # type: ignore[arg-type]
 
     return await _change(bus, "user", user, decide)
 

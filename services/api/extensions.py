@@ -121,7 +121,7 @@ def _principal_of(result: Any, directory: Directory, plugin: str) -> Principal |
         if user is None:
             raise AuthRefused(f"{plugin}: user {result[:63]!r} is not known here; an admin adds them with "
                               f"spz users add NAME --team TEAM")
-        return Principal(user.name, user.team, user.role, teams=user.teams)
+        return user.principal()
     if isinstance(result, Principal):
         # A plug-in's principal must be one the rest of the server can stamp and authorize.
         check_principal_name(result.user, "user name")
@@ -135,6 +135,13 @@ def _principal_of(result: Any, directory: Directory, plugin: str) -> Principal |
 async def authenticate_plugins(plugins: Sequence[Plugin], credentials: Credentials,
                                directory: Directory) -> Principal | None:
     """The first plug-in's principal for these credentials, or None. AuthRefused passes on."""
+    found = await authenticating_plugin(plugins, credentials, directory)
+    return None if found is None else found[1]
+
+
+async def authenticating_plugin(plugins: Sequence[Plugin], credentials: Credentials,
+                                directory: Directory) -> tuple[str, Principal] | None:
+    """The first plug-in to know these credentials, by name, and its principal (health names it)."""
     for p in plugins:
         try:
             who = _principal_of(await _call(p.fn, credentials, directory), directory, p.name)
@@ -144,7 +151,7 @@ async def authenticate_plugins(plugins: Sequence[Plugin], credentials: Credentia
             log.error("authenticator %s failed: %s: %s", p.name, type(exc).__name__, exc)
             continue
         if who is not None:
-            return who
+            return p.name, who
     return None
 
 

@@ -6,7 +6,9 @@ stream for the newest identity event (one direct get per aggregate) and waits, a
 `FRESH_WAIT_S`, until it has seen that one: a token revoked or a user removed is refused from
 the moment the event is in the log, not a follow's latency later. When the log's last sequence
 has not moved since the directory was last found current, nothing can have been revoked: the
-one question (the stream's last sequence) answers it, not two direct gets (bench/api.py).
+one question (the stream's last sequence) answers it, not two direct gets (bench/api.py); requests
+arriving together share that question (logposition.py), each still answered at a position read
+after it arrived.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from skypurza.events.aiotasks import stop_tasks
 from skypurza.events.bus import Bus, stored_from_msg
 
 from .identity import Directory
+from .logposition import SharedReads
 
 log = logging.getLogger("skypurza.api")
 
@@ -42,6 +45,7 @@ class DirectoryFollower:
         self._verified_seq = 0  # the log's last sequence when the directory was last found current
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
+        self.log_seq = SharedReads(bus.last_seq)
 
     def start(self) -> None:
         team, user = naming.identity_filters(self.bus.stage)
@@ -50,6 +54,7 @@ class DirectoryFollower:
 
     async def close(self) -> None:
         await stop_tasks(*self._tasks)
+        await self.log_seq.close()
 
     async def _follow(self, aggregate: str, subject: str) -> None:
         while True:  # a follower that failed starts again after what it saw: never a silent stop
@@ -78,7 +83,7 @@ class DirectoryFollower:
 
     async def current(self, wait_s: float = FRESH_WAIT_S) -> Directory:
         """The directory, once it holds every identity event in the log now."""
-        log_seq = await self.bus.last_seq()
+        log_seq = await self.log_seq.get()
         LOG_SEQ_READ.set(log_seq)
         if log_seq <= self._verified_seq:  # nothing appended since it was found current: it still is
             return self.directory

@@ -1,14 +1,15 @@
 """Who the caller is and what they may do: pure functions over the identity events.
 
 - `Directory` is the fold of the `team` and `user` aggregates (events/identity_events.py): teams,
-  users with their role and teams (the first their primary one: UserAdded's, then each
-  UserJoinedTeam), and each live token's id and sha256. A removed user's tokens
+  users with their teams (the first their primary one: UserAdded's, then each UserJoinedTeam)
+  and their role in each (UserJoinedTeam's `role`, UserTeamRoleSet; absent: the user's own role,
+  UserAdded's; `admin` is deployment-wide), and each live token's id and sha256. A removed user's tokens
   are dead; a new personal token replaces the user's earlier personal ones.
 - `issue_token` makes a token (shown once), its id and its sha256 (the only part on the log).
 - `authenticate` finds the principal of a presented token: the digests are compared with
   `hmac.compare_digest`; the token itself is never kept, logged or put in an error.
 - `authorize` says whether a principal may do an action on something a user and team own, and
-  why not.
+  why not, by the principal's role in that team (`Principal.role_in`).
 
 No I/O here: the API server (services/api/follower.py) and the CLI (cli/cmd_identity.py) read
 the log and hand the events in.
@@ -35,8 +36,10 @@ from skypurza.events.identity_events import (
     UserJoinedTeam,
     UserLeftTeam,
     UserRemoved,
+    UserTeamRoleSet,
 )
 from skypurza.events.registry import Event
+from skypurza.events.team_credentials import NO_CREDENTIALS, TeamCredentials
 
 TOKEN_PREFIX = "spz"
 # `spz_<id>_<secret>`: the id (16 hex digits, on the log) finds the record, the digest of the
@@ -55,19 +58,38 @@ class Token:
     service_account: bool = False
 
 
+_RANK: dict[str, int] = {"viewer": 0, "member": 1, "admin": 2}
+
+
 @dataclass
 class User:
     name: str
     team: str  # the primary team: always teams[0]
-    role: Role
+    role: Role  # the user's own role (UserAdded's): `admin` everywhere, else each team's default
     tokens: dict[str, Token] = field(default_factory=dict)  # token id -> token (live ones only)
     teams: tuple[str, ...] = ()  # every team the user is in, the primary first
+    team_roles: dict[str, Role] = field(default_factory=dict)  # a team's own role, where one was given
 
     def __post_init__(self) -> None:
         if not self.teams:
             self.teams = (self.team,)
 
-    def join(self, team: str, primary: bool) -> None:
+    def role_in(self, team: str) -> Role:
+        # An admin is one in every team: admin is deployment-wide, never a team's.
+        return "admin" if self.role == "admin" else self.team_roles.get(team, self.role)
+
+    @property
+    def roles(self) -> dict[str, Role]:
+        """The user's role in each of their teams, the primary first."""
+        return {t: self.role_in(t) for t in self.teams}
+
+    @property
+    def primary_role(self) -> Role:
+        return self.role_in(self.team)
+
+    def join(self, team: str, primary: bool, role: Role | None = None) -> None:
+        if role is not None:
+            self.team_roles[team] = role
         if team in self.teams and not primary:
             return
         rest = tuple(t for t in self.teams if t != team)
@@ -78,6 +100,11 @@ class User:
         if team in self.teams and len(self.teams) > 1:  # never in no team (the edge refuses it)
             self.teams = tuple(t for t in self.teams if t != team)
             self.team = self.teams[0]
+            self.team_roles.pop(team, None)  # joining again starts from the user's own role
+
+    def principal(self, token_id: str = "", service_account: bool = False) -> "Principal":
+        return Principal(self.name, self.team, self.primary_role, token_id, service_account, self.teams,
+                         tuple(self.roles.items()))
 
 
 @dataclass(frozen=True)
@@ -85,12 +112,15 @@ class Team:
     name: str
     allowed_infras: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    credentials: TeamCredentials = NO_CREDENTIALS  # by reference (events/team_credentials.py)
 
 
 @dataclass(frozen=True)
 class Principal:
     """An authenticated caller. `team` is the one a request is stamped with: the user's primary team,
-    or the workspace `-w` chose (services/api/workspaces.py); `teams` every team the user is in."""
+    or the workspace `-w` chose (services/api/workspaces.py), and `role` their role in it; `teams`
+    every team the user is in, `roles` their role in each (team, role) pairs, hashable: the listing
+    cache keys by the whole principal)."""
 
     user: str
     team: str
@@ -98,10 +128,30 @@ class Principal:
     token_id: str = ""
     service_account: bool = False
     teams: tuple[str, ...] = ()  # empty: `team` only (a plug-in's principal may leave it out)
+    roles: tuple[tuple[str, Role], ...] = ()  # empty: `role` in every team (a plug-in's may leave it out)
 
     @property
     def in_teams(self) -> tuple[str, ...]:
         return self.teams or (self.team,)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin" or any(r == "admin" for _, r in self.roles)
+
+    def role_in(self, team: str | None) -> Role:
+        """The caller's role where a request acts: in a team of theirs, that team's; outside them
+        (another team's clusters, which members read; what belongs to no team), the highest of their
+        roles: a member anywhere reads as a member, and nobody gains a role inside a team by it."""
+        if self.is_admin:
+            return "admin"
+        per_team = dict(self.roles)
+        if team is not None and team in self.in_teams:
+            return per_team.get(team, self.role)
+        return max((*per_team.values(), self.role), key=_RANK.__getitem__)
+
+    def roles_map(self) -> dict[str, Role]:
+        """The caller's role in each of their teams (health's caller, `spz api info`)."""
+        return {t: self.role_in(t) for t in self.in_teams}
 
 
 @dataclass(frozen=True)
@@ -142,7 +192,8 @@ class Directory:
         if isinstance(event, (TeamAdded, TeamUpdated)):
             if isinstance(event, TeamUpdated) and event.team not in self.teams:
                 return  # an update of a team removed meanwhile does not bring it back
-            self.teams[event.team] = Team(event.team, tuple(event.allowed_infras), tuple(sorted(event.labels.items())))
+            self.teams[event.team] = Team(event.team, tuple(event.allowed_infras), tuple(sorted(event.labels.items())),
+                                          event.credentials or NO_CREDENTIALS)
         elif isinstance(event, TeamRemoved):
             self.teams.pop(event.team, None)
         elif isinstance(event, UserAdded):
@@ -151,7 +202,11 @@ class Directory:
             self.users[event.user] = User(event.user, event.team, event.role, dict(old.tokens) if old else {})
         elif isinstance(event, UserJoinedTeam):
             if event.user in self.users:
-                self.users[event.user].join(event.team, event.primary)
+                self.users[event.user].join(event.team, event.primary, event.role)
+        elif isinstance(event, UserTeamRoleSet):
+            user = self.users.get(event.user)
+            if user is not None and event.team in user.teams:  # not theirs (left meanwhile): nothing to set
+                user.team_roles[event.team] = event.role
         elif isinstance(event, UserLeftTeam):
             if event.user in self.users:
                 self.users[event.user].leave(event.team)
@@ -233,7 +288,7 @@ def authenticate(directory: Directory, presented: str | None) -> Principal | Non
     same = hmac.compare_digest(token_digest(presented), expected)
     if token is None or user is None or not same:
         return None
-    return Principal(user.name, user.team, user.role, token.token_id, token.service_account, user.teams)
+    return user.principal(token.token_id, token.service_account)
 
 
 # ---------------------------------------------------------------- authorization
@@ -241,13 +296,14 @@ def authenticate(directory: Directory, presented: str | None) -> Principal | Non
 
 def visible(principal: Principal, rows: Iterable[dict[str, Any]], all_users: bool) -> list[dict[str, Any]]:
     """The rows (clusters, jobs: each with its owner's `user` and `team`) a listing shows: an
-    admin's every row; otherwise their own (a viewer's: their team's), or with `all_users` every
-    row they may read."""
-    mine_only = not all_users and principal.role != "admin"
+    admin's every row; otherwise their own (in a team where they are a viewer: the team's), or with
+    `all_users` every row they may read. The role is the caller's in each row's team."""
+    mine_only = not all_users and not principal.is_admin
     shown = []
     for row in rows:
         owner, team = row.get("user") or "", row.get("team")
-        if mine_only and (owner != principal.user if principal.role != "viewer" else team not in principal.in_teams):
+        viewer_here = principal.role_in(team) == "viewer"
+        if mine_only and (owner != principal.user if not viewer_here else team not in principal.in_teams):
             continue
         if authorize(principal, "read", owner, team).allowed:
             shown.append(row)
@@ -260,10 +316,11 @@ def authorize(principal: Principal, action: Action, owner_user: str | None = Non
 
     admin: everything. member: submits and acts on their own, reads everyone's clusters and
     jobs, sees their own team's logs and their own secrets. viewer: reads their own team's
-    clusters, jobs and logs, nothing else. A user in several teams has each one's reads ("their own
-    team" is any of `principal.in_teams`). Another team's logs and secrets: admins only.
-    Identity (users, teams): admins only."""
-    role, me, my_teams = principal.role, principal.user, principal.in_teams
+    clusters, jobs and logs, nothing else. The role is the caller's in `owner_team` (a user may be a
+    member of one team and a viewer of another; `Principal.role_in`); admin is deployment-wide. A
+    user in several teams has each one's reads ("their own team" is any of `principal.in_teams`).
+    Another team's logs and secrets: admins only. Identity (users, teams): admins only."""
+    role, me, my_teams = principal.role_in(owner_team), principal.user, principal.in_teams
     mine = ", ".join(my_teams)
     owner = owner_user or "(nobody)"
     if role == "admin":
@@ -272,6 +329,9 @@ def authorize(principal: Principal, action: Action, owner_user: str | None = Non
         return Decision(False, "managing users and teams is for admins")
     if role == "viewer":
         if action in ("submit", "act"):
+            if owner_team in my_teams:
+                return Decision(False, f"{me} is a viewer in team {owner_team}: viewers read only (an admin can "
+                                       f"make you a member there: spz teams set-role {owner_team} {me} member)")
             return Decision(False, f"{me} is a viewer: viewers read only (an admin can make you a member)")
         if action == "secrets":
             return Decision(False, "secrets are for their owner and admins; viewers see none")

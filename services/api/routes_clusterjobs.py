@@ -73,7 +73,8 @@ def router(deps: ApiDeps) -> APIRouter:
         if body.wait_for is not None and body.idle_minutes is None:
             raise Problem(422, "invalid-request", "Invalid request",
                           "wait_for goes with idle_minutes (--wait-for with -i)")
-        decision = authorize(who, "submit", who.user, who.team)
+        # Whether they submit anywhere (their highest role); the cluster's team's role is checked below.
+        decision = authorize(who, "submit", who.user, None)
         if not decision.allowed:
             raise forbidden(decision.reason)
         try:
@@ -94,6 +95,9 @@ def router(deps: ApiDeps) -> APIRouter:
             raise conflict(f"cluster {name} is {view.status}" + (f": spz start {name}" if view.status == "STOPPED"
                                                                   else "; it takes jobs once it is UP"))
         who = workspaces.for_cluster(who, view.owner[1])
+        decision = authorize(who, "submit", who.user, who.team)  # a viewer in the team the job is stamped with
+        if not decision.allowed:
+            raise forbidden(decision.reason)
         # As POST /tasks: the policies see the task (overrides applied) and may refuse or change
         # it; the fit and setup decisions below are made on what they leave.
         task = await admitted_task(deps.admission, "cluster_job", who, task, name)

@@ -13,7 +13,9 @@ from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from skypurza.events import naming
-from skypurza.events.identity_events import Role
+from skypurza.events.identity_events import Role, TeamRole
+from skypurza.events.team_credentials import AWS_PROFILE_PATTERN, AWS_PROFILE_RULE, with_aws_profile
+from skypurza.events.team_credentials import to_dict as credentials_dict
 
 from . import directory_io
 from .deps import ApiDeps
@@ -46,6 +48,27 @@ class MemberRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     user: _BodyName
     primary: bool = Field(False, description="Make this the user's primary team (already in it: it moves first).")
+    role: Optional[TeamRole] = Field(None, description="The user's role in this team (member or viewer); left out: "
+                                                       "their own role. Admin is deployment-wide, not a team's.")
+
+
+class MemberRoleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: TeamRole = Field(description="The user's role in this team: member or viewer (admin is deployment-wide).")
+
+
+class AwsCredentialsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    profile: str = Field(min_length=1, max_length=64, pattern=AWS_PROFILE_PATTERN,
+                         description=f"A named profile of the server's AWS credentials/config files ({AWS_PROFILE_RULE}).")
+
+
+class CredentialsBody(BaseModel):
+    """A team's credentials BY REFERENCE (SkyPilot's workspace keys): never a secret."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    aws: AwsCredentialsBody | None = Field(None, description="The team's EC2 clusters are made with this profile; "
+                                                             "null: the server's default credentials.")
 
 
 class TeamRequest(BaseModel):
@@ -54,6 +77,7 @@ class TeamRequest(BaseModel):
     allowed_infras: list[_Infra] = Field(default_factory=list, max_length=100)
     labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=64)
+    credentials: CredentialsBody | None = None
 
 
 class TeamUpdate(BaseModel):
@@ -63,6 +87,14 @@ class TeamUpdate(BaseModel):
     allowed_infras: list[_Infra] | None = Field(default=None, max_length=100)
     labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] | None = Field(
         default=None, max_length=64)
+    credentials: CredentialsBody | None = Field(None, description="The whole new credentials (left out: kept).")
+
+
+def _profile_of(body: CredentialsBody | None) -> str | None:
+    """directory_io's aws_profile: None kept, "" the server's default, else the profile."""
+    if body is None:
+        return None
+    return body.aws.profile if body.aws is not None else ""
 
 
 def _refused(exc: directory_io.IdentityError) -> Problem:
@@ -86,7 +118,9 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.get("/users", summary="Users, their team and role (spz users list); no tokens")
     async def users(who: Principal = only_admin) -> dict[str, Any]:
         d = await directory_io.load_directory(deps.bus())
-        return {"users": [{"name": u.name, "team": u.team, "teams": list(u.teams), "role": u.role,
+        # `role` is the primary team's (as before per-team roles); `roles` each team's.
+        return {"users": [{"name": u.name, "team": u.team, "teams": list(u.teams), "role": u.primary_role,
+                           "roles": u.roles,
                            "tokens": len(u.tokens), "token_ids": sorted(u.tokens),
                            "service_account_token_ids": sorted(t.token_id for t in u.tokens.values()
                                                                if t.service_account)}
@@ -99,8 +133,8 @@ def router(deps: ApiDeps) -> APIRouter:
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         teams = list(dict.fromkeys([body.team, *body.other_teams]))
-        return {"name": body.name, "team": body.team, "teams": teams, "role": body.role, "token": token.token,
-                "token_id": token.token_id}
+        return {"name": body.name, "team": body.team, "teams": teams, "role": body.role,
+                "roles": {t: body.role for t in teams}, "token": token.token, "token_id": token.token_id}
 
     @r.delete("/users/{name}", summary="Remove a user; their tokens die (spz users remove)")
     async def remove_user(name: Name, who: Principal = only_admin) -> dict[str, Any]:
@@ -120,26 +154,32 @@ def router(deps: ApiDeps) -> APIRouter:
             raise _refused(exc)
         return {"name": name, "token": token.token, "token_id": token.token_id, "service_account": service_account}
 
-    @r.get("/teams", summary="Teams and their members (spz teams list)")
-    async def teams(who: Principal = only_admin) -> dict[str, Any]:
+    @r.get("/teams", summary="Teams and their members (spz teams list): an admin's every team, anyone else's "
+                             "their own teams (their workspaces and credentials references) only")
+    async def teams(who: Principal = Depends(deps.principal)) -> dict[str, Any]:
         d = await directory_io.load_directory(deps.bus())
+        # A reference is no secret, but which accounts other teams use is for admins to see.
+        mine = None if authorize(who, "manage").allowed else set(who.in_teams)
         return {"teams": [{"name": t.name, "allowed_infras": list(t.allowed_infras), "labels": dict(t.labels),
-                           "members": d.members(t.name)} for t in sorted(d.teams.values(), key=lambda t: t.name)]}
+                           "credentials": credentials_dict(t.credentials), "members": d.members(t.name)}
+                          for t in sorted(d.teams.values(), key=lambda t: t.name) if mine is None or t.name in mine]}
 
     @r.post("/teams", status_code=201, summary="Add a team (spz teams add)")
     async def add_team(body: TeamRequest, who: Principal = only_admin) -> dict[str, Any]:
         try:
-            await directory_io.add_team(deps.bus(), body.name, list(body.allowed_infras), dict(body.labels))
+            creds = with_aws_profile(None, _profile_of(body.credentials))
+            await directory_io.add_team(deps.bus(), body.name, list(body.allowed_infras), dict(body.labels), creds)
         except directory_io.IdentityError as exc:
             raise _refused(exc)
-        return {"name": body.name, "allowed_infras": list(body.allowed_infras), "labels": dict(body.labels)}
+        return {"name": body.name, "allowed_infras": list(body.allowed_infras), "labels": dict(body.labels),
+                "credentials": credentials_dict(creds)}
 
     @r.patch("/teams/{name}", summary="Replace a team's allowed infras and/or labels (spz teams update)")
     async def update_team(name: Name, body: TeamUpdate, who: Principal = only_admin) -> dict[str, Any]:
         try:
             infras, labels = await directory_io.update_team(
                 deps.bus(), name, None if body.allowed_infras is None else list(body.allowed_infras),
-                None if body.labels is None else dict(body.labels))
+                None if body.labels is None else dict(body.labels), _profile_of(body.credentials))
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         return {"name": name, "allowed_infras": infras, "labels": labels}
@@ -148,10 +188,19 @@ def router(deps: ApiDeps) -> APIRouter:
             summary="A user joins the team, one more workspace for -w (spz teams add-member)")
     async def add_member(name: Name, body: MemberRequest, who: Principal = only_admin) -> dict[str, Any]:
         try:
-            teams = await directory_io.add_member(deps.bus(), name, body.user, body.primary)
+            teams = await directory_io.add_member(deps.bus(), name, body.user, body.primary, body.role)
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         return {"team": name, "user": body.user, "teams": list(teams)}
+
+    @r.patch("/teams/{name}/members/{user}",
+             summary="Set a member's role in this team: member or viewer (spz teams set-role)")
+    async def set_role(name: Name, user: Name, body: MemberRoleRequest, who: Principal = only_admin) -> dict[str, Any]:
+        try:
+            roles = await directory_io.set_role(deps.bus(), name, user, body.role)
+        except directory_io.IdentityError as exc:
+            raise _refused(exc)
+        return {"team": name, "user": user, "role": body.role, "roles": roles}
 
     @r.delete("/teams/{name}/members/{user}",
               summary="A user leaves the team; not their last one (spz teams remove-member)")

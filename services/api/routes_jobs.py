@@ -158,6 +158,8 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
     @r.post("/jobs", status_code=202, summary="Launch managed jobs: a task, a pipeline, a job group, num_jobs of "
                                               "it (spz jobs launch)")
     async def submit(body: JobRequest, who: Principal = caller) -> dict[str, Any]:
+        # The workspace first: the caller's role in it (not their primary team's) decides.
+        who, defaults = workspaces.resolve(who, body.workspace, await deps.directory())
         decision = authorize(who, "submit", who.user, who.team)
         if not decision.allowed:
             raise forbidden(decision.reason)
@@ -169,7 +171,6 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
         except PlanError as exc:
             raise Problem(422, "invalid-request", "Invalid request", str(exc))
-        who, defaults = workspaces.resolve(who, body.workspace, await deps.directory())
         tasks = [await admitted_task(deps.admission, "managed_job", who, t) for t in loaded.tasks]
         publics = [workspaces.with_default_labels(t.public_dict(), defaults) for t in tasks]
 
@@ -267,9 +268,9 @@ def router(deps: ApiDeps, slots: StreamSlots | None = None) -> APIRouter:
             until = when.isoformat()
         # A member or viewer: one team of theirs only (the primary, or -w), by any grouping (the
         # ledger cuts it); an admin: everyone's, or the team -w names.
-        if workspace is not None and who.role != "admin" and workspace not in who.in_teams:
+        if workspace is not None and not who.is_admin and workspace not in who.in_teams:
             raise forbidden(workspaces.not_in_team(who, workspace))
-        team = workspace if who.role == "admin" else (workspace or who.team)
+        team = workspace if who.is_admin else (workspace or who.team)
         b = deps.bus()
         try:
             report = await ledger_queries.cost_report(b, by=by, since=since, until=until, min_seq=await b.last_seq(),

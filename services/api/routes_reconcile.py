@@ -40,11 +40,13 @@ class ReconcileRequest(BaseModel):
 
 def may_reconcile(who: Principal, terminate: bool) -> str | None:
     """Why `who` may not ask this pass, or None."""
-    if not authorize(who, "submit", who.user, who.team).allowed:
-        return f"{who.user} is a {who.role}: a reconciliation records what it finds, so it is for members and admins"
-    if terminate and who.role != "admin":
+    # It belongs to no team: the caller's highest role decides (a member of any team may ask it).
+    role = who.role_in(None)
+    if not authorize(who, "submit", who.user, None).allowed:
+        return f"{who.user} is a {role}: a reconciliation records what it finds, so it is for members and admins"
+    if terminate and not who.is_admin:
         return ("--terminate-orphans terminates instances no live cluster owns (anyone's): it is for admins "
-                f"(you are {who.user}, {who.role}); spz status -r without it reports them")
+                f"(you are {who.user}, {role}); spz status -r without it reports them")
     return None
 
 

@@ -50,12 +50,13 @@ def _last_event_id(value: str | None) -> int | None:
 
 
 def may_see(who: Principal, aggregate: str, owner: Owner | None) -> bool:
-    """Whether an event of `aggregate` owned by `owner` goes to `who`'s events stream."""
-    if who.role == "admin":
+    """Whether an event of `aggregate` owned by `owner` goes to `who`'s events stream (by the
+    caller's role in the owner's team)."""
+    if who.is_admin:
         return True
     if aggregate not in ("cluster", "task") or owner is None:
         return False
-    if who.role == "viewer":
+    if who.role_in(owner[1]) == "viewer":
         return owner[1] in who.in_teams
     return owner[0] == who.user
 

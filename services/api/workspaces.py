@@ -7,7 +7,8 @@ and leaving it out means their primary (first) team. The submission is stamped w
 (events/principal.py), which is what the ledger bills and dispatch queues by. A member or viewer
 cannot name a team they are not in (403 with their teams); an admin may submit into any team's
 workspace. A job queued on a cluster that exists (`spz exec`) joins that cluster's team
-(`for_cluster`). Pure: the directory is passed in.
+(`for_cluster`). The principal returned carries the caller's role in that team (a member of ml may be a
+viewer of cv), which is what authorizes the submission. Pure: the directory is passed in.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def resolve(who: Principal, workspace: str | None, directory: Directory) -> tupl
     """The principal to stamp (its team the workspace) and the workspace's default labels."""
     mine = who.in_teams
     team = workspace or who.team
-    if team not in mine and who.role != "admin":
+    if team not in mine and not who.is_admin:
         raise forbidden(not_in_team(who, team))
     known = directory.teams.get(team)
     if known is None:
@@ -45,13 +46,16 @@ def for_cluster(who: Principal, cluster_team: str | None) -> Principal:
     """The principal a job queued on an existing cluster is stamped with: the cluster's team when
     the caller is in it (or an admin), so the job is billed and queued with the cluster it runs
     on; else the caller's primary team (a member who has left the cluster's team since)."""
-    if cluster_team and (who.role == "admin" or cluster_team in who.in_teams):
+    if cluster_team and (who.is_admin or cluster_team in who.in_teams):
         return _in(who, cluster_team)
     return who
 
 
 def _in(who: Principal, team: str) -> Principal:
-    return who if team == who.team else dataclasses.replace(who, team=team, teams=who.in_teams)
+    # The role goes with the team: the caller's role in the workspace is what authorizes the request.
+    if team == who.team:
+        return who
+    return dataclasses.replace(who, team=team, teams=who.in_teams, role=who.role_in(team))
 
 
 def with_default_labels(public: Mapping[str, Any], defaults: Mapping[str, str]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 `aws` is the AwsAdapter configured from the settings (botocore reads credentials and
 AWS_ENDPOINT_URL itself); `local` is the LocalAdapter, imported only when a local placement
-arrives, so this module works in builds without it.
+arrives, so this module works in builds without it. A team whose workspace names an AWS profile
+(teamcreds.py) gets an AwsAdapter of its own over `aioboto3.Session(profile_name=...)`, one per
+profile, kept like the others.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from skypurza.events.team_credentials import TeamCredentials
 
 from .adapter import ComputeBackend
 from .settings import ProvisionerSettings
@@ -23,6 +27,15 @@ KNOWN = ("aws", "local", "kubernetes", "slurm")
 
 class UnsupportedInfra(Exception):
     pass
+
+
+class CredentialsNotFound(Exception):
+    """A team's credentials reference names nothing this server holds (an AWS profile not in its
+    shared credentials/config files): its clusters cannot be made, and no other place fixes it."""
+
+    def __init__(self, team: str, what: str, hint: str) -> None:
+        super().__init__(f"team {team}'s {what} is not on this server: {hint}")
+        self.team = team
 
 
 class Backends:
@@ -38,22 +51,40 @@ class Backends:
     def has(self, infra: str) -> bool:
         return infra in self._made
 
-    def get(self, infra: str) -> ComputeBackend:
-        backend = self._made.get(infra)
+    def get(self, infra: str, credentials: TeamCredentials | None = None, *, team: str = "") -> ComputeBackend:
+        """The backend of `infra`, made with a team's `credentials` where they name some for it
+        (one backend per reference, kept: an AWS profile is one aioboto3 Session); else the
+        server's default. CredentialsNotFound when the reference names nothing here."""
+        key = credentials_key(infra, credentials)
+        backend = self._made.get(key)
         if backend is None:
-            backend = self._make(infra)
-            self._made[infra] = backend
+            backend = self._make(infra) if key == infra else self._make_for(infra, credentials, team)
+            self._made[key] = backend
         return backend
+
+    def is_default(self, infra: str, credentials: TeamCredentials | None) -> bool:
+        return credentials_key(infra, credentials) == infra
+
+    def _make_for(self, infra: str, credentials: TeamCredentials | None, team: str) -> ComputeBackend:
+        assert infra == "aws" and credentials is not None and credentials.aws is not None
+        import aioboto3
+        from botocore.exceptions import ProfileNotFound
+
+        profile = credentials.aws.profile
+        try:
+            session = aioboto3.Session(profile_name=profile)
+        except ProfileNotFound:
+            raise CredentialsNotFound(
+                team or "?", f"AWS profile {profile}",
+                "add it to the server's AWS credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials) "
+                f"or config file, or change the team's: spz teams update {team or 'TEAM'} --aws-profile NAME "
+                "('' for the server's default)") from None
+        return self._aws(session)
 
     def _make(self, infra: str) -> ComputeBackend:
         s = self.settings
         if infra == "aws":
-            from .aws import AwsAdapter
-            from .aws_retry import RetryOptions
-
-            return AwsAdapter(regions=s.aws_regions, poll_interval=s.aws_poll_s,
-                              launch_timeout=s.aws_launch_timeout_s,
-                              retry=RetryOptions(max_attempts=s.aws_max_attempts, base_delay=s.aws_retry_base_s))
+            return self._aws(None)
         if infra == "local":
             try:
                 from .local import LocalAdapter  # type: ignore[import-not-found]
@@ -87,6 +118,15 @@ class Backends:
             return SlurmAdapter(self.nats_url, self.stage, root, user_config=user)
         raise UnsupportedInfra(f"infra {infra!r} has no backend here (known: {', '.join(KNOWN)})")
 
+    def _aws(self, session: Any) -> ComputeBackend:
+        from .aws import AwsAdapter
+        from .aws_retry import RetryOptions
+
+        s = self.settings
+        return AwsAdapter(session=session, regions=s.aws_regions, poll_interval=s.aws_poll_s,
+                          launch_timeout=s.aws_launch_timeout_s,
+                          retry=RetryOptions(max_attempts=s.aws_max_attempts, base_delay=s.aws_retry_base_s))
+
     async def aws_regions(self) -> tuple[str, ...]:
         """The enabled AWS regions: configured, else those EC2 lists for the account."""
         if self.settings.aws_regions:
@@ -102,6 +142,13 @@ class Backends:
                 await backend.close()
             except Exception:  # closing must not hide the reason we are shutting down
                 log.exception("closing the %s backend failed", infra)
+
+
+def credentials_key(infra: str, credentials: TeamCredentials | None) -> str:
+    """Pure: which backend instance serves `infra` with these credentials (`aws@PROFILE`, else `infra`)."""
+    if infra == "aws" and credentials is not None and credentials.aws is not None:
+        return f"aws@{credentials.aws.profile}"
+    return infra
 
 
 async def _describe_regions() -> tuple[str, ...]:

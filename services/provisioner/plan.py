@@ -52,9 +52,11 @@ def failure_event(err: ProvisionError, placement: PlacementChosen, placement_id:
     )
 
 
-def provision_failed(placement: PlacementChosen, placement_id: str, code: str, message: str) -> ProvisionFailed:
+def provision_failed(placement: PlacementChosen, placement_id: str, code: str, message: str,
+                     error_class: str = "other") -> ProvisionFailed:
     return ProvisionFailed(task_id=placement.task_id, cluster=placement.cluster, placement_id=placement_id,
-                           candidate=placement.candidate, error_class="other", code=code, message=message)
+                           candidate=placement.candidate, error_class=error_class,  # type: ignore[arg-type]
+                           code=code, message=message)
 
 
 def matching_request(requests: Sequence[ResourceRequest], candidate: Candidate) -> ResourceRequest | None:

@@ -26,6 +26,10 @@
   (reason "vanished") is published, so status and cost follow the cloud. Its id is derived from
   the cluster's placement, so any number of passes (or two reconcilers) publish it once; clusters
   younger than `grace_s`, or being launched or torn down by this process, are left alone.
+- AWS is listed with the server's default credentials: a live cluster whose team has had an AWS
+  profile of its own (teamcreds.py) may be in another account, so it is never called vanished for
+  not being in this listing (`listed_elsewhere_kept`); its nodes, where this account does show
+  them, are still accounted for, never orphans.
 - With `terminate=True` the pass also sweeps unused per-stage resources (security groups, key
   pair, placement groups) from every region the stage touched (cleanup.py).
 """
@@ -44,7 +48,7 @@ from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.envelope import derive_id
 from skypurza.events.models import ClusterProvisioned, ClusterTerminated, OrphanFound
 
-from . import cleanup, k8s_manifest
+from . import cleanup, k8s_manifest, teamcreds
 
 from .adapter import NodeInfo, ObjectOwner, OwnedObject, PartialListing, find_orphans
 from .backends import Backends, UnsupportedInfra
@@ -147,6 +151,13 @@ def unseen_kept(vanished: dict[str, tuple[str, ...]], live: dict[str, ClusterPro
             if c not in live or live[c].candidate.region not in unlisted}
 
 
+def listed_elsewhere_kept(vanished: dict[str, tuple[str, ...]], elsewhere: Collection[str]
+                          ) -> dict[str, tuple[str, ...]]:
+    """Pure: `vanished` without the clusters made in another account than the one listed (a
+    team's own AWS profile): their nodes are not in this listing, which says nothing of them."""
+    return {c: ids for c, ids in vanished.items() if c not in elsewhere}
+
+
 def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
                    launching: Collection[str] = ()) -> dict[str, list[str]]:
     """Pure: cluster -> node ids the log knows, for one infra (launching clusters: any node)."""
@@ -227,6 +238,8 @@ async def reconcile(
         report.checked[infra] = [r for r in regions or [] if r not in unlisted]
         orphans, vanished = find_orphans(owned, expected_nodes(live, infra, launching))
         vanished = unseen_kept(vanished, live, unlisted)
+        if infra == "aws":  # the listing is the server's default account's only
+            vanished = listed_elsewhere_kept(vanished, await _own_accounts(bus, live))
         orphans = old_enough(orphans, now, grace_s)
         report.vanished.update(vanished)
         for cluster, ids in vanished.items():
@@ -255,6 +268,14 @@ async def reconcile(
     if terminate:
         await _sweep(bus, backends, report, cleanup_policy or cleanup.RetryPolicy(), now)
     return report
+
+
+async def _own_accounts(bus: Bus, live: dict[str, ClusterProvisioned]) -> set[str]:
+    """The live AWS clusters whose team has had an AWS profile of its own (teamcreds.py): their
+    nodes may be in another account than the one listed, so not seeing them says nothing."""
+    teams = {ev.team for ev in live.values() if ev.candidate.infra == "aws" and ev.team}
+    own = {t for t in teams if (await teamcreds.load_history(bus, t)).ever_aws()}
+    return {c for c, ev in live.items() if ev.team in own}
 
 
 async def _reconcile_objects(bus: Bus, backend: ObjectOwner, infra: str, report: ReconcileReport, *,

@@ -82,11 +82,13 @@ from skypurza.events.models import (
     TaskSubmitted,
 )
 from skypurza.events.contract import BusAccess
+from skypurza.events.identity_events import TeamAdded, TeamRemoved, TeamUpdated
 from skypurza.events.provisioner_queries import SERVICE as QUERY_SERVICE
 from skypurza.events.service import Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
 from skypurza.events.slurm_config import slurm_config_path
+from skypurza.events.team_credentials import NO_CREDENTIALS, TeamCredentials
 
-from . import cleanup, plan, userdata
+from . import cleanup, plan, teamcreds, userdata
 from .adapter import (
     CapacityError,
     ClusterRef,
@@ -97,7 +99,7 @@ from .adapter import (
     ProvisionError,
     TransientProvisionError,
 )
-from .backends import Backends, UnsupportedInfra
+from .backends import Backends, CredentialsNotFound, UnsupportedInfra
 from .reconcile import ReconcileReport, reconcile, refresh_infras
 from .settings import ProvisionerSettings
 from .state import ClusterState, event_with_id, live_clusters, load_cluster_state, placement_outcome
@@ -113,9 +115,11 @@ CONTRACT = ServiceContract(
     consumes=(PlacementChosen, DownRequested, StopRequested, StartRequested, ClusterIdle),
     emits=(ClusterProvisioned, JobQueued, CapacityErrorEvent, ProvisionFailed, ClusterTerminated, CleanupFailed,
            ClusterStopped, ClusterStarted, OrphanFound, SlurmAllocationAccounted),
-    reads=(TaskSubmitted, CleanupFailed),
+    reads=(TaskSubmitted, CleanupFailed, TeamAdded, TeamUpdated, TeamRemoved),
     delivery=InOrder(),
     consume_notes={TaskSubmitted: "reads the task", CleanupFailed: "bounded retries with back-off",
+                   TeamAdded: "the team's credentials", TeamUpdated: "the team's credentials",
+                   TeamRemoved: "the team's credentials",
                    PlacementChosen: "launches", DownRequested: "terminates", StopRequested: "stops",
                    StartRequested: "starts", ClusterIdle: "stop, or terminate with down"},
     emit_notes={JobQueued: "first job", ClusterTerminated: "teardown, reconciliation",
@@ -278,9 +282,14 @@ class ProvisionerService:
             return [ClusterTerminated(cluster=pc.cluster, terminated_at=self.clock.now(),
                                       reason="down requested before launch", instance_ids=[]), failed]
         try:
-            backend = self.backends.get(pc.candidate.infra)
+            creds = await self._team_credentials(pc.candidate.infra, submitted.team)
+            backend = self.backends.get(pc.candidate.infra, creds, team=submitted.team or "")
         except UnsupportedInfra as exc:
             return [plan.provision_failed(pc, placement_id, "UnsupportedInfra", str(exc))]
+        except CredentialsNotFound as exc:
+            # Not a capacity error: another place of the same team needs the same profile.
+            log.warning("launch of %s refused: %s", pc.cluster, exc)
+            return [plan.provision_failed(pc, placement_id, "CredentialsNotFound", str(exc), error_class="auth")]
         self._launching.add(pc.cluster)  # before its bus user is minted (sync_agent_users keeps it)
         try:
             spec = await self._launch_spec(stored, pc, placement_id, submitted)
@@ -466,10 +475,25 @@ class ProvisionerService:
         if not state.live or state.infra is None:
             return state, None
         try:
-            return state, self.backends.get(state.infra)
-        except UnsupportedInfra as exc:
+            return state, self.backends.get(state.infra, await self._launched_with(state), team=self._team_of(state))
+        except (UnsupportedInfra, CredentialsNotFound) as exc:
             log.error("cluster %s: %s", cluster, exc)
             return state, None
+
+    @staticmethod
+    def _team_of(state: ClusterState) -> str:
+        return (state.provisioned.team if state.provisioned is not None else None) or ""
+
+    async def _launched_with(self, state: ClusterState) -> TeamCredentials:
+        """The credentials the cluster's team had when it was launched (teamcreds.py: a team moved
+        to another account since still reaches its running nodes where they are)."""
+        return await self._team_credentials(state.infra or "", self._team_of(state), state.provisioned_seq)
+
+    async def _team_credentials(self, infra: str, team: str | None, seq: int | None = None) -> TeamCredentials:
+        """The team's credentials at `seq` (None: now); only AWS takes any yet, so no read for the others."""
+        if infra != "aws" or not team:
+            return NO_CREDENTIALS
+        return (await teamcreds.load_history(self.bus, team)).as_of(seq)
 
     @handles(DownRequested)
     async def on_down(self, stored: Stored, ctx: EmitContext) -> Reactions:
@@ -507,8 +531,11 @@ class ProvisionerService:
             ids = await backend.terminate(state.ref(self.bus.stage), release=False)
             ended = self.clock.now()
             await self._publish_accounts(ctx.publish, backend, state.cluster)
-            if region:
-                await self._release_after_teardown(ctx, state.cluster, state.provisioned.candidate.infra, region)
+            infra = state.provisioned.candidate.infra
+            if region and not self.backends.is_default(infra, await self._launched_with(state)):
+                await self._release_team_region(backend, state.cluster, region)
+            elif region:
+                await self._release_after_teardown(ctx, state.cluster, infra, region)
             known = [n.instance_id for n in state.nodes]
             event = ClusterTerminated(cluster=state.cluster, terminated_at=ended, reason=reason,
                                       instance_ids=sorted(set(known) | set(ids)))
@@ -531,6 +558,20 @@ class ProvisionerService:
         except Exception:  # never a blocker of ClusterTerminated; the sweep retries
             log.exception("cluster %s: releasing resources in %s failed; the background sweep retries", cluster,
                           region)
+
+    async def _release_team_region(self, backend: ComputeBackend, cluster: str, region: str) -> None:
+        """A team account's unused per-stage resources in the cluster's region, released once and
+        bounded: the background sweep lists the server's default account only (docs/backend-aws.md)."""
+        try:
+            report = await asyncio.wait_for(backend.release_unused(self.bus.stage, [region]),
+                                            max(0.1, self.settings.cleanup_wait_s))
+            for f in report.failures:
+                log.warning("cluster %s: %s %s in %s (its team's account) not released: %s", cluster,
+                            f.resource_type, f.resource, region, f.failure.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never a blocker of ClusterTerminated
+            log.warning("cluster %s: releasing its team account's resources in %s failed: %s", cluster, region, exc)
 
     def _cleanup_policy(self) -> cleanup.RetryPolicy:
         return cleanup.RetryPolicy(attempts=max(1, self.settings.cleanup_attempts),

@@ -216,9 +216,14 @@ def fakeaws_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeAws
     stop_fakeaws(server)
 
 
+def another_account(server: FakeAwsServer) -> FakeAws:
+    """One more fresh account on the server (a team's own AWS account); clear its faults after."""
+    return FakeAws(server, account_id=f"{next(_accounts):012d}")
+
+
 @pytest.fixture
 def fake_aws(fakeaws_server: FakeAwsServer) -> Iterator[FakeAws]:
-    aws = FakeAws(fakeaws_server, account_id=f"{next(_accounts):012d}")
+    aws = another_account(fakeaws_server)
     yield aws
     aws.clear_faults()
     aws.clear_requests()

@@ -1,0 +1,62 @@
+"""A team's infra credentials, by reference: which of the server's own accounts its clusters use.
+
+Modelled on SkyPilot 0.14.1's `workspaces:` config (`aws: {profile: NAME}`): a reference names
+something the server already holds (a profile of its AWS shared credentials/config files), never
+a secret, so it may be on the log (TeamAdded / TeamUpdated `credentials`). The models stay
+lenient, as every event model does (a newer writer's key is ignored); `check_credentials` is the
+edge's rule (CLI, API server), with a message that names the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+# AWS's own profile names are letters, digits and `-_.` in practice (`aws configure --profile`);
+# 64 is far above any real one and keeps a log line bounded.
+AWS_PROFILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+AWS_PROFILE_RULE = "1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"
+_AWS_PROFILE_RE = re.compile(AWS_PROFILE_PATTERN)
+
+
+class AwsCredentials(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    profile: str  # a named profile of the server's AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE
+
+
+class TeamCredentials(BaseModel):
+    """Per infra, the reference a team's clusters are made with; an infra left out: the server's default."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    aws: AwsCredentials | None = None
+
+    def is_empty(self) -> bool:
+        return self.aws is None
+
+
+NO_CREDENTIALS = TeamCredentials()
+
+
+def check_aws_profile(value: object) -> str:
+    """An AWS profile name, checked at the edge; ValueError names the key and what is accepted."""
+    if not isinstance(value, str) or not _AWS_PROFILE_RE.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 70 else repr(value[:67] + "...")
+        raise ValueError(f"invalid credentials.aws.profile {shown}: use {AWS_PROFILE_RULE}")
+    return value
+
+
+def with_aws_profile(creds: TeamCredentials | None, profile: str | None) -> TeamCredentials:
+    """`creds` with the AWS profile set (`""`: removed, the server's default again; None: kept)."""
+    creds = creds or NO_CREDENTIALS
+    if profile is None:
+        return creds
+    if profile == "":
+        return creds.model_copy(update={"aws": None})
+    return creds.model_copy(update={"aws": AwsCredentials(profile=check_aws_profile(profile))})
+
+
+def to_dict(creds: TeamCredentials | None) -> dict[str, Any]:
+    """The credentials as a listing shows them (SkyPilot's shape): `{"aws": {"profile": ...}}`."""
+    return (creds or NO_CREDENTIALS).model_dump(exclude_none=True)

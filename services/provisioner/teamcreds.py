@@ -1,0 +1,78 @@
+"""With which credentials a team's clusters are made: its references, folded from the log.
+
+A team's workspace may name an AWS profile (TeamAdded / TeamUpdated `credentials`,
+events/team_credentials.py); a team without one, and a cluster of no team, use the server's
+default credentials, as before. Which team: the submission's (the API server writes its stamp
+there; on the embedded bus the CLI chose it), which ClusterProvisioned repeats.
+
+A cluster is torn down, stopped and started with the credentials its team had when it was
+launched (`as_of` its ClusterProvisioned's sequence): an admin moving a team to another account
+must not leave the team's running nodes unreachable, nor have a teardown look for them in the new
+account, find none and call the cluster gone while the old account bills on. Pure, but for
+`load_history`, which reads the team's events (a handful per team).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from skypurza.events import naming
+from skypurza.events.bus import Bus, Stored
+from skypurza.events.identity_events import TeamAdded, TeamRemoved, TeamUpdated
+from skypurza.events.team_credentials import NO_CREDENTIALS, TeamCredentials
+
+from .state import replay_all
+
+TEAM_EVENTS = (TeamAdded, TeamUpdated, TeamRemoved)
+
+
+@dataclass(frozen=True)
+class TeamHistory:
+    """(sequence, the team's credentials from then on), oldest first."""
+
+    team: str
+    changes: tuple[tuple[int, TeamCredentials], ...] = ()
+
+    def as_of(self, seq: int | None = None) -> TeamCredentials:
+        """The credentials in force at stream sequence `seq` (None: now)."""
+        found = NO_CREDENTIALS
+        for at, creds in self.changes:
+            if seq is not None and at > seq:
+                break
+            found = creds
+        return found
+
+    def ever_aws(self) -> bool:
+        """Whether the team's clusters may have been made with a profile of its own at some time."""
+        return any(c.aws is not None for _, c in self.changes)
+
+
+def fold(team: str, events: Iterable[Stored]) -> TeamHistory:
+    """Pure: the team's credential changes from its events, in stream order (the directory's rules:
+    an update of a removed team does not bring it back; a removed team has none)."""
+    changes: list[tuple[int, TeamCredentials]] = []
+    exists = False
+    for s in sorted(events, key=lambda s: s.seq):
+        ev = s.event
+        if isinstance(ev, TeamAdded) or (isinstance(ev, TeamUpdated) and exists):
+            exists = True
+            changes.append((s.seq, ev.credentials or NO_CREDENTIALS))
+        elif isinstance(ev, TeamRemoved):
+            exists = False
+            changes.append((s.seq, NO_CREDENTIALS))
+    return TeamHistory(team, tuple(changes))
+
+
+async def load_history(bus: Bus, team: str | None) -> TeamHistory:
+    """The team's history from the log; an empty one for no team or a name no team can have
+    (a submission's own `team` on the embedded bus is whatever the CLI wrote)."""
+    try:
+        naming.check_principal_name(team, "team")
+    except ValueError:
+        return TeamHistory(team or "")
+    assert team is not None
+    events: list[Stored] = []
+    for event in TEAM_EVENTS:
+        events += await replay_all(bus, naming.event_subject(bus.stage, "team", team, event.EVENT_NAME))
+    return fold(team, events)
