@@ -206,13 +206,15 @@ class LeanClient:
 
     async def send(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.conn is None or self.conn[0].is_closing():  # (the server closes an idle keep-alive: 5 s)
-            self.conn = await asyncio.get_running_loop().create_connection(_Received, self.host, self.port)  # type: ignore[assignment]
+            transport, got = await asyncio.get_running_loop().create_connection(_Received, self.host, self.port)
+            self.conn = (transport, got)  # type: ignore[assignment]
         transport, got = self.conn  # type: ignore[misc]
         got.n, got.head_end, got.length = 0, -1, -1
         got.done = asyncio.get_running_loop().create_future()
         extra = (b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n"
                  if body else b"")
-        transport.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth + extra + b"\r\n" + body)
+        transport.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth + extra + b"\r\n"
+                        + body)
         await asyncio.wait_for(got.done, 60)
         head = bytes(got.buf[:got.head_end])
         content = bytes(memoryview(got.buf)[got.head_end:got.head_end + got.length])

@@ -338,6 +338,8 @@ class Supervisor:
         now = time.monotonic()
         if child.restart_at is None:
             child.last_exit = child.proc.returncode if child.proc else None
+            if child is self.worker and child.last_exit == 0:
+                child.failures_in_a_row = 0  # the CLI worker left for changed code: back at once
             child.failures_in_a_row += 1
             delay = restart_delay(child.failures_in_a_row, child.first_delay, child.max_delay)
             child.restart_at = now + delay

@@ -421,6 +421,10 @@ class Worker:
         """The forked monitor of one request. Never returns (the command raises _Command)."""
         try:
             self.listener.close()
+            # A session of its own: what signals or stops the control plane's processes (its
+            # process group, `spz api stop`) never cuts a user's command short; cold, it would
+            # not either.
+            os.setsid()
             _set_name(MONITOR_NAME)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             log_fd = os.dup(2)

@@ -33,7 +33,8 @@ from skypurza.events import status_queries as sq
 from skypurza.events.cluster_events import ClusterProvisioned
 from skypurza.events.types import NodeInfo
 from skypurza.services.api.directory_io import add_team, add_user
-from skypurza.services.api.listing import Listing, accepts_gzip, etag_of
+from skypurza.services.api.listing import (GZIP_MIN_BYTES, GZIP_OFF_LOOP_BYTES, Listing, accepts_gzip, etag_of,
+                                           make_listing)
 from skypurza.services.api.logposition import SharedReads
 from skypurza.services.status.answers import AnswerCache, answer_key
 from skypurza.services.status.service import StatusService
@@ -184,6 +185,21 @@ def test_a_gzip_answer_is_the_same_json_and_only_for_a_client_that_asks(nats_ser
     # What httpx does by itself (it asks for gzip and decodes): the same JSON as uncompressed.
     assert api.http.get("/api/v1/clusters", params={"all_users": "true"}, headers=api.as_(tok["root"])).json() \
         == json.loads(raw("identity")[2])
+
+
+def test_a_body_is_compressed_where_that_gains_and_off_the_loop_when_big() -> None:
+    async def main() -> None:
+        rows = b",".join(b'{"name":"c%05d","status":"UP","nodes":[]}' % i for i in range(40_000))
+        big = await make_listing(3, b'{"clusters":[' + rows + b"]}")  # > GZIP_OFF_LOOP_BYTES: on a thread
+        assert len(big.body) > GZIP_OFF_LOOP_BYTES and big.gzipped is not None
+        assert gzip.decompress(big.gzipped) == big.body and big.etag == etag_of(big.body)
+        assert big.size == len(big.body) + len(big.gzipped)
+        small = await make_listing(3, b'{"clusters":[]}')
+        assert small.gzipped is None and small.size == len(small.body)
+        noise = await make_listing(3, os.urandom(GZIP_MIN_BYTES * 2))  # gains nothing: not kept twice
+        assert noise.gzipped is None
+
+    asyncio.run(main())
 
 
 def test_accept_encoding_is_read_as_rfc_9110_says() -> None:

@@ -119,8 +119,9 @@ def both(plane: Plane, *args: str, env: dict[str, str] | None = None, input: str
         lines = plane.warm_lines()[before:]
         # Another engineer's edit of the package made the worker stale (it must not run old code):
         # that command ran cold, rightly; the next worker has the new code.
-        if not (warm and not lines and (plane.worker().get("last_cold") or "").startswith("stale")
-                or plane.worker().get("pid") != pid and not lines):
+        stale_meanwhile = not lines and ((plane.worker().get("last_cold") or "").startswith("stale")
+                                         or plane.worker().get("pid") != pid)
+        if not (warm and stale_meanwhile):
             break
     if warm:
         assert [line["argv"] for line in lines] == [list(args)], f"{args} did not run in the worker: {plane.worker()}"
@@ -347,6 +348,16 @@ def test_the_decisions_the_worker_and_client_make() -> None:
     assert "PYTHONHASHSEED" in proto.env_mismatch(w, {**w, "PYTHONHASHSEED": "0"}, frozenset())
     assert proto.env_mismatch(w, {**w, "X": "1"}, frozenset({"*"})) is not None
     assert proto.exit_status(3 << 8) == {"exit": 3} and proto.exit_status(signal.SIGKILL) == {"signal": 9}
+    # The plane runs a worker unless started with SKYPURZA_CLI_WORKER=0; `spz api stop` knows it by
+    # its command line, and never takes a user's command it forked (named spz-command) for it.
+    from skypurza.cli import planeprocs
+    from skypurza.cli.supervisor import cli_worker_wanted
+
+    assert cli_worker_wanted({}) and not cli_worker_wanted({"SKYPURZA_CLI_WORKER": "0"})
+    argv = ["python", "-m", planeprocs.WORKER_MODULE, "--stage", "s", planeprocs.CONTROL_PLANE_FLAG, "/h/s"]
+    assert planeprocs.classify(argv, "/h/s", "/h/s/jetstream/nats.conf", "s", None) == "cli-worker"
+    assert planeprocs.classify(argv, "/h/t", "/h/t/jetstream/nats.conf", "t", None) is None
+    assert set(planeprocs.FORKED_BY_WORKER) == {"spz-command", "spz-monitor"}
 
 
 def test_messages_are_framed_and_bounded() -> None:
@@ -364,3 +375,23 @@ def test_messages_are_framed_and_bounded() -> None:
         a.sendall(b"\0\0\0\x02[]")
         with pytest.raises(proto.ProtocolError):
             proto.recv(b)
+
+
+def test_the_client_stays_light_and_finds_the_stage_as_the_cli_does(tmp_path: Path, monkeypatch) -> None:
+    """The client runs before anything else of every allowlisted command: with no worker to talk
+    to it imports nothing but the stage's naming (a real process, no plane)."""
+    probe = ("import sys, json; from skypurza.cli import workerclient as w; w.run(['status']); "
+             "print(json.dumps(sorted(sys.modules)))")
+    env = {**os.environ, "SKYPURZA_HOME": str(tmp_path), "SKYPURZA_STAGE": "light"}
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    modules = set(json.loads(r.stdout.splitlines()[-1])) - {"json", "json.decoder", "json.scanner", "json.encoder"}
+    heavy = sorted(m for m in modules if m.split(".")[0] in ("typer", "click", "rich", "pydantic", "nats", "yaml",
+                                                             "asyncio", "socket", "typing", "struct"))
+    assert heavy == [] and "skypurza.events.naming" in modules, heavy
+    from skypurza.cli.workerclient import stage_of
+
+    assert stage_of({"SKYPURZA_STAGE": "mine"}) == "mine"
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path))
+    assert stage_of({}) == naming.DEFAULT_STAGE
+    (tmp_path / "config.yaml").write_text("nats_url: nats://x:1\nstage: 'prod'  # the team's\n")
+    assert stage_of({}) == "prod" and stage_of({"SKYPURZA_STAGE": "env"}) == "env"

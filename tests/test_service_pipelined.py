@@ -45,7 +45,14 @@ class Placer:
 
 
 async def _consumer(bus: Bus, runner: ServiceRunner):
-    return await bus.js.consumer_info(bus.events_stream, runner.durable)
+    """The durable consumer's info once the server has applied the acks sent so far (an ack is a
+    plain publish the server applies asynchronously; waited for at most 5 s)."""
+    for _ in range(100):
+        info = await bus.js.consumer_info(bus.events_stream, runner.durable)
+        if info.num_ack_pending == 0:
+            break
+        await asyncio.sleep(0.05)
+    return info
 
 
 def test_batches_settle_while_the_next_is_handled_within_the_bound(nats_server):
