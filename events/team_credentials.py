@@ -1,8 +1,8 @@
 """A team's infra credentials, by reference: which of the server's own accounts its clusters use.
 
-Modelled on SkyPilot 0.14.1's `workspaces:` config (`aws: {profile: NAME}`): a reference names
-something the server already holds (a profile of its AWS shared credentials/config files), never
-a secret, so it may be on the log (TeamAdded / TeamUpdated `credentials`). The models stay
+Modelled on SkyPilot 0.14.1's `workspaces:` config (`aws: {profile: NAME}`, `kubernetes:
+{namespace: NAME}`): a reference names something the server already holds (a profile of its AWS
+shared credentials/config files, a namespace its kubeconfig's contexts can reach), never a secret, so it may be on the log (TeamAdded / TeamUpdated `credentials`). The models stay
 lenient, as every event model does (a newer writer's key is ignored); `check_credentials` is the
 edge's rule (CLI, API server), with a message that names the key and what it accepts.
 """
@@ -20,10 +20,20 @@ AWS_PROFILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 AWS_PROFILE_RULE = "1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"
 _AWS_PROFILE_RE = re.compile(AWS_PROFILE_PATTERN)
 
+# A Kubernetes namespace name is an RFC 1123 label (the API server refuses anything else).
+K8S_NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+K8S_NAMESPACE_RULE = "an RFC 1123 label: 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
+_K8S_NAMESPACE_RE = re.compile(K8S_NAMESPACE_PATTERN)
+
 
 class AwsCredentials(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     profile: str  # a named profile of the server's AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE
+
+
+class KubernetesCredentials(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    namespace: str  # the team's pods, Services and Secrets go here instead of the context's namespace
 
 
 class TeamCredentials(BaseModel):
@@ -31,9 +41,10 @@ class TeamCredentials(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     aws: AwsCredentials | None = None
+    kubernetes: KubernetesCredentials | None = None
 
     def is_empty(self) -> bool:
-        return self.aws is None
+        return self.aws is None and self.kubernetes is None
 
 
 NO_CREDENTIALS = TeamCredentials()
@@ -47,6 +58,27 @@ def check_aws_profile(value: object) -> str:
     return value
 
 
+def _shown(value: object) -> str:
+    return repr(value) if not isinstance(value, str) or len(value) <= 70 else repr(value[:67] + "...")
+
+
+def check_k8s_namespace(value: object) -> str:
+    """A Kubernetes namespace name, checked at the edge; ValueError names the key and the rule."""
+    if not isinstance(value, str) or not _K8S_NAMESPACE_RE.fullmatch(value):
+        raise ValueError(f"invalid credentials.kubernetes.namespace {_shown(value)}: use {K8S_NAMESPACE_RULE}")
+    return value
+
+
+def with_k8s_namespace(creds: TeamCredentials | None, namespace: str | None) -> TeamCredentials:
+    """`creds` with the Kubernetes namespace set (`""`: removed, the context's own again; None: kept)."""
+    creds = creds or NO_CREDENTIALS
+    if namespace is None:
+        return creds
+    if namespace == "":
+        return creds.model_copy(update={"kubernetes": None})
+    return creds.model_copy(update={"kubernetes": KubernetesCredentials(namespace=check_k8s_namespace(namespace))})
+
+
 def with_aws_profile(creds: TeamCredentials | None, profile: str | None) -> TeamCredentials:
     """`creds` with the AWS profile set (`""`: removed, the server's default again; None: kept)."""
     creds = creds or NO_CREDENTIALS
@@ -58,5 +90,6 @@ def with_aws_profile(creds: TeamCredentials | None, profile: str | None) -> Team
 
 
 def to_dict(creds: TeamCredentials | None) -> dict[str, Any]:
-    """The credentials as a listing shows them (SkyPilot's shape): `{"aws": {"profile": ...}}`."""
+    """The credentials as a listing shows them (SkyPilot's shape): `{"aws": {"profile": ...},
+    "kubernetes": {"namespace": ...}}`."""
     return (creds or NO_CREDENTIALS).model_dump(exclude_none=True)

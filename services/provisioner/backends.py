@@ -4,7 +4,8 @@
 AWS_ENDPOINT_URL itself); `local` is the LocalAdapter, imported only when a local placement
 arrives, so this module works in builds without it. A team whose workspace names an AWS profile
 (teamcreds.py) gets an AwsAdapter of its own over `aioboto3.Session(profile_name=...)`, one per
-profile, kept like the others.
+profile, kept like the others; one whose workspace names a Kubernetes namespace gets a
+KubernetesAdapter of its own that makes (and finds) its objects in that namespace, one per namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .settings import ProvisionerSettings
 log = logging.getLogger(__name__)
 
 KNOWN = ("aws", "local", "kubernetes", "slurm")
+K8S_NAMES = ("kubernetes", "k8s")
 
 
 class UnsupportedInfra(Exception):
@@ -66,6 +68,9 @@ class Backends:
         return credentials_key(infra, credentials) == infra
 
     def _make_for(self, infra: str, credentials: TeamCredentials | None, team: str) -> ComputeBackend:
+        if infra in K8S_NAMES:
+            assert credentials is not None and credentials.kubernetes is not None
+            return self._kubernetes(credentials.kubernetes.namespace)
         assert infra == "aws" and credentials is not None and credentials.aws is not None
         import aioboto3
         from botocore.exceptions import ProfileNotFound
@@ -92,18 +97,8 @@ class Backends:
                 raise UnsupportedInfra("the local backend is not available in this build") from exc
             root = Path(s.local_root) if s.local_root else None
             return LocalAdapter(self.nats_url, self.stage, root, spare=s.local_spare)  # type: ignore[no-any-return]
-        if infra in ("kubernetes", "k8s"):
-            import os
-
-            from skypurza.events.agentspec import agent_settings_env
-            from skypurza.events.k8s_config import KubernetesSettings
-
-            from .k8s import KubernetesAdapter
-
-            # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do, and
-            # get the agent settings local agents inherit (pod_config's env still wins).
-            return KubernetesAdapter(KubernetesSettings.load(), nats_url=s.agent_nats_url or self.nats_url,
-                                     stage=self.stage, agent_env=agent_settings_env(os.environ))
+        if infra in K8S_NAMES:
+            return self._kubernetes(None)
         if infra == "slurm":
             from skypurza.events.config import ConfigError, load_config
             from skypurza.events.slurm_config import SlurmConfigError, parse_user_config
@@ -117,6 +112,19 @@ class Backends:
             root = Path(s.local_root) if s.local_root else None
             return SlurmAdapter(self.nats_url, self.stage, root, user_config=user)
         raise UnsupportedInfra(f"infra {infra!r} has no backend here (known: {', '.join(KNOWN)})")
+
+    def _kubernetes(self, namespace: str | None) -> ComputeBackend:
+        import os
+
+        from skypurza.events.agentspec import agent_settings_env
+        from skypurza.events.k8s_config import KubernetesSettings
+
+        from .k8s import KubernetesAdapter
+
+        # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do, and
+        # get the agent settings local agents inherit (pod_config's env still wins).
+        return KubernetesAdapter(KubernetesSettings.load(), nats_url=self.settings.agent_nats_url or self.nats_url,
+                                 stage=self.stage, agent_env=agent_settings_env(os.environ), namespace=namespace)
 
     def _aws(self, session: Any) -> ComputeBackend:
         from .aws import AwsAdapter
@@ -145,9 +153,12 @@ class Backends:
 
 
 def credentials_key(infra: str, credentials: TeamCredentials | None) -> str:
-    """Pure: which backend instance serves `infra` with these credentials (`aws@PROFILE`, else `infra`)."""
+    """Pure: which backend instance serves `infra` with these credentials (`aws@PROFILE`,
+    `kubernetes@NAMESPACE`, else `infra`)."""
     if infra == "aws" and credentials is not None and credentials.aws is not None:
         return f"aws@{credentials.aws.profile}"
+    if infra in K8S_NAMES and credentials is not None and credentials.kubernetes is not None:
+        return f"{infra}@{credentials.kubernetes.namespace}"
     return infra
 
 

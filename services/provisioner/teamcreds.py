@@ -1,8 +1,8 @@
 """With which credentials a team's clusters are made: its references, folded from the log.
 
-A team's workspace may name an AWS profile (TeamAdded / TeamUpdated `credentials`,
-events/team_credentials.py); a team without one, and a cluster of no team, use the server's
-default credentials, as before. Which team: the submission's (the API server writes its stamp
+A team's workspace may name an AWS profile and a Kubernetes namespace (TeamAdded / TeamUpdated
+`credentials`, events/team_credentials.py); a team without one, and a cluster of no team, use the
+server's default credentials and the context's own namespace, as before. Which team: the submission's (the API server writes its stamp
 there; on the embedded bus the CLI chose it), which ClusterProvisioned repeats.
 
 A cluster is torn down, stopped and started with the credentials its team had when it was
@@ -47,6 +47,10 @@ class TeamHistory:
         """Whether the team's clusters may have been made with a profile of its own at some time."""
         return any(c.aws is not None for _, c in self.changes)
 
+    def k8s_namespaces(self) -> set[str]:
+        """Every namespace the team's pods may have been made in (reconciliation lists them all)."""
+        return {c.kubernetes.namespace for _, c in self.changes if c.kubernetes is not None}
+
 
 def fold(team: str, events: Iterable[Stored]) -> TeamHistory:
     """Pure: the team's credential changes from its events, in stream order (the directory's rules:
@@ -76,3 +80,17 @@ async def load_history(bus: Bus, team: str | None) -> TeamHistory:
     for event in TEAM_EVENTS:
         events += await replay_all(bus, naming.event_subject(bus.stage, "team", team, event.EVENT_NAME))
     return fold(team, events)
+
+
+async def team_k8s_namespaces(bus: Bus) -> set[str]:
+    """Every namespace any team has ever named (removed teams too: their pods may still be there),
+    for reconciliation, which must find a team's orphans where its clusters were made."""
+    events: list[Stored] = []
+    for event in TEAM_EVENTS:
+        events += await replay_all(bus, naming.event_filter(bus.stage, "team", event.EVENT_NAME))
+    by_team: dict[str, list[Stored]] = {}
+    for s in events:
+        team = getattr(s.event, "team", None)
+        if isinstance(team, str):
+            by_team.setdefault(team, []).append(s)
+    return {ns for team, evs in by_team.items() for ns in fold(team, evs).k8s_namespaces()}
