@@ -239,6 +239,38 @@ _AWS_PROFILE_HELP = ("A named profile of the server's AWS credentials/config fil
                      "made with it (a reference, never a secret); unset: the server's default credentials.")
 
 
+_K8S_NAMESPACE_HELP = ("The Kubernetes namespace the team's pods, Services and Secrets go in (an RFC 1123 label); "
+                       "unset: each kubeconfig context's own namespace.")
+
+
+_SLURM_ACCOUNT_HELP = ("The Slurm account the team's allocations are charged to (sbatch --account, over the "
+                       "cluster's sbatch_options); unset: those options decide.")
+
+
+def _slurm_account(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
+    """The --slurm-account value checked (exit 2 with the rule); '' clears it on update."""
+    if value is None or (clearing and value == ""):
+        return value
+    from skypurza.events.team_credentials import check_slurm_account
+
+    try:
+        return check_slurm_account(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--slurm-account") from None
+
+
+def _k8s_namespace(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
+    """The --k8s-namespace value checked (exit 2 with the rule); '' clears it on update."""
+    if value is None or (clearing and value == ""):
+        return value
+    from skypurza.events.team_credentials import check_k8s_namespace
+
+    try:
+        return check_k8s_namespace(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--k8s-namespace") from None
+
+
 def _aws_profile(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
     """The --aws-profile value checked (exit 2 with what is accepted); '' clears it on update."""
     if value is None or (clearing and value == ""):
@@ -259,24 +291,31 @@ def teams_add(
     allowed_infras: Optional[str] = typer.Option(None, "--allowed-infras", help=_ALLOWED_HELP + " None: every infra."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="KEY=VALUE, a label its tasks get (repeat)."),
     aws_profile: Optional[str] = typer.Option(None, "--aws-profile", help=_AWS_PROFILE_HELP),
+    k8s_namespace: Optional[str] = typer.Option(None, "--k8s-namespace", help=_K8S_NAMESPACE_HELP),
+    slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help=_SLURM_ACCOUNT_HELP),
 ) -> None:
-    """Add a team (a workspace): where its users may run, the labels its tasks get, its AWS profile."""
+    """Add a team (a workspace): where its users may run, the labels its tasks get, its AWS profile,
+    Kubernetes namespace and Slurm account."""
     name = _name(name, "team name")
     infras, labels = _infra_list(infra, allowed_infras), _labels(label)
     profile = _aws_profile(aws_profile)
+    namespace = _k8s_namespace(k8s_namespace)
+    account = _slurm_account(slurm_account)
     t = _server()
     if t is not None:
         from . import via_api_identity
 
-        via_api_identity.add_team(t, name, infras, labels, profile)
+        via_api_identity.add_team(t, name, infras, labels, profile, namespace, account)
     else:
-        from skypurza.events.team_credentials import with_aws_profile
+        from skypurza.events.team_credentials import with_aws_profile, with_k8s_namespace, with_slurm_account
         from skypurza.services.api.directory_io import add_team
 
-        creds = with_aws_profile(None, profile)
+        creds = with_slurm_account(with_k8s_namespace(with_aws_profile(None, profile), namespace), account)
         run_async(_with_bus("teams", lambda bus: add_team(bus, name, infras, labels, creds)))
     typer.echo(f"Added team {name}" + (f" (infras: {', '.join(infras)})" if infras else "")
-               + (f" (AWS profile {profile})" if profile else "") + ".")
+               + (f" (AWS profile {profile})" if profile else "")
+               + (f" (Kubernetes namespace {namespace})" if namespace else "")
+               + (f" (Slurm account {account})" if account else "") + ".")
 
 
 @teams.command("list")
@@ -310,9 +349,12 @@ def teams_list(output: str = typer.Option("table", "-o", "--output", help="table
 
 
 def _credentials_cell(creds: dict[str, Any]) -> str:
-    """`aws:ml-prod`, or `default` (the server's own credentials)."""
-    aws = creds.get("aws") or {}
-    return f"aws:{aws['profile']}" if aws.get("profile") else "default"
+    """`aws:ml-prod`, `k8s:ml`, `slurm:ml-gpu`, those given (`aws:ml-prod, k8s:ml`), or `default`."""
+    aws, k8s, slurm = creds.get("aws") or {}, creds.get("kubernetes") or {}, creds.get("slurm") or {}
+    cells = ([f"aws:{aws['profile']}"] if aws.get("profile") else []) + (
+        [f"k8s:{k8s['namespace']}"] if k8s.get("namespace") else []) + (
+        [f"slurm:{slurm['account']}"] if slurm.get("account") else [])
+    return ", ".join(cells) or "default"
 
 
 @teams.command("update")
@@ -325,27 +367,43 @@ def teams_update(
     clear_labels: bool = typer.Option(False, "--clear-labels", help="Remove every label of the team."),
     aws_profile: Optional[str] = typer.Option(
         None, "--aws-profile", help=_AWS_PROFILE_HELP + " An empty value ('') goes back to the default; unset: kept."),
+    k8s_namespace: Optional[str] = typer.Option(
+        None, "--k8s-namespace",
+        help=_K8S_NAMESPACE_HELP + " An empty value ('') goes back to the context's own; unset: kept."),
+    slurm_account: Optional[str] = typer.Option(
+        None, "--slurm-account",
+        help=_SLURM_ACCOUNT_HELP + " An empty value ('') goes back to the cluster's options; unset: kept."),
 ) -> None:
-    """Replace a team's allowed infras, labels and/or AWS profile; each applies from the next task on."""
+    """Replace a team's allowed infras, labels, AWS profile, Kubernetes namespace and/or Slurm
+    account; each applies from the next task on (running clusters stay where they were made)."""
     name = _name(name, "team name")
-    if allowed_infras is None and label is None and not clear_labels and aws_profile is None:
-        raise fail("nothing to change: give --allowed-infras, --label, --clear-labels or --aws-profile", 2)
+    if (allowed_infras is None and label is None and not clear_labels and aws_profile is None
+            and k8s_namespace is None and slurm_account is None):
+        raise fail("nothing to change: give --allowed-infras, --label, --clear-labels, --aws-profile, "
+                   "--k8s-namespace or --slurm-account", 2)
     infras = None if allowed_infras is None else _infra_list(None, allowed_infras)
     labels = {} if clear_labels else (None if label is None else _labels(label))
     profile = _aws_profile(aws_profile, clearing=True)
+    namespace = _k8s_namespace(k8s_namespace, clearing=True)
+    account = _slurm_account(slurm_account, clearing=True)
     t = _server()
     if t is not None:
         from . import via_api_identity
 
-        now_infras, now_labels = via_api_identity.update_team(t, name, infras, labels, profile)
+        now_infras, now_labels = via_api_identity.update_team(t, name, infras, labels, profile, namespace,
+                                                              account)
     else:
         from skypurza.services.api.directory_io import update_team
 
         now_infras, now_labels = run_async(_with_bus("teams", lambda bus: update_team(bus, name, infras, labels,
-                                                                                      profile)))
+                                                                                      profile,
+                                                                                      k8s_namespace=namespace,
+                                                                                      slurm_account=account)))
     typer.echo(f"Updated team {name}: infras {', '.join(now_infras) or 'all'}; labels "
                + (", ".join(f"{k}={v}" for k, v in now_labels.items()) or "none")
-               + ("" if profile is None else f"; AWS profile {profile or 'the server default'}") + ".")
+               + ("" if profile is None else f"; AWS profile {profile or 'the server default'}")
+               + ("" if namespace is None else f"; Kubernetes namespace {namespace or 'the context default'}")
+               + ("" if account is None else f"; Slurm account {account or 'the cluster default'}") + ".")
 
 
 @teams.command("remove")

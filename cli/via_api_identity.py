@@ -55,22 +55,39 @@ def team_rows(t: ApiTransport) -> list[dict[str, Any]]:
 
 
 def add_team(t: ApiTransport, name: str, infras: list[str], labels: dict[str, str],
-             aws_profile: str | None = None) -> None:
+             aws_profile: str | None = None, k8s_namespace: str | None = None,
+             slurm_account: str | None = None) -> None:
     body: dict[str, Any] = {"name": name, "allowed_infras": infras, "labels": labels}
+    creds: dict[str, Any] = {}
     if aws_profile:
-        body["credentials"] = {"aws": {"profile": aws_profile}}
+        creds["aws"] = {"profile": aws_profile}
+    if k8s_namespace:
+        creds["kubernetes"] = {"namespace": k8s_namespace}
+    if slurm_account:
+        creds["slurm"] = {"account": slurm_account}
+    if creds:
+        body["credentials"] = creds
     _call(lambda: t.post("/api/v1/teams", body))
 
 
 def update_team(t: ApiTransport, name: str, infras: list[str] | None,
-                labels: dict[str, str] | None, aws_profile: str | None = None) -> tuple[list[str], dict[str, str]]:
+                labels: dict[str, str] | None, aws_profile: str | None = None,
+                k8s_namespace: str | None = None,
+                slurm_account: str | None = None) -> tuple[list[str], dict[str, str]]:
     body: dict[str, Any] = {}
     if infras is not None:
         body["allowed_infras"] = infras
     if labels is not None:
         body["labels"] = labels
-    if aws_profile is not None:  # "": back to the server's default
-        body["credentials"] = {"aws": {"profile": aws_profile} if aws_profile else None}
+    creds: dict[str, Any] = {}  # a key left out is kept by the server; null: back to the default
+    if aws_profile is not None:
+        creds["aws"] = {"profile": aws_profile} if aws_profile else None
+    if k8s_namespace is not None:
+        creds["kubernetes"] = {"namespace": k8s_namespace} if k8s_namespace else None
+    if slurm_account is not None:
+        creds["slurm"] = {"account": slurm_account} if slurm_account else None
+    if creds:
+        body["credentials"] = creds
     out = _call(lambda: t.patch(f"/api/v1/teams/{name}", body))
     return list(out["allowed_infras"]), dict(out["labels"])
 

@@ -62,6 +62,12 @@ class UndeclaredEmit(Exception):
     """A service published an event type its contract does not declare."""
 
 
+class Unretryable(Exception):
+    """A handler's failure no redelivery can fix (it names something this server lacks, such as a
+    team's AWS profile gone from its credentials file): the cause is parked at once with this
+    message, so whoever waits on the request (`spz down`) reads why now, not after its timeout."""
+
+
 _UNDECLARED: list[str] = []  # every UndeclaredEmit raised in this process (read by the tests)
 
 

@@ -14,8 +14,8 @@ stored event and an `EmitContext` and returns the events to publish in reaction.
   through the bus it was started with (`Bus.watched`). An undeclared type raises
   `UndeclaredEmit`: nothing of that cause is published, and the cause is parked at once (a bug
   does not go away on redelivery). Counts per event type are in `stats.emitted`;
-- on a handler error, naks with back-off; on the last allowed delivery, parks the message on the
-  dead-letter stream with the error and terminates it: the consumer goes on;
+- on a handler error, naks with back-off; on the last allowed delivery (an `Unretryable`: the first),
+  parks the message on the dead-letter stream with the error and terminates it: the consumer goes on;
 - skips (acks) unknown event types with a warning, holds newer versions (nak with a long delay),
   parks poison payloads (and messages it cannot read at all) at once;
 - never lets one message stop the consumer: whatever else fails while settling a message (an
@@ -65,6 +65,7 @@ from .contract import (  # noqa: F401  (the names a service module needs, in one
     Reactions,
     ServiceContract,
     UndeclaredEmit,
+    Unretryable,
     handlers_of,
     handles,
 )
@@ -527,12 +528,12 @@ class ServiceRunner:
 
     async def _handler_failed(self, msg: Any, stored: Stored, exc: Exception) -> None:
         """The one failure path: nak with back-off, or park on the last delivery (at once for an
-        UndeclaredEmit: a bug, which a redelivery would only repeat)."""
+        UndeclaredEmit: a bug, which a redelivery would only repeat; and for an Unretryable)."""
         try:
             self.stats.failed += 1
             self.stats.note_error(f"seq {stored.seq}: {type(exc).__name__}: {exc}")
             delivered = msg.metadata.num_delivered
-            if delivered >= self.max_deliver or isinstance(exc, UndeclaredEmit):
+            if delivered >= self.max_deliver or isinstance(exc, (UndeclaredEmit, Unretryable)):
                 await self.park(msg, stored, exc)
             else:
                 log.warning("%s: handler failed on seq %d (delivery %d): %s", self.name, stored.seq,

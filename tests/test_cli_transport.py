@@ -209,7 +209,9 @@ def test_every_verb_behaves_the_same_on_the_bus_and_through_the_server(way: Way,
                  "try:\n    runpy.run_module('skypurza.cli.main', run_name='__main__')\n"
                  "except SystemExit:\n    pass\n"
                  "print('httpx' in sys.modules, file=sys.stderr)")
-        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        # In this process (the probe reads its own modules), not forked from the warm CLI worker.
+        r = subprocess.run([sys.executable, "-c", probe], env={**env, "SKYPURZA_CLI_WORKER": "0"},
+                           capture_output=True, text=True, timeout=60)
         assert r.stderr.strip().splitlines()[-1] == "False", r.stderr
 
 

@@ -30,7 +30,7 @@ from skypurza.events.identity_events import (
     UserTeamRoleSet,
 )
 from skypurza.events.registry import Event
-from skypurza.events.team_credentials import TeamCredentials, with_aws_profile
+from skypurza.events.team_credentials import TeamCredentials, with_aws_profile, with_k8s_namespace, with_slurm_account
 
 from .identity import Directory, IssuedToken, issue_token
 
@@ -92,9 +92,12 @@ async def add_team(bus: Bus, team: str, allowed_infras: list[str], labels: dict[
 
 async def update_team(bus: Bus, team: str, allowed_infras: list[str] | None = None,
                       labels: dict[str, str] | None = None,
-                      aws_profile: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """The team's allowed infras, labels and/or AWS profile replaced (None: kept; a profile `""`:
-    removed, the server's default again); returns infras and labels as they now are."""
+                      aws_profile: str | None = None, *,
+                      k8s_namespace: str | None = None,
+                      slurm_account: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The team's allowed infras, labels, AWS profile, Kubernetes namespace and/or Slurm account
+    replaced (None: kept; a reference `""`: removed, the default again); returns infras and labels
+    as they now are."""
     def decide(d: Directory) -> _Change:
         if team not in d.teams:
             raise IdentityError(f"no team {team} (spz teams list)")
@@ -102,7 +105,8 @@ async def update_team(bus: Bus, team: str, allowed_infras: list[str] | None = No
         infras = list(t.allowed_infras) if allowed_infras is None else allowed_infras
         new_labels = dict(t.labels) if labels is None else labels
         # TeamUpdated carries the whole new value of each field (the fold never merges).
-        creds = with_aws_profile(t.credentials, aws_profile)
+        creds = with_slurm_account(with_k8s_namespace(with_aws_profile(t.credentials, aws_profile), k8s_namespace),
+                                   slurm_account)
         return _Change([TeamUpdated(team=team, allowed_infras=infras, labels=new_labels,
                                     credentials=None if creds.is_empty() else creds)], (infras, new_labels))
 

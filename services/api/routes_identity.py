@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skypurza.events import naming
 from skypurza.events.identity_events import Role, TeamRole
 from skypurza.events.team_credentials import AWS_PROFILE_PATTERN, AWS_PROFILE_RULE, with_aws_profile
+from skypurza.events.team_credentials import K8S_NAMESPACE_PATTERN, K8S_NAMESPACE_RULE, with_k8s_namespace
+from skypurza.events.team_credentials import SLURM_ACCOUNT_PATTERN, SLURM_ACCOUNT_RULE, with_slurm_account
 from skypurza.events.team_credentials import to_dict as credentials_dict
 
 from . import directory_io
@@ -63,12 +65,30 @@ class AwsCredentialsBody(BaseModel):
                          description=f"A named profile of the server's AWS credentials/config files ({AWS_PROFILE_RULE}).")
 
 
+class KubernetesCredentialsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    namespace: str = Field(min_length=1, max_length=63, pattern=K8S_NAMESPACE_PATTERN,
+                           description=f"The namespace the team's pods, Services and Secrets go in ({K8S_NAMESPACE_RULE}).")
+
+
+class SlurmCredentialsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    account: str = Field(min_length=1, max_length=64, pattern=SLURM_ACCOUNT_PATTERN,
+                         description=f"The Slurm account the team's allocations are charged to ({SLURM_ACCOUNT_RULE}).")
+
+
 class CredentialsBody(BaseModel):
-    """A team's credentials BY REFERENCE (SkyPilot's workspace keys): never a secret."""
+    """A team's credentials BY REFERENCE (SkyPilot's workspace keys): never a secret. On PATCH a
+    key left out is kept and a key given as null goes back to the server's default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     aws: AwsCredentialsBody | None = Field(None, description="The team's EC2 clusters are made with this profile; "
                                                              "null: the server's default credentials.")
+    kubernetes: KubernetesCredentialsBody | None = Field(
+        None, description="The team's Kubernetes clusters are made in this namespace; null: each context's own.")
+    slurm: SlurmCredentialsBody | None = Field(
+        None, description="The team's Slurm allocations are charged to this account (sbatch --account); "
+                          "null: the cluster's sbatch_options decide.")
 
 
 class TeamRequest(BaseModel):
@@ -87,14 +107,29 @@ class TeamUpdate(BaseModel):
     allowed_infras: list[_Infra] | None = Field(default=None, max_length=100)
     labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=256)]] | None = Field(
         default=None, max_length=64)
-    credentials: CredentialsBody | None = Field(None, description="The whole new credentials (left out: kept).")
+    credentials: CredentialsBody | None = Field(
+        None, description="The credentials to change, per infra key (left out: kept; a key null: the default).")
 
 
 def _profile_of(body: CredentialsBody | None) -> str | None:
     """directory_io's aws_profile: None kept, "" the server's default, else the profile."""
-    if body is None:
+    if body is None or "aws" not in body.model_fields_set:
         return None
     return body.aws.profile if body.aws is not None else ""
+
+
+def _namespace_of(body: CredentialsBody | None) -> str | None:
+    """directory_io's k8s_namespace: None kept, "" each context's own, else the namespace."""
+    if body is None or "kubernetes" not in body.model_fields_set:
+        return None
+    return body.kubernetes.namespace if body.kubernetes is not None else ""
+
+
+def _account_of(body: CredentialsBody | None) -> str | None:
+    """directory_io's slurm_account: None kept, "" the cluster's own options, else the account."""
+    if body is None or "slurm" not in body.model_fields_set:
+        return None
+    return body.slurm.account if body.slurm is not None else ""
 
 
 def _refused(exc: directory_io.IdentityError) -> Problem:
@@ -167,7 +202,9 @@ def router(deps: ApiDeps) -> APIRouter:
     @r.post("/teams", status_code=201, summary="Add a team (spz teams add)")
     async def add_team(body: TeamRequest, who: Principal = only_admin) -> dict[str, Any]:
         try:
-            creds = with_aws_profile(None, _profile_of(body.credentials))
+            creds = with_slurm_account(with_k8s_namespace(with_aws_profile(None, _profile_of(body.credentials)),
+                                                          _namespace_of(body.credentials)),
+                                       _account_of(body.credentials))
             await directory_io.add_team(deps.bus(), body.name, list(body.allowed_infras), dict(body.labels), creds)
         except directory_io.IdentityError as exc:
             raise _refused(exc)
@@ -179,7 +216,8 @@ def router(deps: ApiDeps) -> APIRouter:
         try:
             infras, labels = await directory_io.update_team(
                 deps.bus(), name, None if body.allowed_infras is None else list(body.allowed_infras),
-                None if body.labels is None else dict(body.labels), _profile_of(body.credentials))
+                None if body.labels is None else dict(body.labels), _profile_of(body.credentials),
+                k8s_namespace=_namespace_of(body.credentials), slurm_account=_account_of(body.credentials))
         except directory_io.IdentityError as exc:
             raise _refused(exc)
         return {"name": name, "allowed_infras": infras, "labels": labels}

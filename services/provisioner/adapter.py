@@ -192,6 +192,9 @@ class LaunchSpec:
     # A deployment's bus user of this cluster's agents (events/agentusers.py), for a backend that
     # hands the agent its environment itself (Kubernetes pods); EC2 gets it in `user_data`.
     bus_credentials: BusCredentials | None = None
+    # The Slurm account the allocation is charged to (a team's workspace, teamcreds.py): sbatch
+    # --account, over any the cluster's sbatch_options name. None: those options decide.
+    slurm_account: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:

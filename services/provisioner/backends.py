@@ -70,7 +70,12 @@ class Backends:
     def _make_for(self, infra: str, credentials: TeamCredentials | None, team: str) -> ComputeBackend:
         if infra in K8S_NAMES:
             assert credentials is not None and credentials.kubernetes is not None
-            return self._kubernetes(credentials.kubernetes.namespace)
+            # Derived from the default one (its settings, clients' factory, bus), in another namespace.
+            default = self.get(infra)
+            in_namespace = getattr(default, "in_namespace", None)
+            if in_namespace is None:
+                raise UnsupportedInfra(f"the {infra} backend here cannot place a team's pods in a namespace")
+            return in_namespace(credentials.kubernetes.namespace)  # type: ignore[no-any-return]
         assert infra == "aws" and credentials is not None and credentials.aws is not None
         import aioboto3
         from botocore.exceptions import ProfileNotFound
@@ -98,7 +103,7 @@ class Backends:
             root = Path(s.local_root) if s.local_root else None
             return LocalAdapter(self.nats_url, self.stage, root, spare=s.local_spare)  # type: ignore[no-any-return]
         if infra in K8S_NAMES:
-            return self._kubernetes(None)
+            return self._kubernetes()
         if infra == "slurm":
             from skypurza.events.config import ConfigError, load_config
             from skypurza.events.slurm_config import SlurmConfigError, parse_user_config
@@ -113,7 +118,7 @@ class Backends:
             return SlurmAdapter(self.nats_url, self.stage, root, user_config=user)
         raise UnsupportedInfra(f"infra {infra!r} has no backend here (known: {', '.join(KNOWN)})")
 
-    def _kubernetes(self, namespace: str | None) -> ComputeBackend:
+    def _kubernetes(self) -> ComputeBackend:
         import os
 
         from skypurza.events.agentspec import agent_settings_env
@@ -124,7 +129,7 @@ class Backends:
         # Pods reach the bus the deployment configures (agent_nats_url), as EC2 nodes do, and
         # get the agent settings local agents inherit (pod_config's env still wins).
         return KubernetesAdapter(KubernetesSettings.load(), nats_url=self.settings.agent_nats_url or self.nats_url,
-                                 stage=self.stage, agent_env=agent_settings_env(os.environ), namespace=namespace)
+                                 stage=self.stage, agent_env=agent_settings_env(os.environ))
 
     def _aws(self, session: Any) -> ComputeBackend:
         from .aws import AwsAdapter
@@ -160,6 +165,20 @@ def credentials_key(infra: str, credentials: TeamCredentials | None) -> str:
     if infra in K8S_NAMES and credentials is not None and credentials.kubernetes is not None:
         return f"{infra}@{credentials.kubernetes.namespace}"
     return infra
+
+
+def aws_account(profile: str | None) -> TeamCredentials | None:
+    """Pure: the credentials that reach one AWS account: a profile's, or (None) the server's default."""
+    from skypurza.events.team_credentials import AwsCredentials
+
+    return TeamCredentials(aws=AwsCredentials(profile=profile)) if profile else None
+
+
+def split_key(key: str) -> tuple[str, TeamCredentials | None]:
+    """Pure: the AWS side of `credentials_key`'s inverse (`aws@PROFILE` -> ("aws", that profile's
+    credentials)); any other key is its infra with the default credentials."""
+    infra, sep, profile = key.partition("@")
+    return (infra, aws_account(profile)) if sep and infra == "aws" and profile else (key, None)
 
 
 async def _describe_regions() -> tuple[str, ...]:

@@ -11,7 +11,11 @@ warning (the resource and the cloud's error), and a background sweep tries again
   after the previous failure; an operation the cloud does not offer (a bare moto_server has no
   placement groups) is given up at once: asking again cannot make it exist;
 - what was tried, and how often, is read from the log (CleanupFailed events), never kept in
-  memory; a failure's id is derived from (stage, resource, attempt), so two sweepers record it once.
+  memory; a failure's id is derived from (stage, resource, attempt), so two sweepers record it once;
+- a team's own AWS account is swept as the default one is: its key is `aws@PROFILE`
+  (backends.credentials_key), which is its failures' `infra` and part of their resource key (a
+  key pair has the stage's name in every account); `with_accounts` gives each account the
+  regions the stage touched. A profile the server no longer has is reported, never a crash.
 
 The decisions (`attempts_by_key`, `skip_keys`, `failure_event`) are pure; `sweep` does the I/O.
 """
@@ -30,7 +34,7 @@ from skypurza.events.envelope import derive_id
 from skypurza.events.models import CapacityError, CleanupFailed, ClusterProvisioned, PlacementChosen
 
 from .adapter import CleanupFailure
-from .backends import Backends
+from .backends import Backends, CredentialsNotFound, split_key
 from .state import replay_all
 
 log = logging.getLogger(__name__)
@@ -45,13 +49,25 @@ class RetryPolicy:
     backoff_s: float = 60.0
 
 
-def resource_key(region: str | None, resource_type: str, resource: str, resource_id: str = "") -> str:
-    """One resource (one creation of a name, where the cloud gives it an id) in one region."""
-    return f"{region or '-'}/{resource_type}/{resource_id or resource}"
+def resource_key(region: str | None, resource_type: str, resource: str, resource_id: str = "",
+                 infra: str = "aws") -> str:
+    """One resource (one creation of a name, where the cloud gives it an id) in one region (of a
+    team's account: `infra` `aws@PROFILE`)."""
+    account = f"{infra}:" if infra not in ("aws", "") else ""
+    return f"{account}{region or '-'}/{resource_type}/{resource_id or resource}"
 
 
 def key_of(ev: CleanupFailed) -> str:
-    return resource_key(ev.region, ev.resource_type, ev.resource, ev.resource_id)
+    return resource_key(ev.region, ev.resource_type, ev.resource, ev.resource_id, ev.infra)
+
+
+def with_accounts(regions: Mapping[str, Iterable[str]], accounts: Iterable[str]) -> dict[str, set[str]]:
+    """Pure: `regions` ({infra: regions}) with each team account (`aws@PROFILE`) given the
+    regions the stage touched in AWS as well: which account a failed launch used is not known."""
+    out = {infra: set(rs) for infra, rs in regions.items()}
+    for account in accounts:
+        out.setdefault(account, set()).update(out.get("aws", set()))
+    return out
 
 
 def attempts_by_key(failures: Iterable[CleanupFailed]) -> dict[str, CleanupFailed]:
@@ -64,12 +80,13 @@ def attempts_by_key(failures: Iterable[CleanupFailed]) -> dict[str, CleanupFaile
     return out
 
 
-def skip_keys(last: Mapping[str, CleanupFailed], region: str, policy: RetryPolicy, now: datetime) -> set[str]:
-    """Pure: what the adapter must not try in `region` now: given up, or still backing off.
-    Entries are resource ids (or names), and `<type>:*` for a listing."""
+def skip_keys(last: Mapping[str, CleanupFailed], region: str, policy: RetryPolicy, now: datetime,
+              infra: str = "aws") -> set[str]:
+    """Pure: what the adapter must not try in `region` (of `infra`'s account) now: given up, or
+    still backing off. Entries are resource ids (or names), and `<type>:*` for a listing."""
     out: set[str] = set()
     for ev in last.values():
-        if ev.region != region:
+        if ev.region != region or (ev.infra or "aws") != infra:
             continue
         due = _aware(ev.failed_at) + timedelta(seconds=policy.backoff_s * 2 ** max(0, ev.attempt - 1))
         if not ev.will_retry or ev.attempt >= policy.attempts or due > now:
@@ -94,6 +111,7 @@ class SweepReport:
     regions: dict[str, list[str]] = field(default_factory=dict)  # infra -> regions swept
     deleted: list[str] = field(default_factory=list)
     failed: list[CleanupFailed] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # account -> why it was not swept
 
 
 async def recorded_failures(bus: Bus) -> list[CleanupFailed]:
@@ -111,18 +129,25 @@ async def sweep(bus: Bus, backends: Backends, regions: Mapping[str, Iterable[str
     now = now or clock.now()
     last = attempts_by_key(await recorded_failures(bus))
     report = SweepReport()
-    for infra, wanted in sorted(regions.items()):
+    for key, wanted in sorted(regions.items()):
+        infra, credentials = split_key(key)  # `aws@PROFILE`: a team's account
         if infra not in INFRAS_WITH_SHARED_RESOURCES:
             continue
-        backend = backends.get(infra)
+        try:
+            backend = backends.get(infra, credentials)
+        except CredentialsNotFound as exc:  # a profile gone from the server: reported, the others swept
+            log.warning("cleanup: %s not swept: %s", key, exc)
+            report.errors[key] = str(exc)
+            continue
         chosen = sorted({r for r in wanted if r})
-        report.regions[infra] = chosen
+        report.regions[key] = chosen
         for region in chosen:
-            result = await backend.release_unused(bus.stage, [region], skip=skip_keys(last, region, policy, now))
+            result = await backend.release_unused(bus.stage, [region],
+                                                  skip=skip_keys(last, region, policy, now, infra=key))
             report.deleted += result.deleted
             for f in result.failures:
-                k = resource_key(f.region, f.resource_type, f.resource, f.resource_id)
-                ev = failure_event(f, last.get(k), policy, cluster=cluster, infra=infra, now=now)
+                k = resource_key(f.region, f.resource_type, f.resource, f.resource_id, key)
+                ev = failure_event(f, last.get(k), policy, cluster=cluster, infra=key, now=now)
                 await _publish(bus, ev, key=k)
                 last[k] = ev
                 report.failed.append(ev)

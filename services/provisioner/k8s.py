@@ -18,6 +18,10 @@ pods look like is k8s_manifest.py; what fits where is events/k8s_capacity.py.
 - terminate: every object labelled with the cluster, waited for until gone (bounded).
 - list_owned: every pod labelled with the stage, in every enabled context (reconciliation); a
   context that does not answer is reported (PartialListing) and the others are still listed.
+- namespaces: a team whose workspace names one (teamcreds.py) has an adapter of its own
+  (`in_namespace`) whose every object is made, read and deleted there instead of the context's
+  namespace. The default adapter lists, for reconciliation, its own namespace and those teams have
+  named (`also_list`), and deletes an orphan in the namespace it was listed in.
 - list_owned_objects / delete_objects: the stage's labelled Services and Secrets, the same
   contexts, so reconciliation finds those of a launch that died before its pods (what is an
   orphan is decided in reconcile.py); one is deleted only while its cluster has no pod.
@@ -67,8 +71,11 @@ class KubernetesAdapter:
 
     def __init__(self, settings: KubernetesSettings | None = None, *, nats_url: str = "", stage: str = "",
                  poll_s: float = 0.5, agent_env: Mapping[str, str] | None = None,
-                 client_factory: Callable[[str], Any] | None = None) -> None:
+                 client_factory: Callable[[str], Any] | None = None, namespace: str | None = None) -> None:
         self.settings = settings or KubernetesSettings.load()
+        self.fixed_namespace = namespace  # a team's (teamcreds.py); None: each context's own
+        self._also: frozenset[str] = frozenset()  # more namespaces reconciliation lists
+        self._where: dict[tuple[str, str, str], str] = {}  # (context, kind, name) -> namespace it was listed in
         self.nats_url = nats_url
         self.stage = stage
         self.poll_s = poll_s
@@ -89,7 +96,22 @@ class KubernetesAdapter:
     def contexts(self) -> list[str]:
         return enabled_contexts(self.settings)
 
+    def in_namespace(self, namespace: str) -> "KubernetesAdapter":
+        """This backend for a team whose objects go in `namespace` (the same contexts, settings, bus)."""
+        return KubernetesAdapter(self.settings, nats_url=self.nats_url, stage=self.stage, poll_s=self.poll_s,
+                                 agent_env=self.agent_env, client_factory=self._factory, namespace=namespace)
+
+    def also_list(self, namespaces: Collection[str]) -> None:
+        """Reconciliation lists these namespaces too, in every context (teams' own, from the log)."""
+        self._also = frozenset(namespaces)
+
+    def _listed_namespaces(self, context: str) -> list[str]:
+        own = self.namespace(context)
+        return [own] + sorted(self._also - {own})
+
     def namespace(self, context: str) -> str:
+        if self.fixed_namespace:
+            return self.fixed_namespace
         if context not in self._namespaces:  # read once: the launch loop polls every poll_s
             self._namespaces[context] = namespace_for(self.settings, context)
         return self._namespaces[context]
@@ -116,9 +138,10 @@ class KubernetesAdapter:
                 raise provision_error(failure, infra=self.infra, region=context) from None
             raise
 
-    async def _pods(self, context: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+    async def _pods(self, context: str, selector: Mapping[str, str], namespace: str | None = None
+                    ) -> list[dict[str, Any]]:
         core = self._core(context)
-        ns = self.namespace(context)
+        ns = namespace or self.namespace(context)
         got = await self._call(context, core.list_namespaced_pod, ns, label_selector=_selector(selector))
         return [_plain(core, p) for p in got.items]
 
@@ -288,10 +311,16 @@ class KubernetesAdapter:
         carries the pods of the others and why each unanswered one failed."""
         out: list[NodeInfo] = []
         unreachable: dict[str, str] = {}
+        self._forget("Pod")
         contexts = self.contexts()
         for context in contexts + sorted(set(regions or ()) - set(contexts)):
             try:
-                out.extend(self._nodes(context, await self._pods(context, {naming.K8S_LABEL_STAGE: stage})))
+                found = []
+                for ns in self._listed_namespaces(context):
+                    pods = await self._pods(context, {naming.K8S_LABEL_STAGE: stage}, ns)
+                    self._remember(context, "Pod", pods, ns)
+                    found += self._nodes(context, pods)
+                out.extend(found)
             except Exception as exc:  # away, or gone from the kubeconfig: its pods unknown, not the others'
                 unreachable[context] = str(exc) or type(exc).__name__
         if unreachable:
@@ -302,16 +331,20 @@ class KubernetesAdapter:
         """The stage's labelled Services and Secrets in the contexts list_owned lists; a context
         that does not answer is in `unreachable`, the others are still listed."""
         out = ObjectListing()
+        self._forget("Service", "Secret")
         contexts = self.contexts()
         selector = _selector({naming.K8S_LABEL_STAGE: naming.check_stage(stage)})
         for context in contexts + sorted(set(regions or ()) - set(contexts)):
             try:
                 core = self._core(context)
-                ns = self.namespace(context)
                 found = []
-                for kind, lister in (("Service", core.list_namespaced_service), ("Secret", core.list_namespaced_secret)):
-                    got = await self._call(context, lister, ns, label_selector=selector)
-                    found += [_object(kind, context, _plain(core, o)) for o in got.items]
+                for ns in self._listed_namespaces(context):
+                    for kind, lister in (("Service", core.list_namespaced_service),
+                                         ("Secret", core.list_namespaced_secret)):
+                        got = await self._call(context, lister, ns, label_selector=selector)
+                        plain = [_plain(core, o) for o in got.items]
+                        self._remember(context, kind, plain, ns)
+                        found += [_object(kind, context, o) for o in plain]
                 out.objects.extend(found)
             except Exception as exc:  # away: its objects unknown, not the others'
                 out.unreachable[context] = str(exc) or type(exc).__name__
@@ -323,34 +356,44 @@ class KubernetesAdapter:
         for obj in objects:
             if obj.stage != stage or not obj.cluster or obj.kind not in deleters:
                 continue
+            ns = self._where.get((obj.region, obj.kind, obj.name)) or self.namespace(obj.region)
             # Checked again right before: a launch of that cluster may have made its pods meanwhile.
-            if await self._pods(obj.region, naming.k8s_labels(stage, obj.cluster)):
+            if await self._pods(obj.region, naming.k8s_labels(stage, obj.cluster), ns):
                 continue
             core = self._core(obj.region)
-            await self._call(obj.region, getattr(core, deleters[obj.kind]), obj.name, self.namespace(obj.region),
-                             ok=(404,))
+            await self._call(obj.region, getattr(core, deleters[obj.kind]), obj.name, ns, ok=(404,))
             done.append(obj.name)
         return done
 
     async def terminate_nodes(self, stage: str, nodes: Sequence[NodeInfo]) -> list[str]:
         done = []
-        clusters: set[tuple[str, str]] = set()
+        clusters: set[tuple[str, str, str]] = set()
         for node in nodes:
             if node.stage != stage or not node.region:
                 continue
+            ns = self._where.get((node.region, "Pod", node.instance_id)) or self.namespace(node.region)
             core = self._core(node.region)
-            await self._call(node.region, core.delete_namespaced_pod, node.instance_id, self.namespace(node.region),
+            await self._call(node.region, core.delete_namespaced_pod, node.instance_id, ns,
                              grace_period_seconds=0, ok=(404,))
             done.append(node.instance_id)
             if node.cluster:
-                clusters.add((node.region, node.cluster))
-        for context, cluster in sorted(clusters):  # an orphan cluster's Service and Secret go with its last pod
-            if not await self._pods(context, naming.k8s_labels(stage, cluster)):
+                clusters.add((node.region, ns, node.cluster))
+        for context, ns, cluster in sorted(clusters):  # an orphan cluster's Service and Secret go with its last pod
+            if not await self._pods(context, naming.k8s_labels(stage, cluster), ns):
                 await self._call(context, self._core(context).delete_namespaced_service,
-                                 naming.k8s_service(stage, cluster), self.namespace(context), ok=(404,))
+                                 naming.k8s_service(stage, cluster), ns, ok=(404,))
                 await self._call(context, self._core(context).delete_namespaced_secret,
-                                 naming.k8s_secret(stage, cluster), self.namespace(context), ok=(404,))
+                                 naming.k8s_secret(stage, cluster), ns, ok=(404,))
         return done
+
+    def _remember(self, context: str, kind: str, objs: Sequence[Mapping[str, Any]], namespace: str) -> None:
+        """Where a listed object is, so deleting it as an orphan goes to that namespace."""
+        for o in objs:
+            self._where[(context, kind, str((o.get("metadata") or {}).get("name")))] = namespace
+
+    def _forget(self, *kinds: str) -> None:
+        """A new listing replaces the last one's places (the map stays as big as one listing)."""
+        self._where = {k: v for k, v in self._where.items() if k[1] not in kinds}
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

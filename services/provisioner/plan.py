@@ -13,6 +13,7 @@ from skypurza.events.agentspec import AgentSpec
 from skypurza.events.models import CapacityError, ClusterProvisioned, PlacementChosen, ProvisionFailed, TaskSubmitted
 from skypurza.events.payloads import TaskPayload
 from skypurza.events.taskspec.request import ResourceRequest
+from skypurza.events.team_credentials import TeamCredentials
 from skypurza.events.types import Candidate
 from skypurza.events.types import NodeInfo as EventNode
 
@@ -140,6 +141,14 @@ def launch_spec(
 BACKEND_OPTION_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kubernetes": ("kubernetes", ("pod_config", "provision_timeout")),
 }
+
+
+def with_team_credentials(spec: LaunchSpec, creds: TeamCredentials) -> LaunchSpec:
+    """The spec with what the team's workspace says for its backend that the backend instance
+    does not already carry (pure): a Slurm account (an AWS profile, a namespace: backends.py)."""
+    if spec.infra == "slurm" and creds.slurm is not None:
+        return dataclasses.replace(spec, slurm_account=creds.slurm.account)
+    return spec
 
 
 def with_backend_options(spec: LaunchSpec, submitted: TaskSubmitted | None) -> LaunchSpec:

@@ -26,16 +26,26 @@
   (reason "vanished") is published, so status and cost follow the cloud. Its id is derived from
   the cluster's placement, so any number of passes (or two reconcilers) publish it once; clusters
   younger than `grace_s`, or being launched or torn down by this process, are left alone.
-- AWS is listed with the server's default credentials: a live cluster whose team has had an AWS
-  profile of its own (teamcreds.py) may be in another account, so it is never called vanished for
-  not being in this listing (`listed_elsewhere_kept`); its nodes, where this account does show
-  them, are still accounted for, never orphans.
+- Kubernetes is listed in each context's namespace and in every namespace a team has named
+  (teamcreds.py), so a team's orphan pods and objects are found and deleted where they are.
+- AWS is listed in every account a node of ours may be in (`_reconcile_aws`): the server's
+  default credentials and each profile any team has ever had (teamcreds.py: a profile left
+  behind may still hold nodes), one listing per (account, region), `AWS_LISTINGS` at a time, each
+  within `AWS_LISTING_TIMEOUT_S`. Each live cluster is compared with the account it was launched
+  in (its team's profile as of its ClusterProvisioned), so a team-account cluster whose nodes are
+  gone is vanished like any other, and a node of ours in a team's account that no cluster there
+  accounts for is an orphan (reported, terminated with that account's credentials). A profile
+  the server no longer has, or an account or region that does not answer, is an error of its
+  own (`errors["aws@PROFILE"]`, `errors["aws@PROFILE/<region>"]`) and a warning line; its
+  clusters are not called vanished (unseen is not gone). A node id the log gives a cluster of
+  another account is never an orphan.
 - With `terminate=True` the pass also sweeps unused per-stage resources (security groups, key
   pair, placement groups) from every region the stage touched (cleanup.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -51,17 +61,19 @@ from skypurza.events.models import ClusterProvisioned, ClusterTerminated, Orphan
 from . import cleanup, k8s_manifest, teamcreds
 
 from .adapter import NodeInfo, ObjectOwner, OwnedObject, PartialListing, find_orphans
-from .backends import Backends, UnsupportedInfra
-from .state import find_event, live_clusters
+from .backends import Backends, UnsupportedInfra, aws_account, credentials_key
+from .state import find_event, live_clusters_at
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_CLUSTER = "?"
+AWS_LISTINGS = 8  # (account, region) listings at once: DescribeInstances is rate-limited per account
+AWS_LISTING_TIMEOUT_S = 60.0  # one listing; a region or account that does not answer is an error of its own
 
 
 @dataclass
 class ReconcileReport:
-    checked: dict[str, list[str]] = field(default_factory=dict)  # infra -> regions listed
+    checked: dict[str, list[str]] = field(default_factory=dict)  # infra (aws@PROFILE: a team's account) -> regions
     live: list[str] = field(default_factory=list)
     orphans: list[NodeInfo] = field(default_factory=list)
     orphan_objects: list[OwnedObject] = field(default_factory=list)  # a cluster's Service, Secret
@@ -151,13 +163,6 @@ def unseen_kept(vanished: dict[str, tuple[str, ...]], live: dict[str, ClusterPro
             if c not in live or live[c].candidate.region not in unlisted}
 
 
-def listed_elsewhere_kept(vanished: dict[str, tuple[str, ...]], elsewhere: Collection[str]
-                          ) -> dict[str, tuple[str, ...]]:
-    """Pure: `vanished` without the clusters made in another account than the one listed (a
-    team's own AWS profile): their nodes are not in this listing, which says nothing of them."""
-    return {c: ids for c, ids in vanished.items() if c not in elsewhere}
-
-
 def expected_nodes(live: dict[str, ClusterProvisioned], infra: str,
                    launching: Collection[str] = ()) -> dict[str, list[str]]:
     """Pure: cluster -> node ids the log knows, for one infra (launching clusters: any node)."""
@@ -203,23 +208,28 @@ async def reconcile(
 ) -> ReconcileReport:
     """`now` (else `clock.now()`): how old an orphan is, when a vanished cluster ended."""
     now = now or clock.now()
-    live = await live_clusters(bus)
+    live, seqs = await live_clusters_at(bus)
     report = ReconcileReport(live=sorted(live))
     wanted = list(infras) if infras is not None else sorted(
         {ev.candidate.infra for ev in live.values()} | set(backends.settings.reconcile_infras))
+    busy = set(launching) | set(terminating)
     for infra in wanted:
+        if infra == "aws":  # every account a node of ours may be in, each its own listing
+            await _reconcile_aws(bus, backends, report, live, seqs, launching=launching, busy=busy,
+                                 terminate=terminate, now=now, grace_s=grace_s)
+            continue
         try:
             backend = backends.get(infra)
             regions: list[str] | None = None
-            if infra == "aws":
-                regions = sorted(set(await backends.aws_regions())
-                                 | {ev.candidate.region for ev in live.values()
-                                    if ev.candidate.infra == "aws" and ev.candidate.region})
-            elif infra == "kubernetes":
+            if infra == "kubernetes":
                 # Live clusters' contexts too: one dropped from allowed_contexts still holds pods,
                 # which must not read as a vanished cluster (the backend adds its enabled contexts).
                 regions = sorted({ev.candidate.region for ev in live.values()
                                   if ev.candidate.infra == infra and ev.candidate.region})
+                # Teams' own namespaces too (teamcreds.py): a team's orphans are where it made them.
+                also_list = getattr(backend, "also_list", None)
+                if also_list is not None:
+                    also_list(await teamcreds.team_k8s_namespaces(bus))
             unlisted: set[str] = set()
             try:
                 owned = await backend.list_owned(bus.stage, regions)
@@ -236,31 +246,9 @@ async def reconcile(
             report.errors[infra] = f"{type(exc).__name__}: {exc}"
             continue
         report.checked[infra] = [r for r in regions or [] if r not in unlisted]
-        orphans, vanished = find_orphans(owned, expected_nodes(live, infra, launching))
-        vanished = unseen_kept(vanished, live, unlisted)
-        if infra == "aws":  # the listing is the server's default account's only
-            vanished = listed_elsewhere_kept(vanished, await _own_accounts(bus, live))
-        orphans = old_enough(orphans, now, grace_s)
-        report.vanished.update(vanished)
-        for cluster, ids in vanished.items():
-            log.warning("reconcile: cluster %s lost node(s) %s", cluster, ", ".join(ids))
-        for cluster in ended_clusters(vanished, live, now, grace_s, set(launching) | set(terminating)):
-            await end_vanished(bus, live[cluster], vanished[cluster], now)
-            report.ended.append(cluster)
-        for node in orphans:
-            await record_orphan(bus, node, infra, "reported")
-        report.orphans += orphans
-        if terminate and orphans:
-            try:
-                done = await backend.terminate_nodes(bus.stage, orphans)
-            except Exception as exc:
-                log.warning("reconcile: terminating %s orphans failed: %s", infra, exc)
-                report.errors[infra] = f"terminate: {type(exc).__name__}: {exc}"
-                continue
-            report.terminated += done
-            for node in orphans:
-                if node.instance_id in done:
-                    await record_orphan(bus, node, infra, "terminated")
+        if not await _settle(bus, backend, infra, report, owned, expected_nodes(live, infra, launching),
+                             live=live, unlisted=unlisted, busy=busy, terminate=terminate, now=now, grace_s=grace_s):
+            continue
         if isinstance(backend, ObjectOwner):
             await _reconcile_objects(bus, backend, infra, report, regions=regions, owned=owned, live=live,
                                      unlisted=unlisted, busy=set(launching) | set(terminating), terminate=terminate,
@@ -270,12 +258,118 @@ async def reconcile(
     return report
 
 
-async def _own_accounts(bus: Bus, live: dict[str, ClusterProvisioned]) -> set[str]:
-    """The live AWS clusters whose team has had an AWS profile of its own (teamcreds.py): their
-    nodes may be in another account than the one listed, so not seeing them says nothing."""
-    teams = {ev.team for ev in live.values() if ev.candidate.infra == "aws" and ev.team}
-    own = {t for t in teams if (await teamcreds.load_history(bus, t)).ever_aws()}
-    return {c for c, ev in live.items() if ev.team in own}
+async def _settle(bus: Bus, backend: Any, key: str, report: ReconcileReport, owned: Sequence[NodeInfo],
+                  expected: dict[str, list[str]], *, live: dict[str, ClusterProvisioned], unlisted: Collection[str],
+                  busy: Collection[str], terminate: bool, now: datetime, grace_s: float,
+                  known: Collection[str] = ()) -> bool:
+    """One listing (an infra, or one AWS account: `key`) against the clusters it should hold:
+    vanished clusters reported (and ended when wholly gone), orphans recorded and, with
+    `terminate`, terminated. `known`: node ids the log gives clusters of other accounts, never
+    orphans here. False when terminating failed (an error of `key`)."""
+    orphans, vanished = find_orphans(owned, expected)
+    vanished = unseen_kept(vanished, live, unlisted)
+    orphans = [n for n in old_enough(orphans, now, grace_s) if n.instance_id not in known]
+    report.vanished.update(vanished)
+    for cluster, ids in vanished.items():
+        log.warning("reconcile: cluster %s lost node(s) %s", cluster, ", ".join(ids))
+    for cluster in ended_clusters(vanished, live, now, grace_s, busy):
+        await end_vanished(bus, live[cluster], vanished[cluster], now)
+        report.ended.append(cluster)
+    for node in orphans:
+        await record_orphan(bus, node, key, "reported")
+    report.orphans += orphans
+    if terminate and orphans:
+        try:
+            done = await backend.terminate_nodes(bus.stage, orphans)
+        except Exception as exc:
+            log.warning("reconcile: terminating %s orphans failed: %s", key, exc)
+            report.errors[key] = f"terminate: {type(exc).__name__}: {exc}"
+            return False
+        report.terminated += done
+        for node in orphans:
+            if node.instance_id in done:
+                await record_orphan(bus, node, key, "terminated")
+    return True
+
+
+@dataclass(frozen=True)
+class _Account:
+    key: str  # "aws" (the server's default credentials) or "aws@PROFILE" (backends.credentials_key)
+    profile: str | None
+    backend: Any
+    regions: tuple[str, ...]
+
+
+async def _reconcile_aws(bus: Bus, backends: Backends, report: ReconcileReport, live: dict[str, ClusterProvisioned],
+                         seqs: dict[str, int], *, launching: Collection[str], busy: Collection[str], terminate: bool,
+                         now: datetime, grace_s: float) -> None:
+    """Every AWS account a node of ours may be in: the default and each profile a team has ever
+    had, one listing per (account, region), AWS_LISTINGS at a time, each within
+    AWS_LISTING_TIMEOUT_S. An account (or a region of one) that cannot be listed is an error of
+    its own, and its clusters are not called vanished: unseen is not gone."""
+    try:
+        backends.get("aws")
+        base = set(await backends.aws_regions())
+    except UnsupportedInfra as exc:
+        report.errors["aws"] = str(exc)
+        return
+    except Exception as exc:  # one cloud failing must not hide the others
+        log.warning("reconcile: listing aws failed: %s", exc)
+        report.errors["aws"] = f"{type(exc).__name__}: {exc}"
+        return
+    histories = await teamcreds.load_all(bus)
+    account_of = {c: teamcreds.launched_in(histories, ev.team, seqs.get(c, 0))
+                  for c, ev in live.items() if ev.candidate.infra == "aws"}
+    accounts: list[_Account] = []
+    for profile in [None, *teamcreds.profiles_ever(histories.values())]:
+        key = credentials_key("aws", aws_account(profile))
+        try:
+            backend = backends.get("aws", aws_account(profile),
+                                   team=", ".join(teamcreds.teams_with(histories, profile or "")))
+        except Exception as exc:  # a profile gone from the server (CredentialsNotFound): unknown, not gone
+            kept = sorted(c for c, a in account_of.items() if a == profile)
+            why = f"{exc}; not listed, so its clusters are kept ({', '.join(kept) or 'none live'})"
+            log.warning("reconcile: %s", why)
+            report.errors[key] = why
+            continue
+        regions = base | {live[c].candidate.region for c, a in account_of.items()
+                          if a == profile and live[c].candidate.region}
+        accounts.append(_Account(key, profile, backend, tuple(sorted(regions))))
+    gate = asyncio.Semaphore(AWS_LISTINGS)
+
+    async def listing(account: _Account, region: str) -> tuple[list[NodeInfo], str | None]:
+        async with gate:
+            try:
+                return list(await asyncio.wait_for(account.backend.list_owned(bus.stage, [region]),
+                                                   AWS_LISTING_TIMEOUT_S)), None
+            except asyncio.TimeoutError:
+                return [], f"no answer within {AWS_LISTING_TIMEOUT_S:.0f} s"
+            except Exception as exc:
+                return [], f"{type(exc).__name__}: {exc}"
+
+    pairs = [(a, r) for a in accounts for r in a.regions]
+    results = await asyncio.gather(*(listing(a, r) for a, r in pairs))
+    known_by_account = {a.key: {n.instance_id for c, ev in live.items() if account_of.get(c) == a.profile
+                                for n in ev.nodes} for a in accounts}
+    every_known = {n.instance_id for ev in live.values() for n in ev.nodes}
+    expected_all = expected_nodes(live, "aws", launching)
+    for account in accounts:
+        owned: list[NodeInfo] = []
+        unlisted: set[str] = set()
+        for (a, region), (nodes, why) in zip(pairs, results):
+            if a is not account:
+                continue
+            owned += nodes
+            if why is not None:
+                unlisted.add(region)
+                log.warning("reconcile: listing %s/%s failed: %s", account.key, region, why)
+                report.errors[f"{account.key}/{region}"] = why
+        report.checked[account.key] = [r for r in account.regions if r not in unlisted]
+        # Launches in flight may be in any account: any node of theirs is accepted everywhere.
+        expected = {c: ids for c, ids in expected_all.items() if c in launching or account_of.get(c) == account.profile}
+        await _settle(bus, account.backend, account.key, report, owned, expected, live=live, unlisted=unlisted,
+                      busy=busy, terminate=terminate, now=now, grace_s=grace_s,
+                      known=every_known - known_by_account[account.key])
 
 
 async def _reconcile_objects(bus: Bus, backend: ObjectOwner, infra: str, report: ReconcileReport, *,
@@ -319,13 +413,17 @@ async def _sweep(bus: Bus, backends: Backends, report: ReconcileReport, policy: 
     regions = await cleanup.TouchedRegions().update(bus)
     for infra, checked in report.checked.items():
         regions.setdefault(infra, set()).update(checked)
+    regions = cleanup.with_accounts(regions, [k for k in report.checked if k.startswith("aws@")])
     try:
         swept = await cleanup.sweep(bus, backends, regions, policy, now=now)
     except Exception as exc:
         log.warning("reconcile: cleanup sweep failed: %s", exc)
         report.errors["cleanup"] = f"{type(exc).__name__}: {exc}"
         return
-    report.cleanup_failed += [f"{f.resource_type} {f.resource} in {f.region}: {f.code}" for f in swept.failed]
+    report.cleanup_failed += [f"{f.resource_type} {f.resource} in {f.region}"
+                              + (f" ({f.infra})" if f.infra != "aws" else "") + f": {f.code}" for f in swept.failed]
+    for account, why in swept.errors.items():
+        report.errors.setdefault(f"cleanup/{account}", why)
 
 
 async def end_vanished(bus: Bus, provisioned: ClusterProvisioned, gone: Sequence[str], now: datetime) -> None:

@@ -84,7 +84,8 @@ from skypurza.events.models import (
 from skypurza.events.contract import BusAccess
 from skypurza.events.identity_events import TeamAdded, TeamRemoved, TeamUpdated
 from skypurza.events.provisioner_queries import SERVICE as QUERY_SERVICE
-from skypurza.events.service import Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, handles
+from skypurza.events.service import (Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, Unretryable,
+                                     handles)
 from skypurza.events.slurm_config import slurm_config_path
 from skypurza.events.team_credentials import NO_CREDENTIALS, TeamCredentials
 
@@ -99,7 +100,7 @@ from .adapter import (
     ProvisionError,
     TransientProvisionError,
 )
-from .backends import Backends, CredentialsNotFound, UnsupportedInfra
+from .backends import Backends, CredentialsNotFound, UnsupportedInfra, aws_account, credentials_key
 from .reconcile import ReconcileReport, reconcile, refresh_infras
 from .settings import ProvisionerSettings
 from .state import ClusterState, event_with_id, live_clusters, load_cluster_state, placement_outcome
@@ -292,7 +293,7 @@ class ProvisionerService:
             return [plan.provision_failed(pc, placement_id, "CredentialsNotFound", str(exc), error_class="auth")]
         self._launching.add(pc.cluster)  # before its bus user is minted (sync_agent_users keeps it)
         try:
-            spec = await self._launch_spec(stored, pc, placement_id, submitted)
+            spec = plan.with_team_credentials(await self._launch_spec(stored, pc, placement_id, submitted), creds)
             result = await self._launch(backend, spec, pc, placement_id)
         finally:
             self._launching.discard(pc.cluster)
@@ -471,12 +472,19 @@ class ProvisionerService:
     # ------------------------------------------------------------------ lifecycle
 
     async def _state(self, cluster: str) -> tuple[ClusterState, ComputeBackend | None]:
+        """The cluster and the backend that reaches it. Its team's credentials reference naming
+        nothing on this server any more (a profile removed from the credentials file) is
+        Unretryable: the request is parked at once with a reason naming team and profile, so
+        `spz down` says why now (the cluster stays in the records: its nodes may still bill)."""
         state = await load_cluster_state(self.bus, cluster)
         if not state.live or state.infra is None:
             return state, None
+        launched_with = await self._launched_with(state)
         try:
-            return state, self.backends.get(state.infra, await self._launched_with(state), team=self._team_of(state))
-        except (UnsupportedInfra, CredentialsNotFound) as exc:
+            return state, self.backends.get(state.infra, launched_with, team=self._team_of(state))
+        except CredentialsNotFound as exc:
+            raise Unretryable(unreachable_reason(cluster, exc.team, launched_with, str(exc))) from None
+        except UnsupportedInfra as exc:
             log.error("cluster %s: %s", cluster, exc)
             return state, None
 
@@ -490,8 +498,9 @@ class ProvisionerService:
         return await self._team_credentials(state.infra or "", self._team_of(state), state.provisioned_seq)
 
     async def _team_credentials(self, infra: str, team: str | None, seq: int | None = None) -> TeamCredentials:
-        """The team's credentials at `seq` (None: now); only AWS takes any yet, so no read for the others."""
-        if infra != "aws" or not team:
+        """The team's credentials at `seq` (None: now); only AWS (a profile), Kubernetes (a
+        namespace) and Slurm (an account) take any yet, so no read for the others."""
+        if infra not in ("aws", "kubernetes", "k8s", "slurm") or not team:
             return NO_CREDENTIALS
         return (await teamcreds.load_history(self.bus, team)).as_of(seq)
 
@@ -532,10 +541,9 @@ class ProvisionerService:
             ended = self.clock.now()
             await self._publish_accounts(ctx.publish, backend, state.cluster)
             infra = state.provisioned.candidate.infra
-            if region and not self.backends.is_default(infra, await self._launched_with(state)):
-                await self._release_team_region(backend, state.cluster, region)
-            elif region:
-                await self._release_after_teardown(ctx, state.cluster, infra, region)
+            if region:  # in the account it was made in (`aws@PROFILE` for a team's own)
+                await self._release_after_teardown(
+                    ctx, state.cluster, credentials_key(infra, await self._launched_with(state)), region)
             known = [n.instance_id for n in state.nodes]
             event = ClusterTerminated(cluster=state.cluster, terminated_at=ended, reason=reason,
                                       instance_ids=sorted(set(known) | set(ids)))
@@ -558,20 +566,6 @@ class ProvisionerService:
         except Exception:  # never a blocker of ClusterTerminated; the sweep retries
             log.exception("cluster %s: releasing resources in %s failed; the background sweep retries", cluster,
                           region)
-
-    async def _release_team_region(self, backend: ComputeBackend, cluster: str, region: str) -> None:
-        """A team account's unused per-stage resources in the cluster's region, released once and
-        bounded: the background sweep lists the server's default account only (docs/backend-aws.md)."""
-        try:
-            report = await asyncio.wait_for(backend.release_unused(self.bus.stage, [region]),
-                                            max(0.1, self.settings.cleanup_wait_s))
-            for f in report.failures:
-                log.warning("cluster %s: %s %s in %s (its team's account) not released: %s", cluster,
-                            f.resource_type, f.resource, region, f.failure.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # never a blocker of ClusterTerminated
-            log.warning("cluster %s: releasing its team account's resources in %s failed: %s", cluster, region, exc)
 
     def _cleanup_policy(self) -> cleanup.RetryPolicy:
         return cleanup.RetryPolicy(attempts=max(1, self.settings.cleanup_attempts),
@@ -655,6 +649,10 @@ class ProvisionerService:
         # A region with a teardown under way is released by that teardown (its warnings then
         # name its cluster); the next sweep covers it.
         busy = {r for r, n in self._tearing_down_in.items() if n > 0}
+        # Every team account too (each AWS profile a team has ever had: teamcreds.py).
+        accounts = [credentials_key("aws", aws_account(p))
+                    for p in teamcreds.profiles_ever((await teamcreds.load_all(self.bus)).values())]
+        touched = cleanup.with_accounts(touched, accounts)
         return await self._sweep({infra: set(regions) - busy for infra, regions in touched.items()})
 
     async def _sweep(self, regions: Mapping[str, Sequence[str] | set[str]],
@@ -693,6 +691,18 @@ class ProvisionerService:
                 raise
             except Exception:
                 log.exception("periodic reconciliation failed")
+
+
+def unreachable_reason(cluster: str, team: str, launched_with: TeamCredentials, fallback: str) -> str:
+    """Pure: why a cluster's teardown, stop or start cannot be done: the reference it was launched
+    with names nothing here. Changing the team's profile would not help (a cluster is reached
+    with what it was made with), so the message says what does."""
+    if launched_with.aws is None:
+        return f"cluster {cluster} cannot be reached: {fallback}"
+    return (f"cluster {cluster} cannot be reached: team {team}'s AWS profile {launched_with.aws.profile}, which it "
+            "was launched with, is not on this server. Add the profile back to the server's AWS credentials file "
+            "(AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials) and ask again; spz down --purge drops the "
+            "cluster from spz's records (its nodes may still run and bill in that account)")
 
 
 def _url_of(bus: Bus) -> str:

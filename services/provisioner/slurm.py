@@ -47,7 +47,7 @@ from skypurza.events.slurm_discovery import (SlurmNode, ZoneOffer, expand_hostli
                                              zone_offers)
 from . import slurm_account
 from .slurm_errors import classify
-from .slurm_sbatch import SbatchRequest, parse_shape, reservation_name, sbatch_options, script
+from .slurm_sbatch import SbatchRequest, parse_shape, reservation_name, sbatch_options, script, with_account
 from .slurm_ssh import SlurmSsh, SlurmSshError
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,8 @@ class SlurmAdapter(LocalAdapter):
             job_name=naming.slurm_job_name(spec.stage, spec.cluster), output=f"{out_dir}/alloc-%j.out",
             nodes=spec.num_nodes, cpus_per_task=shape.cpus, mem_mib=shape.mem_mib, accelerator=shape.accelerator,
             accelerator_count=shape.accelerator_count, gres=cfg.gres, gpu_directive=cfg.gpu_directive,
-            partition=spec.zone, max_time=max_time, options=sbatch_options(cfg.sbatch_options, where),
+            partition=spec.zone, max_time=max_time,
+            options=with_account(sbatch_options(cfg.sbatch_options, where), spec.slurm_account),
             reservation=reservation_name(spec.reservation_id) if spec.reservation_kind == "slurm" else None)
 
     async def _allocate(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -426,7 +427,8 @@ class SlurmAdapter(LocalAdapter):
             nodes.append({"rank": rank, "instance_id": instance_id, "home": str(home), "argv": agent.command(),
                           "pid": None, "slurm_node": node["name"], "addr": node["addr"]})
         spec_record = {k: getattr(spec, k) for k in ("stage", "cluster", "launch_token", "instance_type", "region",
-                                                      "zone", "num_nodes", "infra", "task_id", "job_id", "user")}
+                                                      "zone", "num_nodes", "infra", "task_id", "job_id", "user",
+                                                      "slurm_account")}  # start charges the same account
         spec_record["labels"] = dict(spec.labels)
         return {"cluster": spec.cluster, "stage": spec.stage, "launch_token": spec.launch_token,
                 "num_nodes": spec.num_nodes, "region": spec.region, "zone": spec.zone,

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from skypurza.events.team_credentials import check_slurm_account
+
 # What we generate, so a user may not set it (SkyPilot's list, plus what our executor relies on).
 PROTECTED = frozenset({
     "job-name", "output", "error", "nodes", "wait-all-nodes", "no-requeue", "cpus-per-task", "mem", "gres",
@@ -117,6 +119,16 @@ def sbatch_options(options: Mapping[str, Any] | None, where: str = "slurm.sbatch
             raise SbatchOptionError(f"{at}: {len(text)} characters; at most {MAX_OPTION_CHARS}")
         out.append((name, text))
     return tuple(out)
+
+
+def with_account(options: tuple[tuple[str, str | None], ...], account: str | None
+                 ) -> tuple[tuple[str, str | None], ...]:
+    """The options with a team's Slurm account in place of any the cluster's options name (pure):
+    the workspace is the admin's word on who pays, a cluster's default is not."""
+    if account is None:
+        return options
+    check_slurm_account(account)  # it comes from an event: it goes onto a command line only if sound
+    return tuple(o for o in options if o[0] != "account") + (("account", account),)
 
 
 _RESERVATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")

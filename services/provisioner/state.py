@@ -108,10 +108,21 @@ def fold_live(events: Iterable[Stored]) -> dict[str, ClusterProvisioned]:
 
 async def live_clusters(bus: Bus) -> dict[str, ClusterProvisioned]:
     """Every live cluster of the stage, from the whole log (ClusterProvisioned minus ClusterTerminated)."""
+    return (await live_clusters_at(bus))[0]
+
+
+async def live_clusters_at(bus: Bus) -> tuple[dict[str, ClusterProvisioned], dict[str, int]]:
+    """`live_clusters`, and the stream sequence of each one's ClusterProvisioned (what a team's
+    credentials were then: teamcreds.py)."""
     events: list[Stored] = []
     for event in (ClusterProvisioned, ClusterTerminated):
         events += await replay_all(bus, naming.event_filter(bus.stage, "cluster", event.EVENT_NAME))
-    return fold_live(events)
+    live = fold_live(events)
+    seqs: dict[str, int] = {}
+    for s in events:
+        if isinstance(s.event, ClusterProvisioned) and s.event is live.get(s.event.cluster):
+            seqs[s.event.cluster] = s.seq
+    return live, seqs
 
 
 async def replay_all(bus: Bus, subject: str) -> list[Stored]:

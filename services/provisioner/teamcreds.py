@@ -8,13 +8,17 @@ there; on the embedded bus the CLI chose it), which ClusterProvisioned repeats.
 A cluster is torn down, stopped and started with the credentials its team had when it was
 launched (`as_of` its ClusterProvisioned's sequence): an admin moving a team to another account
 must not leave the team's running nodes unreachable, nor have a teardown look for them in the new
-account, find none and call the cluster gone while the old account bills on. Pure, but for
-`load_history`, which reads the team's events (a handful per team).
+account, find none and call the cluster gone while the old account bills on.
+
+Reconciliation and the cleanup sweep look in every account a node of ours may be in: the
+server's default and each profile any team has ever had (`profiles_ever`: a profile left behind
+may still hold nodes). Pure, but for `load_history` and `load_all`, which read the teams' events
+(a handful per team).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from skypurza.events import naming
@@ -94,3 +98,33 @@ async def team_k8s_namespaces(bus: Bus) -> set[str]:
         if isinstance(team, str):
             by_team.setdefault(team, []).append(s)
     return {ns for team, evs in by_team.items() for ns in fold(team, evs).k8s_namespaces()}
+
+
+def profiles_ever(histories: Iterable[TeamHistory]) -> list[str]:
+    """Pure: every AWS profile any team has had, sorted (each is an account to list and sweep)."""
+    return sorted({c.aws.profile for h in histories for _, c in h.changes if c.aws is not None})
+
+
+def launched_in(histories: Mapping[str, TeamHistory], team: str | None, seq: int) -> str | None:
+    """Pure: the AWS profile a cluster of `team` provisioned at stream sequence `seq` was made
+    with (None: the server's default account)."""
+    history = histories.get(team or "")
+    creds = history.as_of(seq) if history is not None else NO_CREDENTIALS
+    return creds.aws.profile if creds.aws is not None else None
+
+
+def teams_with(histories: Mapping[str, TeamHistory], profile: str) -> list[str]:
+    """Pure: the teams that have ever had `profile` (for a message naming who is concerned)."""
+    return sorted(t for t, h in histories.items()
+                  if any(c.aws is not None and c.aws.profile == profile for _, c in h.changes))
+
+
+async def load_all(bus: Bus) -> dict[str, TeamHistory]:
+    """Every team's history from the log (removed teams too: their profiles may still hold nodes)."""
+    by_team: dict[str, list[Stored]] = {}
+    for event in TEAM_EVENTS:
+        for s in await replay_all(bus, naming.event_filter(bus.stage, "team", event.EVENT_NAME)):
+            team = getattr(s.event, "team", None)
+            if isinstance(team, str) and team:
+                by_team.setdefault(team, []).append(s)
+    return {team: fold(team, events) for team, events in by_team.items()}
