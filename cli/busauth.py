@@ -57,12 +57,13 @@ async def connect_as(url: str, stage: str, user: str, source: str):
 
 async def set_up(url: str, stage: str) -> None:
     """As the `control` user: the streams, the secrets bucket and the uploads store, which no
-    service's user may create (they only check them on connect)."""
+    service's user may create (they only check them on connect). A secrets bucket an older
+    version made is given direct gets here: a cluster's agent user reads its keys no other way."""
     from skypurza.events import uploads
 
     bus = await connect_as(url, stage, naming.BUS_CONTROL_USER, f"/skypurza/{stage}/setup")
     try:
-        await bus._secrets_kv()
+        await bus.ensure_secrets_bucket()
         await uploads.object_store(bus)
     finally:
         await bus.close()

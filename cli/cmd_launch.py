@@ -166,7 +166,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
         summary["task_id"] = task_id
         secret_values = task.secret_values()
         if secret_values:
-            await bus.put_secrets(task_id, secret_values)
+            await bus.put_secrets(task_id, secret_values, cluster)
         wanted = Wanted(nodes=task.num_nodes or 1, setup=task.setup, no_setup=no_setup, idle_minutes=idle, down=down,
                         requests=tuple(task.resource_requests()))
         plan = plan_launch(existing, wanted)
@@ -235,7 +235,7 @@ async def _launch(task: Any, public: dict[str, Any], cluster: str, cfg: Any, *, 
                         await asyncio.sleep(delay)
                         task_id = str(uuid.uuid4())
                         if secret_values:
-                            await bus.put_secrets(task_id, secret_values)
+                            await bus.put_secrets(task_id, secret_values, cluster)
                         continue
                     status.stop()
                     status.note(f"[red]✗ {exc}[/red]")
@@ -362,7 +362,7 @@ async def _exec(task: Any, public: dict[str, Any], cluster: str, cfg: Any, detac
         task_id = str(uuid.uuid4())
         secret_values = task.secret_values()
         if secret_values:
-            await bus.put_secrets(task_id, secret_values)
+            await bus.put_secrets(task_id, secret_values, cluster)
         public = await _with_uploads(bus, task, public, c.infra or "local")
         job, _ = await queue_job(bus, cluster=cluster, task_id=task_id, task=public, name=task.name, user=cfg.user,
                                  run_setup=False, secrets_key=task_id if secret_values else None)

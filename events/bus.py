@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol, Sequence, TypeVar
 
 from . import natslight  # noqa: F401,I001  (first: nats-py without aiohttp, 100+ ms less per command)
 
@@ -41,7 +41,7 @@ from . import naming
 from .bussettings import BusSettings, parse_servers
 from .envelope import Decoded, Envelope, Event, PoisonEvent, decode, derive_id, envelope_of, envelopes_of
 from .natscreds import BusCredentials, CredentialsError, credentials_from_env
-from .pubpipe import AckInbox
+from .pubpipe import AckInbox, Window
 
 log = logging.getLogger("skypurza.bus")
 T = TypeVar("T")
@@ -225,6 +225,7 @@ class Bus:
         self._hooks: PublishHooks | None = None
         self.servers = list(servers or [])  # every URL it was given (a cluster: all its nodes)
         self._settings = settings
+        self.user = ""  # the secured bus's user it connected as ("": none, the embedded bus)
 
     @property
     def settings(self) -> BusSettings:
@@ -318,6 +319,7 @@ class Bus:
             await nc.close()
             raise
         bus = cls(nc, stage, source, servers=servers, settings=settings)
+        bus.user = creds.user if creds is not None else ""
         holder["bus"] = bus
         if ensure:
             await bus.ensure_streams()
@@ -531,9 +533,7 @@ class Bus:
             for env in envs:  # all checked before any is published
                 self._hooks.before(env)
         acks: list[api.PubAck] = []
-        inbox = self._link.acks
-        if inbox is None:
-            inbox = self._link.acks = AckInbox(self.nc)
+        inbox = self._ack_inbox()
         stage, subject = self.stage, naming.event_subject
         for start in range(0, len(envs), window):
             chunk = envs[start:start + window]
@@ -550,6 +550,34 @@ class Bus:
                 acks.append(ack)
                 if self._hooks is not None:
                     self._hooks.after(env, ack)
+        return acks
+
+    def _ack_inbox(self) -> AckInbox:
+        inbox = self._link.acks
+        if inbox is None:
+            inbox = self._link.acks = AckInbox(self.nc)
+        return inbox
+
+    async def send_many(self, envs: Sequence[Envelope]) -> Window:
+        """Start appends, in order, without waiting for their acks: through the connection's one
+        reply inbox (events/pubpipe.py), one future for all of them rather than nats-py's future,
+        token and timer per append (issue 21). No hooks run here: see `settle_many`."""
+        stage, subject = self.stage, naming.event_subject
+        return await self._ack_inbox().send([(subject(stage, e.aggregate, e.aggregate_id, e.event_name), e.to_json(),
+                                              e.id) for e in envs])
+
+    async def settle_many(self, envs: Sequence[Envelope], window: Window, *,
+                          quiet: float = ACK_WAIT_S) -> list[api.PubAck]:
+        """The acks of a `send_many`, as `settle` gives one: what gets no ack once answers stop
+        coming for `quiet` seconds (or an answer that is not an ack) is appended again by id."""
+        inbox = self._ack_inbox()
+        if not window.done.done():
+            await inbox.wait(window, quiet)
+        acks = []
+        for env, ack in zip(envs, window.acks):
+            if ack is None:
+                ack = await self._append(env, expected_last_seq=None, occ_subject=None)
+            acks.append(ack)
         return acks
 
     async def send(self, env: Envelope) -> asyncio.Future:
@@ -572,10 +600,14 @@ class Bus:
 
     # ------------------------------------------------------------ reading
 
-    async def last_event(self, subject_filter: str) -> Stored | None:
-        """The newest event whose subject matches `subject_filter` (wildcards allowed)."""
+    async def last_event(self, subject_filter: str, *, direct: bool = False) -> Stored | None:
+        """The newest event whose subject matches `subject_filter` (wildcards allowed).
+        `direct`: a direct get by subject (`$JS.API.DIRECT.GET.<stream>.<subject>`), which a
+        grant can narrow to subjects, where a stored get (`STREAM.MSG.GET`, which also reads by
+        sequence) cannot: a cluster's agent reads so. Any replica may answer it, so it can miss
+        an event acknowledged a moment ago; without it the leader answers."""
         try:
-            raw = await self.js.get_last_msg(self.events_stream, subject_filter)
+            raw = await self.js.get_last_msg(self.events_stream, subject_filter, direct=direct)
         except NotFoundError:
             return None
         try:
@@ -794,23 +826,60 @@ class Bus:
         try:
             return await self.js.key_value(bucket)
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
+            # Direct gets (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`) name the key in
+            # the subject, so a cluster's bus user can be granted its own cluster's keys only.
             return await self.js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
-                                                                     ttl=SECRETS_TTL_S,
+                                                                     ttl=SECRETS_TTL_S, direct=True,
                                                                      replicas=self.settings.replicas))
 
-    async def put_secrets(self, key: str, values: dict[str, str]) -> None:
-        kv = await self._secrets_kv()
-        await kv.put(naming.subject_token(key), json.dumps(values).encode())
+    async def ensure_secrets_bucket(self) -> None:
+        """The secrets bucket, made, or given direct gets if an older version made it without
+        them (a stream update: only the deployment's `control` user may; busauth.set_up)."""
+        await self._secrets_kv()
+        stream = f"KV_{naming.secrets_bucket(self.stage)}"
+        info = await self._stream_info(stream)
+        if not info.config.allow_direct:
+            await self.js.update_stream(replace(info.config, allow_direct=True))
+            log.info("secrets bucket %s: direct gets allowed (a cluster's agent reads only its own keys)", stream)
 
-    async def get_secrets(self, key: str | None) -> dict[str, str]:
+    async def put_secrets(self, key: str, values: dict[str, str], cluster: str | None = None) -> None:
+        """`cluster`: the cluster that runs the job (none for a managed job's, whose clusters come
+        later: the recovery service copies them to each launch's, `copy_secrets`)."""
+        kv = await self._secrets_kv()
+        await kv.put(naming.secrets_key(key, cluster), json.dumps(values).encode())
+
+    async def get_secrets(self, key: str | None, cluster: str | None = None, *, legacy: bool = True,
+                          attempts: int = 3) -> dict[str, str]:
+        """A job's secrets on `cluster` (`naming.secrets_key`). `legacy`: if none are under the
+        cluster, look under the key alone too (as written before secrets were keyed by cluster);
+        a cluster's own bus user may not read that, so its agent passes False. A key not found
+        is looked for again (`attempts`): a direct get may be answered by a replica that the
+        write has not reached yet."""
         if not key:
             return {}
         kv = await self._secrets_kv()
-        try:
-            entry = await kv.get(naming.subject_token(key))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return {}
-        return json.loads(entry.value or b"{}")
+        names = [naming.secrets_key(key, cluster)] if cluster else []
+        if legacy or not cluster:
+            names.append(naming.secrets_key(key))
+        for attempt in range(max(1, attempts)):
+            for kv_key in names:
+                try:
+                    entry = await kv.get(kv_key)
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    continue
+                return json.loads(entry.value or b"{}")
+            if attempt + 1 < attempts:
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return {}
+
+    async def copy_secrets(self, key: str, cluster: str) -> bool:
+        """A managed job's task secrets (under `key` alone) to the key of the cluster a launch
+        runs on; False when there are none (expired, or never written)."""
+        values = await self.get_secrets(key, attempts=1)
+        if not values:
+            return False
+        await self.put_secrets(key, values, cluster)
+        return True
 
     # ------------------------------------------------------------ queries (request-reply)
 

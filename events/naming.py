@@ -107,6 +107,30 @@ def secrets_bucket(stage: str) -> str:
     return name(stage, "secrets", "kv")
 
 
+_KV_TOKEN_UNSAFE = re.compile(r"[^-_a-zA-Z0-9]")
+
+
+def kv_token(value: str) -> str:
+    """`value` as one token of a KV key (nats-py takes `[-/_=.a-zA-Z0-9]`, and '.' and '/' would
+    split it): anything else is escaped as `=XX` per UTF-8 byte, and '=' never stands for itself."""
+    if value == "":
+        raise ValueError("empty KV key token")
+    return _KV_TOKEN_UNSAFE.sub(lambda m: "".join(f"={b:02X}" for b in m.group(0).encode()), value)
+
+
+def secrets_key(key: str, cluster: str | None = None) -> str:
+    """The secrets bucket's key of a job's secrets: `<cluster>.<key>`, so a cluster's own bus
+    user can be granted its cluster's keys only (natsauth `cluster_agent_permissions`). With no
+    cluster (a managed job's, before any launch: the recovery service copies them to each
+    launch's cluster), and as written before secrets were keyed by cluster: `<key>` alone."""
+    return f"{kv_token(cluster)}.{kv_token(key)}" if cluster else subject_token(key)
+
+
+def secrets_cluster_keys(stage: str, cluster: str) -> str:
+    """The KV subjects of one cluster's secrets (`$KV.<bucket>.<cluster>.>`)."""
+    return f"$KV.{secrets_bucket(stage)}.{kv_token(cluster)}.>"
+
+
 def objects_bucket(stage: str) -> str:
     """JetStream object store of the stage's uploaded workdirs and file-mount sources."""
     return name(stage, "objects", "store")

@@ -146,13 +146,17 @@ def cluster_agent_permissions(agent: Contract, stage: str, cluster: str, durable
     names a cluster gets this cluster's token: its events (`evt.cluster.<c>.<type>`), its job
     output (`log.<c>.>`), its beats and samples (`hb.<c>.*`, `sample.<c>.*`), the consumers it
     creates (only with a filter inside its own events or logs: nats-server checks that the
-    filter in the request is the one in the subject), and its own inbox. What names no cluster
-    stays as the shared agent has it: stream info, message gets by sequence, the secrets KV (a
-    job's secrets are found by an unguessable key) and the uploads store (content-addressed).
-    A node can therefore never publish as another cluster's node."""
+    filter in the request is the one in the subject), its own inbox, and its own secrets (the
+    bucket's keys under its cluster, `naming.secrets_key`, by direct get). Gets by sequence
+    (`STREAM.MSG.GET`, and the direct get whose request names what to read in its payload) are
+    not granted on the event, output and secrets streams: they could read any subject. What
+    names no cluster stays as the shared agent has it: stream info and the uploads store
+    (content-addressed). A node can therefore never publish as another cluster's node, nor read
+    another cluster's events, output or secrets."""
     tok = naming.subject_token(cluster)
     p = naming.subject_prefix(stage)
     events, logs = naming.events_stream(stage), naming.logs_stream(stage)
+    kv = f"KV_{naming.secrets_bucket(stage)}"
     own_events = naming.aggregate_subjects(stage, "cluster", cluster)
     own_logs = naming.logs_subject_filter(stage, cluster)
     narrowed: dict[str, list[str]] = {
@@ -161,6 +165,11 @@ def cluster_agent_permissions(agent: Contract, stage: str, cluster: str, durable
         naming.samples_filter(stage): [f"{p}.sample.{tok}.*"],
         f"{JS_API}.DIRECT.GET.{events}.>": [f"{JS_API}.DIRECT.GET.{events}.{own_events}"],
         f"{JS_API}.DIRECT.GET.{logs}.>": [f"{JS_API}.DIRECT.GET.{logs}.{own_logs}"],
+        f"{JS_API}.DIRECT.GET.{kv}.>": [f"{JS_API}.DIRECT.GET.{kv}.{naming.secrets_cluster_keys(stage, cluster)}"],
+        # Gets whose subject names no subject (a sequence, or a filter, in the payload).
+        f"{JS_API}.DIRECT.GET.{events}": [], f"{JS_API}.STREAM.MSG.GET.{events}": [],
+        f"{JS_API}.DIRECT.GET.{logs}": [], f"{JS_API}.STREAM.MSG.GET.{logs}": [],
+        f"{JS_API}.STREAM.MSG.GET.{kv}": [],
         # Unfiltered creates (`CONSUMER.CREATE.<stream>`, `.<name>`) would read every cluster.
         f"{JS_API}.CONSUMER.CREATE.{events}": [],
         f"{JS_API}.CONSUMER.CREATE.{events}.>": [f"{JS_API}.CONSUMER.CREATE.{events}.*.{own_events}"],

@@ -70,6 +70,7 @@ from .contract import (  # noqa: F401  (the names a service module needs, in one
     handles,
 )
 from .envelope import Envelope, Event
+from .pubpipe import Window
 from .aiotasks import stop_tasks
 
 log = logging.getLogger("skypurza.service")
@@ -199,6 +200,10 @@ class EmitContext:
         env = self.envelope(emit)
         ack = await self.bus.publish(env, expected_last_seq=emit.expected_last_seq, occ_subject=emit.occ_subject)
         return Published(env, ack)
+
+
+# Pipelined mode: a handled cause, its context, and its reactions sent in windows (not yet acked).
+_Sent = tuple[Any, Stored, EmitContext, list[tuple[list[Envelope], Window]]]
 
 
 def _as_emit(item: Event | Emit) -> Emit:
@@ -479,43 +484,49 @@ class ServiceRunner:
             await asyncio.wait(tasks, timeout=SETTLE_DRAIN_S)
             await stop_tasks(*tasks)
 
-    async def _send_pipelined(self, msgs: list[Any]
-                              ) -> list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]]:
+    async def _send_pipelined(self, msgs: list[Any]) -> list[_Sent]:
         """Handle a batch in order and send every reaction (not waiting for the acks): the causes
-        whose reactions are now to be settled, with their sends."""
-        pending: list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]] = []
+        whose reactions are now to be settled, with their sends. A cause's reactions go on the
+        wire as soon as its handler returns, in order (an optimistic-concurrency one, published
+        and awaited, after those before it), so the log's order is the handling order."""
+        pending: list[_Sent] = []
         for msg in msgs:
             stored = read_stored(msg)
-            if stored.status != "ok" or self._handler(stored.event) is None:
+            handler = self._handler(stored.event) if stored.status == "ok" else None
+            if handler is None:
                 await self._process_one(msg, stored)
                 continue
-            handler = self._handler(stored.event)
-            assert handler is not None
             self.stats.last_seq = max(self.stats.last_seq, stored.seq)
             ctx = self._context(stored)
-            futures: list[tuple[Envelope, Any]] = []
+            windows: list[tuple[list[Envelope], Window]] = []
             try:
                 out = await handler(stored, ctx)
+                run: list[Envelope] = []
                 for emit, env in self._reactions(ctx, out):
                     if emit.expected_last_seq is not None:
+                        if run:  # those before it go first
+                            windows.append((run, await self.bus.send_many(run)))
+                            run = []
                         await ctx.bus.publish(env, expected_last_seq=emit.expected_last_seq,
                                               occ_subject=emit.occ_subject)
                         continue
-                    futures.append((env, await self.bus.send(env)))
+                    run.append(env)
+                if run:
+                    windows.append((run, await self.bus.send_many(run)))
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue
-            pending.append((msg, stored, ctx, futures))
+            pending.append((msg, stored, ctx, windows))
         return pending
 
-    async def _settle_pipelined(self, pending: list[tuple[Any, Stored, EmitContext, list[tuple[Envelope, Any]]]]
-                                ) -> None:
+    async def _settle_pipelined(self, pending: list[_Sent]) -> None:
         """Wait for the acks of the sent reactions, then ack each cause (a cause whose reaction
         could not be stored is nak'ed or parked, as a handler error is)."""
-        for msg, stored, ctx, futures in pending:
+        for msg, stored, ctx, windows in pending:
             try:
-                for env, fut in futures:
-                    ctx.after(env, await self.bus.settle(env, fut))
+                for envs, window in windows:
+                    for env, ack in zip(envs, await self.bus.settle_many(envs, window)):
+                        ctx.after(env, ack)
             except Exception as exc:
                 await self._handler_failed(msg, stored, exc)
                 continue

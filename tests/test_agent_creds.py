@@ -3,7 +3,9 @@ events/natsauth.py `cluster_agent_permissions`, the supervisor's reload, the pro
 mint / remove / re-derive), against a real nats-server started with the derived config.
 
 A cluster's agent user publishes its own cluster's events, output and beats and is refused
-another cluster's (the event never reaches the stream); once the cluster is torn down its
+another cluster's (the event never reaches the stream); it reads its own cluster's secrets and
+last event by direct gets, and neither another cluster's secrets nor any event by sequence; once
+the cluster is torn down its
 credentials are refused at connect; a restarted control plane re-derives the users of the
 clusters still up from the log.
 """
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -96,6 +99,26 @@ def test_a_clusters_grants_are_the_agents_narrowed_to_its_subject_tokens(cluster
     assert p.deny_publish and all(".STREAM.DELETE." not in s and ".STREAM.PURGE." not in s
                                   for s in p.publish if naming.events_stream(STAGE) in s)
     assert naming.cluster_agent_user(cluster) == f"agent@{cluster}"
+
+
+def test_a_clusters_grants_read_its_own_secrets_and_no_message_by_sequence() -> None:
+    p = _agent_perms("train.v2")
+    events, logs = naming.events_stream(STAGE), naming.logs_stream(STAGE)
+    kv_stream = f"KV_{naming.secrets_bucket(STAGE)}"
+    own_keys = f"$KV.{naming.secrets_bucket(STAGE)}.train=2Ev2.>"
+    assert naming.secrets_cluster_keys(STAGE, "train.v2") == own_keys
+    # Its secrets: a direct get naming a key under its cluster, and no other get of the bucket.
+    assert [s for s in p.publish if kv_stream in s] == [f"$JS.API.STREAM.INFO.{kv_stream}",
+                                                        f"$JS.API.DIRECT.GET.{kv_stream}.{own_keys}"]
+    assert not [s for s in p.publish if s.startswith("$KV.")]  # reads only: never a put
+    # No get by sequence on the log or the output: only direct gets that name its own subjects.
+    for stream in (events, logs):
+        gets = [s for s in p.publish if f".MSG.GET.{stream}" in s or f".DIRECT.GET.{stream}" in s]
+        assert gets and all(g.startswith(f"$JS.API.DIRECT.GET.{stream}.") and ".train%2Ev2." in g for g in gets), gets
+    # The key is one token a cluster name cannot forge ('.' and '=' are escaped).
+    assert naming.secrets_key("t-1", "train.v2") == "train=2Ev2.t-1"
+    assert naming.secrets_key("t-1", "a=2E") != naming.secrets_key("t-1", "a.")
+    assert naming.secrets_key("t-1") == "t-1"  # as written before secrets were keyed by cluster
 
 
 def test_an_agent_event_off_the_cluster_aggregate_cannot_be_narrowed() -> None:
@@ -339,6 +362,60 @@ def test_a_clusters_agent_publishes_its_own_and_is_refused_anothers(rig: Rig) ->
     assert violations and all("agent@a" in ln for ln in violations), violations[:5]
 
 
+def test_a_clusters_agent_reads_its_own_secrets_and_no_event_by_sequence(rig: Rig) -> None:
+    a = rig.agents.mint("a", "pa", "ta")
+    rig.reload()
+    bucket = naming.secrets_bucket(STAGE)
+    kv_stream, events = f"KV_{bucket}", naming.events_stream(STAGE)
+
+    async def main():
+        url = rig.server.url
+        await _live(url, a)
+        control = await Bus.connect(url, STAGE, source="/tests", credentials=_control())
+        # A bucket an older version made without direct gets: set_up gives them (a stream update).
+        info = await control.js.stream_info(kv_stream)
+        await control.js.update_stream(replace(info.config, allow_direct=False))
+        assert not (await control.js.stream_info(kv_stream)).config.allow_direct
+        await busauth.set_up(url, STAGE)
+        assert (await control.js.stream_info(kv_stream)).config.allow_direct
+        await control.put_secrets("job-a", {"TOKEN": "for-a"}, "a")
+        await control.put_secrets("job-b", {"TOKEN": "for-b"}, "b")
+        await control.put_secrets("job-old", {"TOKEN": "keyed-by-id-only"})
+        b_seq = (await control.publish(_node_ready("b"))).seq
+        await control.publish(ClusterTerminated(cluster="a", terminated_at=datetime.now(timezone.utc), reason="down"))
+        agent_a = await Bus.connect(url, STAGE, source="/tests/agent/a", credentials=a, max_reconnect_attempts=0)
+        assert agent_a.user == a.user
+        # Its own: the secret under its cluster, and its last event by a direct get of its subject.
+        assert await agent_a.get_secrets("job-a", "a", legacy=False) == {"TOKEN": "for-a"}
+        last = await agent_a.last_event(naming.event_subject(STAGE, "cluster", "a", ClusterTerminated.EVENT_NAME),
+                                        direct=True)
+        assert isinstance(last.event, ClusterTerminated)
+        # B's secret, under B's key or asked for under A's name; a secret keyed by id alone.
+        b_key = f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.{naming.secrets_key('job-b', 'b')}"
+        assert await _refused(url, a, lambda nc: nc.request(b_key, b"", timeout=1))
+        assert await _refused(url, a, lambda nc: nc.request(
+            f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.job-old", b"", timeout=1))
+        assert await _refused(url, a, lambda nc: nc.request(
+            f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.*.job-b", b"", timeout=1))
+        assert await _refused(url, a, lambda nc: nc.request(f"$JS.API.STREAM.MSG.GET.{kv_stream}",
+                                                            json.dumps({"last_by_subj": b_key}).encode(), timeout=1))
+        # B's event by its sequence: neither the stored get nor the direct get with a payload.
+        assert await _refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq))
+        assert await _refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq, direct=True))
+        assert await _refused(url, a, lambda nc: nc.jetstream().get_last_msg(
+            events, naming.event_subject(STAGE, "cluster", "b", NodeReady.EVENT_NAME), direct=True))
+        # The shared agent user (local clusters) still reads a secret keyed by id alone.
+        shared = await Bus.connect(url, STAGE, source="/tests/agent", credentials=read_credentials(
+            credentials_file(naming.bus_credentials_dir(STAGE), AGENT.name)))
+        assert await shared.get_secrets("job-old", "local1") == {"TOKEN": "keyed-by-id-only"}
+        for bus in (agent_a, shared, control):
+            await bus.close()
+
+    asyncio.run(main())
+    violations = [ln for ln in rig.log().splitlines() if "Violation" in ln]
+    assert violations and all("agent@a" in ln for ln in violations), violations[:5]
+
+
 def test_a_torn_down_clusters_credentials_are_refused_at_connect(rig: Rig) -> None:
     a = rig.agents.mint("a", "pa", "ta")
     rig.reload()
@@ -484,8 +561,8 @@ def deploy_home(tmp_path: Path):
 def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_home: Path) -> None:
     """`spz api start --deploy --bus-host 0.0.0.0 --bus-advertise ...` with a Kubernetes context:
     the pods' agents are given the advertised address and the cluster's own user (never the
-    shared agent's or a service's), run the job with not one refusal, and their credentials die
-    with the cluster."""
+    shared agent's or a service's), run the job with its secret with not one refusal, and their
+    credentials die with the cluster."""
     import httpx
 
     roomy, kubelet, kubeconfig = kube
@@ -507,7 +584,9 @@ def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_ho
 
     headers = {"Authorization": f"Bearer {admin}"}
     r = httpx.post(f"{api}/api/v1/tasks", headers=headers, timeout=20,
-                   json={"task": {"resources": {"infra": "k8s", "cpus": 1}, "run": "echo hello-from-a-pod"},
+                   json={"task": {"resources": {"infra": "k8s", "cpus": 1}, "secrets": {"POD_TOKEN": "pod-s3cret"},
+                                  # Succeeds only if the pod's agent read the secret under its own cluster.
+                                  "run": 'test "$POD_TOKEN" = pod-s3cret && echo hello-from-a-pod'},
                          "cluster": "kc1"})
     assert r.status_code == 202, r.text
 

@@ -38,6 +38,21 @@ def cli(nats_server, spz_home, monkeypatch):
     return invoke
 
 
+def _secrets(url: str, key: str, cluster: str) -> dict[str, str]:
+    import asyncio
+
+    from skypurza.events.bus import Bus
+
+    async def read() -> dict[str, str]:
+        bus = await Bus.connect(url, "test", source="/tests/secrets")
+        try:
+            return await bus.get_secrets(key, cluster, legacy=False, attempts=1)
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
 def queue(cli) -> list[dict]:
     result = cli("jobs", "queue", "-a", "-o", "json")
     assert result.exit_code == 0, result.output
@@ -80,6 +95,11 @@ def test_launch_queue_logs_and_a_pipeline(cli, nats_server, tmp_path: Path):
         # The secret's value is not in the log, only its name; it went to the secrets store.
         train = [t for t in bg.stand.submitted if t.managed_job_id == 2][1]
         assert train.task.secrets == {"TOKEN": None} and train.secrets_key.endswith("-1")
+        # The recovery service copied them under the launch's cluster, the one key its agent's
+        # own bus user may read; the task without secrets names none.
+        assert _secrets(nats_server.url, train.secrets_key, train.cluster) == {"TOKEN": "hush-hush-value"}
+        assert train.cluster == "etl-2-2"
+        assert [t for t in bg.stand.submitted if t.managed_job_id == 2][0].secrets_key is None
 
         rows = {r["id"]: r for r in queue(cli)}
         assert {k: rows[1][k] for k in ("id", "name", "status", "recoveries", "cluster")} == {

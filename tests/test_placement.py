@@ -517,3 +517,54 @@ def test_event_candidates_equal_the_validated_ones(cat: Catalog) -> None:
     assert type(converted.vcpus) is float and converted.accelerators == {"L4": 1.0}
     assert type(converted.accelerators["L4"]) is float
     assert seen > 100
+
+
+def test_requests_that_select_the_same_types_share_one_expansion(cat: Catalog) -> None:
+    """A sweep of distinct cpus and memory minimums selects few distinct sets of instance types:
+    each set is expanded once per catalog (`CatalogIndex.anywhere`, issue 21). Every plan is
+    exactly what a cold expansion gives, and what a caller does to the list it got changes no
+    later answer."""
+    from skypurza.services.optimizer.placement import _candidates_anywhere, index_for
+
+    index = index_for(cat)
+    index.anywhere.clear()  # only a memo: the other tests' entries would hide the count below
+    sweep = [R(cpus=c, cpus_plus=True, memory_gib=m, memory_plus=True, use_spot=s)
+             for c in range(2, 40, 3) for m in (4, 9, 15, 40) for s in (False, True)]
+    for r in sweep:  # fill the memo
+        place([r], 2, cat, enabled_infras=("aws",), limit=32)
+    assert 0 < len(index.anywhere) < len(sweep) // 3  # shared: far fewer expansions than requests
+    warm = [place([r], 2, cat, enabled_infras=("aws",), limit=32) for r in sweep]
+    for r, plan in zip(sweep, warm):
+        index.anywhere.clear()
+        assert place([r], 2, cat, enabled_infras=("aws",), limit=32) == plan, r
+        # Ranked once in the memo and taken as it is; with a second request (which adds nothing
+        # here) `place` ranks the whole list itself: the same candidates in the same order.
+        nothing = R(instance_type="no-such-type.xlarge")
+        assert place([r, nothing], 2, cat, enabled_infras=("aws",), limit=32).candidates == plan.candidates, r
+    types = index.cpu_types()[1][:8]
+    got = _candidates_anywhere(0, types, 1, index, [], 32, False, None, 100, 0, None)
+    assert got[0]
+    got[0].clear()
+    assert _candidates_anywhere(0, types, 1, index, [], 32, False, None, 100, 0, None)[0]
+
+
+def test_plan_heads_convert_each_candidate_once_to_the_same_model(cat: Catalog) -> None:
+    """decide converts a plan head's candidates once per content (issue 21): what it hands out is
+    the model a fresh conversion gives, and a candidate equal to a converted one but of other
+    types (an int where placement has a float) still gets the normalised model."""
+    from skypurza.services.optimizer import decide
+
+    decide._EVENT_CANDIDATES.clear()
+    plan = place([R(cpus=4, cpus_plus=True), R(accelerator="L4", accelerator_count=1)], 1, cat,
+                 enabled_infras=("aws",))
+    head = decide._event_candidates(plan)
+    assert len(head) == decide.REMAINING_SHOWN + 1 and len(decide._EVENT_CANDIDATES) == len(head)
+    again = decide._event_candidates(plan)
+    assert all(a is b for a, b in zip(again, head))  # remembered, not converted again
+    fresh = [decide.to_event_candidate(c) for c in plan.candidates[:len(head)]]
+    assert [h.model_dump_json() for h in head] == [f.model_dump_json() for f in fresh] and head == fresh
+    gpu = next(c for c in plan.candidates if c.accelerators)
+    odd = gpu._replace(vcpus=int(gpu.vcpus), accelerators={k: int(v) for k, v in gpu.accelerators.items()})
+    got = decide._event_candidate(odd)
+    assert type(got.vcpus) is float and all(type(v) is float for v in got.accelerators.values())
+    assert got == decide.to_event_candidate(gpu)

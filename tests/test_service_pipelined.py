@@ -12,7 +12,7 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.bus import fetch as bus_fetch
 from skypurza.events.models import PlacementChosen, TaskSubmitted
-from skypurza.events.service import Pipelined, ServiceContract, ServiceRunner, handles
+from skypurza.events.service import Emit, Pipelined, ServiceContract, ServiceRunner, handles
 from skypurza.events.types import Candidate
 
 
@@ -148,6 +148,48 @@ def test_a_stopping_runner_settles_what_it_sent(nats_server):
         await asyncio.wait_for(task, 30)
         assert len(svc.unsettled_seen) + len(nxt.unsettled_seen) == 300
         info = await _consumer(bus, again)
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+        await bus.close()
+
+    asyncio.run(main())
+
+
+class Sequenced(Placer):
+    """Three reactions per cause, the middle one under optimistic concurrency (published and
+    awaited) and the others pipelined: the log must keep the order the handler gave."""
+
+    @handles(TaskSubmitted)
+    async def on_submitted(self, stored, ctx):
+        ev = stored.event
+        nowhere = naming.event_subject("test", "task", ev.task_id, "placement_failed")  # empty: seq 0
+        return [Emit(PlacementChosen(task_id=ev.task_id, cluster=ev.cluster, attempt=k, candidate=Candidate(infra="local")),
+                     key=f"attempt-{k}", expected_last_seq=0 if k == 2 else None, occ_subject=nowhere if k == 2 else None)
+                for k in (1, 2, 3)]
+
+
+def test_pipelined_reactions_go_through_one_reply_inbox_in_the_handlers_order(nats_server):
+    """The pipelined path appends through the connection's one reply inbox (events/pubpipe.py,
+    issue 21), not a future per append: every reaction is stored once, in the order returned
+    (one under optimistic concurrency between two pipelined ones), and nothing is left waiting."""
+    async def main():
+        bus = await connect_bus(nats_server)
+        await bus.publish_many([TaskSubmitted(task_id=f"s{i}", cluster=f"c{i}", task={}) for i in range(30)])
+        svc = Sequenced()
+        runner = svc.runner = ServiceRunner(bus, svc, batch=10)
+        await runner._subscribe()
+        assert bus._link.acks is not None  # made by publish_many above
+        sent_before = bus._link.acks._next  # the inbox's counter: one per append through it
+        for _ in range(3):
+            await runner._pipeline(await _fetch_exactly(runner, 10))
+        await runner._drain_settling()
+        assert runner.stats.handled == 30 and runner.stats.emitted["placement_chosen"] == 90
+        assert bus._link.acks._next - sent_before == 60 and bus._link.acks.waiting == 0  # the OCC ones awaited
+        placed = [s async for s in bus.replay(filter_subject=naming.event_filter("test", "task", "placement_chosen"))]
+        attempts: dict[str, list[int]] = {}
+        for s in placed:
+            attempts.setdefault(s.event.task_id, []).append(s.event.attempt)
+        assert len(placed) == 90 and all(a == [1, 2, 3] for a in attempts.values()) and len(attempts) == 30
+        info = await _consumer(bus, runner)
         assert info.num_ack_pending == 0 and info.num_pending == 0
         await bus.close()
 

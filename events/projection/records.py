@@ -30,6 +30,10 @@ class Record:
     principal: tuple[str, str] | None = None
 
 
+# Event name of each envelope type met (a replay splits the same few types millions of times).
+_NAMES: dict[str, str] = {}
+
+
 def decode_record(payload: bytes, seq: int) -> Record:
     """`events.envelope.decode` (single pass from JSON for current versions, upcasting for old
     ones), flattened into what the projection applies; unreadable payloads become poison records."""
@@ -40,7 +44,13 @@ def decode_record(payload: bytes, seq: int) -> Record:
         return Record(seq, event_id, type_name, split_type(type_name)[0], None, None, "poison", str(exc))
     env = d.envelope
     assert env is not None
-    return Record(seq, env.id, env.type, env.event_name, env.time, d.event, d.status, d.reason,
+    type_name = env.type
+    name = _NAMES.get(type_name)
+    if name is None:
+        name = split_type(type_name)[0]
+        if len(_NAMES) < 10_000:  # types come from the log: keep the cache bounded
+            _NAMES[type_name] = name
+    return Record(seq, env.id, type_name, name, env.time, d.event, d.status, d.reason,
                   stamped_principal(env) if env.model_extra else None)
 
 

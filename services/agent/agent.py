@@ -258,8 +258,11 @@ class Agent:
         if given:
             return int(given)
         assert self.bus is not None
+        # A direct get by subject: a cluster's own bus user may not get messages by sequence.
+        # A replica behind may miss the newest termination: the replay then starts earlier.
         last = await self.bus.last_event(
-            naming.event_subject(self.spec.stage, "cluster", self.spec.cluster, ClusterTerminated.EVENT_NAME))
+            naming.event_subject(self.spec.stage, "cluster", self.spec.cluster, ClusterTerminated.EVENT_NAME),
+            direct=True)
         return last.seq + 1 if last is not None else 1
 
     async def _follow(self, start_seq: int) -> None:
@@ -446,7 +449,10 @@ class Agent:
         from skypurza.events.taskspec.task import Task
 
         assert self.bus is not None
-        secrets = await self.bus.get_secrets(job.queued.secrets_key)
+        # Keyed under this cluster; a cluster's own bus user may read no other key (the key alone,
+        # as older versions wrote it, is read by the shared agent user only).
+        secrets = await self.bus.get_secrets(job.queued.secrets_key, self.spec.cluster,
+                                             legacy=self.bus.user != naming.cluster_agent_user(self.spec.cluster))
         try:
             task = Task.from_public_dict(job.queued.task.to_dict(), secrets)
         except Exception as exc:

@@ -336,7 +336,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             raise Problem(422, "invalid-task", "Invalid task", exc.detail, problems=exc.problems)
         b = bus()
         if submission.secret_values:
-            await b.put_secrets(task_id, submission.secret_values)
+            await b.put_secrets(task_id, submission.secret_values, submission.event.cluster)
         env = stamp(b.envelope(submission.event), who.user, who.team)
         ack = await b.publish(env)
         log.info("task %s for cluster %s submitted by %s (team %s)", task_id, submission.event.cluster, who.user,

@@ -114,7 +114,7 @@ def router(deps: ApiDeps) -> APIRouter:
         task_id = str(uuid.uuid4())
         secret_values = task.secret_values()
         if secret_values:
-            await b.put_secrets(task_id, secret_values)
+            await b.put_secrets(task_id, secret_values, name)
         job, env = await queue_job(b, cluster=name, task_id=task_id, task=task.public_dict(), name=task.name,
                                    user=who.user, run_setup=plan.run_setup,
                                    secrets_key=task_id if secret_values else None, down_after=plan.down_after,

@@ -17,7 +17,7 @@ from .store import PROJECTION
 
 async def replay_into(bus: Any, file: Path | str, until_seq: int | None = None,
                       until_time: datetime | None = None, *, overwrite: bool = False,
-                      batch: int = 5000) -> dict[str, Any]:
+                      batch: int = pr.REPLAY_BATCH) -> dict[str, Any]:
     """Project the log (from its start) into a new ledger file; returns what was done."""
     return await pr.replay_into(bus, file, PROJECTION, until_seq, until_time, overwrite=overwrite, batch=batch)
 

@@ -249,7 +249,30 @@ def _first_in_reservation(submitted: TaskSubmitted, world: World, team: str, ent
 
 def _event_candidates(plan: PlacementPlan) -> list[EventCandidate]:
     """The head of a plan as event candidates."""
-    return [to_event_candidate(c) for c in plan.candidates[:REMAINING_SHOWN + 1]]
+    return [_event_candidate(c) for c in plan.candidates[:REMAINING_SHOWN + 1]]
+
+
+# The event candidates of plan heads, by content: distinct plans share most of their heads
+# (placement's memo hands out the same candidates to requests that select the same types), so
+# each is converted once. Shared, as a plan cache hit's head already is: nothing changes them.
+_EVENT_CANDIDATES: OrderedDict[tuple[Any, ...], EventCandidate] = OrderedDict()
+EVENT_CANDIDATES_SIZE = 4096
+
+
+def _event_candidate(c: Candidate) -> EventCandidate:
+    """`to_event_candidate(c)`, remembered by the candidate's content (a value equal to another
+    converts to an equal model: validation normalises 4 and 4.0 alike)."""
+    accs = c.accelerators
+    key = c if accs is None else (*c[:4], tuple(accs.items()), *c[5:])
+    try:
+        got = _EVENT_CANDIDATES.get(key)
+    except TypeError:  # an unhashable value (not placement's own): converted every time
+        return to_event_candidate(c)
+    if got is None:
+        got = _EVENT_CANDIDATES[key] = to_event_candidate(c)
+        if len(_EVENT_CANDIDATES) > EVENT_CANDIDATES_SIZE:
+            _EVENT_CANDIDATES.popitem(last=False)
+    return got
 
 
 def _chosen(submitted: TaskSubmitted, head: list[EventCandidate], attempt: int) -> PlacementChosen:

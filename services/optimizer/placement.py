@@ -27,7 +27,7 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from skypurza.events.taskspec.request import ResourceRequest
 
@@ -342,8 +342,22 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
         else:
             failures.append((i, why))
     tiers = {ctx.context: K8S_PLACEMENT_TIER.get(ctx.placement, 0) for ctx in kubernetes}
-    # Without a tier other than 0 the rank key is the sort key (one call per candidate, not three).
-    cands.sort(key=(lambda c: rank_key(c, tiers)) if any(tiers.values()) else _sort_key)
+    if len(reqs) == 1 and isinstance(got, _Ranked) and not any(tiers.values()):
+        unique = cands  # one request, one infra's list, already ranked exactly as below
+    else:
+        # Without a tier other than 0 the rank key is the sort key (one call per candidate, not three).
+        unique = _rank(cands, (lambda c: rank_key(c, tiers)) if any(tiers.values()) else _sort_key)
+    notes = tuple(f"{describe_request(reqs[i])}: {why}" for i, why in failures)
+    if unique:
+        return PlacementPlan(tuple(unique), num_nodes, None, notes)
+    if len(reqs) == 1:
+        return PlacementPlan((), num_nodes, failures[0][1], notes)
+    return PlacementPlan((), num_nodes, "no alternative is feasible: " + "; ".join(notes), notes)
+
+
+def _rank(cands: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
+    """`cands` sorted by `key` (stable), each place (`Candidate.key`) kept once, where it ranks first."""
+    cands.sort(key=key)
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for c in cands:
@@ -351,12 +365,13 @@ def place(requests: Sequence[ResourceRequest], num_nodes: int, catalog: Catalog,
         if k not in seen:
             seen.add(k)
             unique.append(c)
-    notes = tuple(f"{describe_request(reqs[i])}: {why}" for i, why in failures)
-    if unique:
-        return PlacementPlan(tuple(unique), num_nodes, None, notes)
-    if len(reqs) == 1:
-        return PlacementPlan((), num_nodes, failures[0][1], notes)
-    return PlacementPlan((), num_nodes, "no alternative is feasible: " + "; ".join(notes), notes)
+    return unique
+
+
+class _Ranked(list):  # type: ignore[type-arg]
+    """Candidates already as `_rank(..., _sort_key)` leaves them. Ranking them again with more
+    (a stable sort by the same key, then the first of each place) gives the same order as
+    ranking the unranked list with them, so `place` takes a lone one as it is."""
 
 
 # kubernetes.placement -> where a context's candidates go among the others of their order group.
@@ -433,7 +448,10 @@ def _expand(i: int, req: ResourceRequest, n: int, cat: Catalog, index: CatalogIn
             whys.append("AWS is not enabled (no credentials found, or AWS did not answer): run `spz check`")
         else:
             got, why = _aws_candidates(i, req, n, cat, index, blocks, limit)
-            out.extend(got)
+            if out:
+                out.extend(got)
+            else:
+                out = got  # alone: kept as it is (ranked already when it is a `_Ranked`)
             if not got:
                 whys.insert(0, why)
     return out, "; ".join(whys) if whys else "no infra is enabled: run `spz check`"
@@ -767,10 +785,13 @@ class CatalogIndex:
       without Local Zones (which need an opt-in);
     - `places(type, spot)`: the places of a type in a market that a request naming no region,
       zone or per-region image can use, in the order the expansion visits them (`_Places`);
-    - `cpu_types()`: the CPU-only types, and those of SkyPilot's default families.
+    - `cpu_types()`: the CPU-only types, and those of SkyPilot's default families;
+    - `anywhere`: the last ANYWHERE_MEMO_SIZE results of `_candidates_anywhere`, keyed by all of
+      its inputs (the types by name: within one catalog a name is one type). Distinct requests
+      that select the same types (a sweep over cpus and memory minimums) share one expansion.
     """
 
-    __slots__ = ("catalog", "fingerprint", "_floors", "_regular", "_places", "_cpu_types")
+    __slots__ = ("catalog", "fingerprint", "_floors", "_regular", "_places", "_cpu_types", "anywhere")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -779,6 +800,7 @@ class CatalogIndex:
         self._regular: dict[str, tuple[tuple[Any, ...], ...]] = {}
         self._places: dict[tuple[str, bool], _Places] = {}
         self._cpu_types: tuple[list[InstanceType], list[InstanceType]] | None = None
+        self.anywhere: OrderedDict[tuple[Any, ...], _Anywhere] = OrderedDict()
 
     def cpu_types(self) -> tuple[list[InstanceType], list[InstanceType]]:
         """(every CPU-only type, those of DEFAULT_CPU_FAMILIES), in catalog order; callers copy
@@ -979,11 +1001,35 @@ def _aws_candidates(i: int, req: ResourceRequest, n: int, cat: Catalog, index: C
 
 _new_tuple = tuple.__new__  # a Candidate from a ready tuple, without NamedTuple's __new__ in Python
 
+# `_candidates_anywhere`'s answer: (candidates, n_loc, n_market, n_price, cheapest seen).
+_Anywhere = tuple[list[Candidate], int, int, int, "int | None"]
+ANYWHERE_MEMO_SIZE = 1024
+
 
 def _candidates_anywhere(i: int, types: Sequence[InstanceType], n: int, index: CatalogIndex,
                          blocks: Sequence[Block], limit: int | None, spot: bool, image: Any, disk: int,
-                         order: int, max_micros: int | None
-                         ) -> tuple[list[Candidate], int, int, int, int | None]:
+                         order: int, max_micros: int | None) -> _Anywhere:
+    """`_scan_anywhere`, ranked (`_rank` by `_sort_key`: the order `place` puts them in) and
+    remembered per catalog (`CatalogIndex.anywhere`): a pure function of these arguments, so a
+    hit is what a scan would give (a fresh list of the same candidates: callers may extend or
+    sort what they get; the candidates are immutable tuples)."""
+    key = (tuple([t.name for t in types]), i, n, limit, spot, image, disk, order, max_micros, tuple(blocks))
+    memo = index.anywhere
+    got = memo.get(key)
+    if got is None:
+        cands, *counts = _scan_anywhere(i, types, n, index, blocks, limit, spot, image, disk, order, max_micros)
+        # Kept ranked: `place` ranks again only what has more than this list (issue 21).
+        got = memo[key] = (_rank(cands, _sort_key), *counts)  # type: ignore[assignment]
+        if len(memo) > ANYWHERE_MEMO_SIZE:
+            memo.popitem(last=False)
+    else:
+        memo.move_to_end(key)
+    return _Ranked(got[0]), got[1], got[2], got[3], got[4]
+
+
+def _scan_anywhere(i: int, types: Sequence[InstanceType], n: int, index: CatalogIndex,
+                   blocks: Sequence[Block], limit: int | None, spot: bool, image: Any, disk: int,
+                   order: int, max_micros: int | None) -> _Anywhere:
     """`_aws_candidates`' loop for a request that names no region, zone or per-region image,
     over `index.places`: the same candidates in the same order, and the same counts for
     `_why_empty` (this runs once per placement: issue 21)."""

@@ -109,7 +109,9 @@ CONTRACT = ServiceContract(
     emit_notes={ManagedJobStatusChanged: "with optimistic concurrency on the job",
                 TaskSubmitted: "each task of a managed job", DownRequested: "the clusters a job no longer uses",
                 SpotPreempted: "EC2 polling", NodeLost: "EC2 polling, heartbeats"},
-    bus=BusAccess(beats="read"),  # the heartbeat detector (heartbeats.py)
+    # beats: the heartbeat detector (heartbeats.py); secrets: a task's, copied to each launch's
+    # cluster (whose agent's bus user reads only its cluster's keys).
+    bus=BusAccess(beats="read", secrets="write"),
 )
 
 
@@ -467,11 +469,13 @@ class RecoveryService:
         launched, named = buckets.checkpoint_buckets(plan.task, self.bus.stage, state.job_id)
         for bucket in sorted(set(named.values())):
             await asyncio.to_thread(buckets.ensure_bucket, self.bus.stage, bucket, kind=self._bucket_store)
+        secrets_key = f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None
+        if secrets_key and not await self.bus.copy_secrets(secrets_key, launch.cluster):
+            secrets_key = None  # this task has none (a pipeline's others may), or they expired
         submitted = TaskSubmitted(
             task_id=task_id, kind="managed", cluster=launch.cluster, task=launched, num_nodes=task.nodes(),
             user=state.user, team=state.team, project=state.project,
-            secrets_key=f"{state.secrets_key}-{launch.task_index}" if state.secrets_key else None,
-            down=False, managed_job_id=state.job_id, task_index=launch.task_index,
+            secrets_key=secrets_key, down=False, managed_job_id=state.job_id, task_index=launch.task_index,
             initial_blocks=list(plan.blocks), skypilot_task_id=state.skypilot_task_id(launch.task_index) or None,
             managed_task_ids=list(state.skypilot_task_ids), job_rank=state.job_rank, num_jobs=state.num_jobs,
             job_group=state.group.name if state.group else None,
