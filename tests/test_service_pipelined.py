@@ -162,9 +162,11 @@ class Sequenced(Placer):
     async def on_submitted(self, stored, ctx):
         ev = stored.event
         nowhere = naming.event_subject("test", "task", ev.task_id, "placement_failed")  # empty: seq 0
-        return [Emit(PlacementChosen(task_id=ev.task_id, cluster=ev.cluster, attempt=k, candidate=Candidate(infra="local")),
-                     key=f"attempt-{k}", expected_last_seq=0 if k == 2 else None, occ_subject=nowhere if k == 2 else None)
-                for k in (1, 2, 3)]
+        chosen = [PlacementChosen(task_id=ev.task_id, cluster=ev.cluster, attempt=k, candidate=Candidate(infra="local"))
+                  for k in (1, 2, 3)]
+        return [Emit(chosen[0], key="attempt-1"),
+                Emit(chosen[1], key="attempt-2", expected_last_seq=0, occ_subject=nowhere),
+                Emit(chosen[2], key="attempt-3")]
 
 
 def test_pipelined_reactions_go_through_one_reply_inbox_in_the_handlers_order(nats_server):
