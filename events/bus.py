@@ -503,21 +503,22 @@ class Bus:
         while True:
             try:
                 return await self.js.publish(subject, payload, timeout=timeout, headers=headers)
-            except ServiceUnavailableError:  # 503: the stream has no leader this moment
-                leaderless = True
+            except ServiceUnavailableError as exc:  # 503: the stream has no leader this moment
+                leaderless, failure = True, exc
             except APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
                     raise ConcurrencyConflict(str(exc)) from exc
                 raise
-            except (NoStreamResponseError, NoRespondersError):
-                leaderless = True
-            except (NatsTimeout, asyncio.TimeoutError):
-                leaderless = False
+            except (NoStreamResponseError, NoRespondersError) as exc:
+                leaderless, failure = True, exc
+            except (NatsTimeout, asyncio.TimeoutError) as exc:
+                leaderless, failure = False, exc
             attempt += 1
             # A stream without a leader answers at once: in a cluster that is an election, so
-            # those answers are retried for ELECTION_WAIT_S whatever their count.
+            # those answers are retried for ELECTION_WAIT_S whatever their count. Raised outside
+            # its `except` (a bare `raise` here has no exception to re-raise): the last failure.
             if attempt >= retries and not (leaderless and time.monotonic() - began < ELECTION_WAIT_S):
-                raise
+                raise failure
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

@@ -422,3 +422,28 @@ def test_replays_leave_no_consumer_behind(nats_server):
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_an_append_that_finds_no_stream_gives_up_with_that_failure(nats_server, monkeypatch):
+    """A stream that stays leaderless (here: deleted) is retried for the election window, then the
+    append fails with the server's answer — not 'No active exception to reraise'."""
+    import nats.errors
+    import nats.js.errors
+
+    import skypurza.events.bus as bus_module
+
+    monkeypatch.setattr(bus_module, "ELECTION_WAIT_S", 0.5)
+
+    async def go():
+        bus = await connect_bus(nats_server, stage="nostream")
+        try:
+            await bus.js.delete_stream(bus.events_stream)
+            began = asyncio.get_running_loop().time()
+            with pytest.raises((nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
+                                nats.js.errors.ServiceUnavailableError)):
+                await bus.publish(submitted(1), retries=2)
+            assert asyncio.get_running_loop().time() - began >= 0.5, "retried for the election window"
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
