@@ -247,40 +247,17 @@ _SLURM_ACCOUNT_HELP = ("The Slurm account the team's allocations are charged to 
                        "cluster's sbatch_options); unset: those options decide.")
 
 
-def _slurm_account(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
-    """The --slurm-account value checked (exit 2 with the rule); '' clears it on update."""
+def _credential(value: Optional[str], check_name: str, flag: str, *, clearing: bool = False) -> Optional[str]:
+    """A credentials flag's value checked by events/team_credentials.py's `check_name` (exit 2 with
+    the rule, naming `flag`); '' clears it on update."""
     if value is None or (clearing and value == ""):
         return value
-    from skypurza.events.team_credentials import check_slurm_account
+    from skypurza.events import team_credentials
 
     try:
-        return check_slurm_account(value)
+        return getattr(team_credentials, check_name)(value)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--slurm-account") from None
-
-
-def _k8s_namespace(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
-    """The --k8s-namespace value checked (exit 2 with the rule); '' clears it on update."""
-    if value is None or (clearing and value == ""):
-        return value
-    from skypurza.events.team_credentials import check_k8s_namespace
-
-    try:
-        return check_k8s_namespace(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--k8s-namespace") from None
-
-
-def _aws_profile(value: Optional[str], *, clearing: bool = False) -> Optional[str]:
-    """The --aws-profile value checked (exit 2 with what is accepted); '' clears it on update."""
-    if value is None or (clearing and value == ""):
-        return value
-    from skypurza.events.team_credentials import check_aws_profile
-
-    try:
-        return check_aws_profile(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--aws-profile") from None
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
 
 
 @teams.command("add")
@@ -298,9 +275,9 @@ def teams_add(
     Kubernetes namespace and Slurm account."""
     name = _name(name, "team name")
     infras, labels = _infra_list(infra, allowed_infras), _labels(label)
-    profile = _aws_profile(aws_profile)
-    namespace = _k8s_namespace(k8s_namespace)
-    account = _slurm_account(slurm_account)
+    profile = _credential(aws_profile, "check_aws_profile", "--aws-profile")
+    namespace = _credential(k8s_namespace, "check_k8s_namespace", "--k8s-namespace")
+    account = _credential(slurm_account, "check_slurm_account", "--slurm-account")
     t = _server()
     if t is not None:
         from . import via_api_identity
@@ -383,9 +360,9 @@ def teams_update(
                    "--k8s-namespace or --slurm-account", 2)
     infras = None if allowed_infras is None else _infra_list(None, allowed_infras)
     labels = {} if clear_labels else (None if label is None else _labels(label))
-    profile = _aws_profile(aws_profile, clearing=True)
-    namespace = _k8s_namespace(k8s_namespace, clearing=True)
-    account = _slurm_account(slurm_account, clearing=True)
+    profile = _credential(aws_profile, "check_aws_profile", "--aws-profile", clearing=True)
+    namespace = _credential(k8s_namespace, "check_k8s_namespace", "--k8s-namespace", clearing=True)
+    account = _credential(slurm_account, "check_slurm_account", "--slurm-account", clearing=True)
     t = _server()
     if t is not None:
         from . import via_api_identity

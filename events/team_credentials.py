@@ -66,8 +66,7 @@ NO_CREDENTIALS = TeamCredentials()
 def check_aws_profile(value: object) -> str:
     """An AWS profile name, checked at the edge; ValueError names the key and what is accepted."""
     if not isinstance(value, str) or not _AWS_PROFILE_RE.fullmatch(value):
-        shown = repr(value) if not isinstance(value, str) or len(value) <= 70 else repr(value[:67] + "...")
-        raise ValueError(f"invalid credentials.aws.profile {shown}: use {AWS_PROFILE_RULE}")
+        raise ValueError(f"invalid credentials.aws.profile {_shown(value)}: use {AWS_PROFILE_RULE}")
     return value
 
 
