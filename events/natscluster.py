@@ -1,6 +1,6 @@
 """The config of an N-node NATS JetStream cluster: pure text from names and ports (nothing is
 started here; events/natsserver.py starts one node, tests/support/nats_cluster.py a loopback
-cluster, compose.yaml carries the compose cluster's text).
+cluster, compose.yaml carries the compose cluster's text, `compose_file_config`).
 
 Every node gets the same shape: a `server_name` (JetStream's RAFT groups know a peer by it, so it
 must be unique and survive restarts), the client `listen`, the monitoring `http` port (`/healthz`,
@@ -149,6 +149,23 @@ def node_config(node: ClusterNode, nodes: Sequence[ClusterNode], *, cluster_name
 
 
 def compose_config(stage: str, index: int, count: int = 3) -> str:
-    """Node `index`'s config in compose.yaml (the test checks compose.yaml carries exactly this)."""
+    """Node `index`'s config in a compose deployment of `stage`."""
     nodes = compose_nodes(stage, count)
     return node_config(nodes[index - 1], nodes, cluster_name=naming.nats_cluster_name(stage), advertise=False)
+
+
+# compose.yaml's stage: Compose substitutes it when it reads the file, as it does for the services'
+# own `SKYPURZA_STAGE` there (unset or empty: the default stage, as events/config.py falls back).
+COMPOSE_STAGE = f"${{SKYPURZA_STAGE:-{naming.DEFAULT_STAGE}}}"
+# A valid stage (naming checks it) that no other part of a node's config holds: the names are built
+# by naming for it, then it is swapped for COMPOSE_STAGE, so no name is spelled out here.
+_STAGE_PLACEHOLDER = "composestage"
+
+
+def compose_file_config(index: int, count: int = 3) -> str:
+    """Node `index`'s config as compose.yaml carries it (a test checks it is exactly this): the
+    names of whatever stage the deployment runs, through COMPOSE_STAGE."""
+    text = compose_config(_STAGE_PLACEHOLDER, index, count)
+    # Compose interpolates `$` everywhere in the file, configs' `content` included: a literal `$`
+    # must reach it as `$$` (none today; escaped before COMPOSE_STAGE goes in, which must not be).
+    return text.replace("$", "$$").replace(_STAGE_PLACEHOLDER, COMPOSE_STAGE)

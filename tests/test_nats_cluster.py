@@ -30,7 +30,8 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus, StreamPlacementError
 from skypurza.events.bussettings import BusSettings, parse_servers
 from skypurza.events.models import PlacementChosen, PlacementFailed, TaskSubmitted
-from skypurza.events.natscluster import client_urls, compose_config, compose_nodes, loopback_nodes, node_config
+from skypurza.events.natscluster import (COMPOSE_STAGE, client_urls, compose_config, compose_file_config,
+                                          compose_nodes, loopback_nodes, node_config)
 from skypurza.events.settings import SettingsError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,11 +69,16 @@ def test_compose_carries_the_generated_config_of_each_node() -> None:
 
     doc = yaml.safe_load((REPO / "compose.yaml").read_text())
     for i in (1, 2, 3):
-        assert doc["configs"][f"nats-{i}"]["content"] == compose_config("dev", i), f"regenerate nats-{i}"
+        assert doc["configs"][f"nats-{i}"]["content"] == compose_file_config(i), f"regenerate nats-{i}"
         service = doc["services"][f"nats-{i}"]
         assert service["configs"][0]["source"] == f"nats-{i}"
+        # Whatever stage Compose puts in, the text is the config naming gives that stage
+        # (tests/test_packaging.py renders it with the real Compose binary).
+        for stage in ("dev", "prod"):
+            assert compose_file_config(i).replace(COMPOSE_STAGE, stage) == compose_config(stage, i)
     env = doc["x-service"]["environment"]
     assert env["SKYPURZA_REPLICAS"] == "3"
+    assert env["SKYPURZA_STAGE"] == COMPOSE_STAGE  # the nodes' names and the services' stage: one variable
     assert parse_servers(env["SKYPURZA_NATS_URL"]) == [n.client_url for n in compose_nodes("dev")]
 
 

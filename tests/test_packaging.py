@@ -65,6 +65,34 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     assert bad.returncode != 0
 
 
+@pytest.mark.parametrize("stage", ["prod", None])
+def test_compose_nats_nodes_are_named_for_the_deployments_stage(tmp_path, stage):
+    """The real Compose binary renders each node's config with the names naming gives the stage
+    SKYPURZA_STAGE says (unset: dev), as the services' stage is."""
+    import json
+
+    from skypurza.events import naming
+    from skypurza.events.natscluster import compose_config, compose_nodes
+
+    env = {k: v for k, v in os.environ.items() if k != "SKYPURZA_STAGE"}
+    if stage is not None:
+        env["SKYPURZA_STAGE"] = stage
+    empty = tmp_path / "empty.env"  # not the checkout's .env, should a developer have one
+    empty.write_text("")
+    res = subprocess.run([compose_binary(), "--env-file", str(empty), "-f", str(ROOT / "compose.yaml"), "config",
+                          "--format", "json"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    want = stage or naming.DEFAULT_STAGE
+    for i in (1, 2, 3):
+        text = doc["configs"][f"nats-{i}"]["content"]
+        assert f'server_name: "{naming.nats_server_name(want, i)}"' in text
+        assert f'name: "{naming.nats_cluster_name(want)}"' in text
+        assert all(n.route_url in text for n in compose_nodes(want))
+        assert text == compose_config(want, i)
+    assert {doc["services"][s]["environment"]["SKYPURZA_STAGE"] for s in ("optimizer", "status", "ledger")} == {want}
+
+
 @pytest.mark.parametrize("message,ok", [("skypurza: add x", True), ("fix stuff", False), ("", False)])
 def test_commit_msg_hook(tmp_path, message, ok):
     f = tmp_path / "MSG"
