@@ -314,6 +314,11 @@ def help_cache_file(key: str) -> Path:
     return cache_dir() / f"help-{key}.json"
 
 
+def schema_cache_file(key: str) -> Path:
+    """A task model's built validator (events/taskspec/schemacache.py)."""
+    return cache_dir() / f"taskspec-{key}.pickle"
+
+
 def projections_file(stage: str) -> Path:
     return state_dir(stage) / f"{name(stage, 'ledger', 'projections')}.duckdb"
 
@@ -357,14 +362,46 @@ def nats_port_file(stage: str) -> Path:
     return state_dir(stage) / "nats.port"
 
 
+# The names of a deployment's bus secrets, the same under a stage's state directory and in a
+# compose deployment's secrets directory (below).
+BUS_USERS_DIR_NAME = "bus-users"
+BUS_AUTH_FILE_NAME = "nats-auth.conf"
+
+
 def bus_credentials_dir(stage: str) -> Path:
     """A deployment's bus credentials, one 0600 file per user (events/natscreds.py)."""
-    return state_dir(stage) / "bus-users"
+    return state_dir(stage) / BUS_USERS_DIR_NAME
 
 
 def bus_auth_file(stage: str) -> Path:
     """A deployment's nats-server `authorization {}` block (0600: it holds the passwords)."""
-    return state_dir(stage) / "nats-auth.conf"
+    return state_dir(stage) / BUS_AUTH_FILE_NAME
+
+
+# A compose deployment's bus secrets (`spz api compose-secrets`): a directory next to compose.yaml,
+# by default this one (compose.yaml reads it as ${SKYPURZA_BUS_SECRETS:-./bus-secrets}).
+COMPOSE_SECRETS_DIR = "bus-secrets"
+
+
+def compose_credentials_dir(root: Path) -> Path:
+    """One 0600 credentials file per bus user, each handed to its own container only."""
+    return root / BUS_USERS_DIR_NAME
+
+
+def compose_auth_file(root: Path) -> Path:
+    """The `authorization {}` block every compose NATS node includes (0600)."""
+    return root / BUS_AUTH_FILE_NAME
+
+
+def compose_stage_file(root: Path) -> Path:
+    """The stage the secrets were drawn for (their subjects name it): compose's set-up container
+    refuses to run a deployment of another stage with them."""
+    return root / "stage"
+
+
+def compose_secrets_lock_file(root: Path) -> Path:
+    """Held while the secrets are written: two runs at once draw one set of passwords."""
+    return root / ".lock"
 
 
 def bus_agent_users_dir(stage: str) -> Path:

@@ -4,13 +4,14 @@ Known sections are typed as SkyPilot 0.14.1's schema types them; other top-level
 carried (SkyPilot's client accepts them and leaves the judgement to its server).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in the model modules: pydantic would evaluate every
+# field's annotation string with eval() when the class is made (~10 ms of a cold check-yaml, issue 21).
 
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, Tag, field_validator
 
-from ._base import NotNull, Open, Strict, choose, is_bool, is_dict, is_int, is_list, is_number, is_str, spz_error, tag
+from ._base import NotNull, Open, Strict, choose, is_bool, is_dict, is_int, is_list, is_none, is_number, is_str, spz_error, tag
 
 _DURATION = r"^[0-9]+(m|h|d|w|M|H|D|W)?$"
 
@@ -135,7 +136,7 @@ SbatchValue = Annotated[
         Annotated[None, Tag(tag("null"))],
     ],
     choose("a one-line string, a number, true/false or null", ("str", is_str), ("bool", is_bool), ("num", is_number),
-           ("null", lambda v: v is None)),
+           ("null", is_none)),
 ]
 
 

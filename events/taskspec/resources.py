@@ -4,7 +4,8 @@ Values keep their written form (so a dump reads like the input); the parsers in 
 check them here and interpret them in `expand` (which turns resources into ResourceRequests).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in the model modules: pydantic would evaluate every
+# field's annotation string with eval() when the class is made (~10 ms of a cold check-yaml, issue 21).
 
 from typing import Annotated, Any, Union
 
@@ -330,7 +331,7 @@ class _ResourceKeys(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_way_to_say_it(self) -> _ResourceKeys:
+    def _one_way_to_say_it(self) -> "_ResourceKeys":
         check_location_keys(self.model_fields_set)
         if {"accelerators", "gpus"} <= self.model_fields_set:
             raise spz_error("give either `accelerators` or its alias `gpus`, not both", "gpus")
@@ -408,7 +409,7 @@ class Resources(_ResourceKeys):
         "Alternatives merged over the other keys, tried strictly in order."))] = None
 
     @model_validator(mode="after")
-    def _alternatives(self) -> Resources:
+    def _alternatives(self) -> "Resources":
         if self.any_of is not None and self.ordered is not None:
             raise spz_error("cannot give both `any_of` and `ordered`; choose one", "ordered")
         accs = self.accelerators if self.accelerators is not None else self.gpus

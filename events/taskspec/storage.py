@@ -1,6 +1,7 @@
 """`file_mounts` storage dicts (SkyPilot's storage schema) and task `volume_mounts` entries."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in the model modules: pydantic would evaluate every
+# field's annotation string with eval() when the class is made (~10 ms of a cold check-yaml, issue 21).
 
 from typing import Annotated, Union
 
@@ -87,7 +88,7 @@ class Storage(Strict):
         return check_enum(v, STORAGE_TYPES, "type")
 
     @model_validator(mode="after")
-    def _name_or_source(self) -> Storage:
+    def _name_or_source(self) -> "Storage":
         if self.name is None and self.source is None and "name" not in self.model_fields_set:
             raise spz_error("a storage mount needs a `name` (bucket) or a `source` (path or bucket URL)")
         return self

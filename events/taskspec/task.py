@@ -6,7 +6,8 @@ templates are kept, so a dump reads like the input), and null envs are refused (
 `--env`). Use `load_tasks` for files: it adds line/column to every problem.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in the model modules: pydantic would evaluate every
+# field's annotation string with eval() when the class is made (~10 ms of a cold check-yaml, issue 21).
 
 import copy
 from typing import TYPE_CHECKING, Annotated, Any, Union
@@ -66,14 +67,15 @@ class _EnvValue:
     """An env value: a string, or null meaning "required: give it with --env" (refused if still null)."""
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
-        def check(value: Any) -> Any:
-            if value is None:
-                raise spz_error("environment variable {key} has no value (null in the YAML): give it on the "
-                                "command line with --env {key}=VALUE (use '' for an empty value)")
-            check_env_value(value)
-            return value
+        return core_schema.no_info_after_validator_function(_check_env_value_given, handler(source))
 
-        return core_schema.no_info_after_validator_function(check, handler(source))
+
+def _check_env_value_given(value: Any) -> Any:
+    if value is None:
+        raise spz_error("environment variable {key} has no value (null in the YAML): give it on the "
+                        "command line with --env {key}=VALUE (use '' for an empty value)")
+    check_env_value(value)
+    return value
 
 
 def check_env_value(value: Any) -> None:
@@ -172,7 +174,7 @@ class Task(Strict):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _fill_in_variables(cls, data: Any, handler: Any) -> Task:
+    def _fill_in_variables(cls, data: Any, handler: Any) -> "Task":
         if not isinstance(data, dict):
             return handler(data)  # type: ignore[no-any-return]
         data = dict(data)
@@ -227,7 +229,7 @@ class Task(Strict):
         return v
 
     @model_validator(mode="after")
-    def _environment_size(self) -> Task:
+    def _environment_size(self) -> "Task":
         total = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env_values().items())
         total += sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.secret_values().items())
         if total > MAX_ENV_TOTAL_BYTES:
@@ -245,7 +247,7 @@ class Task(Strict):
         return v
 
     @model_validator(mode="after")
-    def _workdir_is_reserved(self) -> Task:
+    def _workdir_is_reserved(self) -> "Task":
         if self.workdir is not None and self.file_mounts:
             for dst in self.file_mounts:
                 if dst.rstrip("/") == SKY_REMOTE_WORKDIR:
@@ -269,13 +271,13 @@ class Task(Strict):
             return list(self.secrets)
         return list(self.secrets or [])
 
-    def resource_requests(self) -> list[ResourceRequest]:
+    def resource_requests(self) -> "list[ResourceRequest]":
         """One ResourceRequest per alternative (accelerator choices, any_of, ordered)."""
         from .expand import resource_requests
 
         return resource_requests(self.resources)
 
-    def autostop(self) -> Autostop | None:
+    def autostop(self) -> "Autostop | None":
         """The autostop setting of the task's resources, normalised; None when not given."""
         if self.resources is None or self.resources.autostop is None:
             return None
@@ -301,7 +303,7 @@ class Task(Strict):
         return public.public_dict(self.to_yaml_dict(json_safe=True), self.secret_values())
 
     @classmethod
-    def from_public_dict(cls, data: dict[str, Any], secrets: dict[str, str] | None = None) -> Task:
+    def from_public_dict(cls, data: dict[str, Any], secrets: dict[str, str] | None = None) -> "Task":
         """Rebuild a task from `public_dict()` output and the secret values kept elsewhere (the
         keys only the bus carries, `public.TRANSPORT_KEYS`, left out: they are not SkyPilot's)."""
         data = {k: v for k, v in data.items() if k not in public.TRANSPORT_KEYS}

@@ -64,11 +64,12 @@ def detect_local_resources(known_accelerators: Iterable[str] | None = None,
     except OSError:
         mem = 0.0
     import shutil
-    import subprocess
 
     gpus: dict[str, int] = {}
     exe = shutil.which(nvidia_smi) if nvidia_smi else None
     if exe:
+        import subprocess  # only with a GPU tool to run: a dry run on a machine without one spares it
+
         try:
             res = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=timeout_s)

@@ -27,15 +27,16 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence
 
 from skypurza.events.taskspec.request import ResourceRequest
 
-from skypurza.events.k8s_capacity import ContextCapacity, hourly_price_micros, pod_size
-from skypurza.events.slurm_discovery import SlurmCluster, fits as slurm_fits, node_shape
-
 from .catalog.model import Catalog, InstanceType, dollars_to_micros, format_dollars
 from .local import LocalResources
+
+if TYPE_CHECKING:  # imported where used: a placement with no Slurm or Kubernetes pays for neither (issue 21)
+    from skypurza.events.k8s_capacity import ContextCapacity
+    from skypurza.events.slurm_discovery import SlurmCluster
 
 SUPPORTED_INFRAS = ("aws", "local", "kubernetes", "slurm")
 # Clouds SkyPilot 0.14.1 knows (ALL_CLOUDS) plus the container/HPC backends: recognised, so
@@ -507,6 +508,8 @@ def _local_candidate(i: int, req: ResourceRequest, n: int, local: LocalResources
 def _k8s_candidates(i: int, req: ResourceRequest, n: int, contexts: Sequence[ContextCapacity],
                     blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
     """One candidate per context (a "region") whose nodes fit `n` pods of the request's size now."""
+    from skypurza.events.k8s_capacity import hourly_price_micros, pod_size
+
     def no(why: str) -> tuple[list[Candidate], str]:
         return [], f"kubernetes: {why}"
 
@@ -547,7 +550,7 @@ def _slurm_candidates(i: int, req: ResourceRequest, n: int, clusters: Sequence[S
                       blocks: Sequence[Block]) -> tuple[list[Candidate], str]:
     """One candidate per partition (a zone of the cluster, its region) whose nodes take the
     shape; priced by `slurm.pricing` ($0.00 when none, as sky)."""
-    from skypurza.events.slurm_discovery import accelerator_name
+    from skypurza.events.slurm_discovery import accelerator_name, fits as slurm_fits, node_shape
 
     def no(why: str) -> tuple[list[Candidate], str]:
         return [], f"slurm: {why}"

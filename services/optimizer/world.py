@@ -13,15 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from skypurza.events.awsconfig import aws_config_files, aws_configured
-from skypurza.events.k8s_capacity import ContextCapacity
 from skypurza.events.k8s_config import KubernetesSettings, read_all_capacity
-from skypurza.events.slurm_discovery import SlurmCluster
 
 from . import placement
 from .catalog import Catalog, load_catalog
 from .settings import OptimizerSettings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: a dry run with no Slurm or Kubernetes pays for neither (issue 21)
+    from skypurza.events.k8s_capacity import ContextCapacity
+    from skypurza.events.slurm_discovery import SlurmCluster
+
     from . import decide
 
 
@@ -64,6 +65,7 @@ def slurm_clusters(enabled: frozenset[str], env: Mapping[str, str] | None = None
 
     from skypurza.events.config import ConfigError, load_config
     from skypurza.events.slurm_config import SlurmConfigError, parse_user_config, read_targets, slurm_config_path
+    from skypurza.events.slurm_discovery import SlurmCluster
 
     path = slurm_config_path(env)
     try:
