@@ -9,9 +9,9 @@ and `Open.model_rebuild` (the hook pydantic's deferred build goes through) ask `
 (pydantic-core pickles a validator as its schema and config and rebuilds it in Rust, ~5 ms).
 
 The cached schema is used only while everything that shaped it is unchanged: the file records
-each module file loaded at the build from the task models, `events/limits.py` and the libraries
-that generate schemas (pydantic, pydantic-core, annotated_types, typing_extensions,
-typing_inspection), with its mtime and size — as Python's own bytecode cache does — and the key
+each module file of ours loaded at the build (the task models, `events/limits.py`, whatever else
+was loaded by then) and of the libraries that generate schemas (pydantic, pydantic-core,
+annotated_types, typing_extensions, typing_inspection), with its mtime and size — as Python's own bytecode cache does — and the key
 names the Python, pydantic and pydantic-core versions and the model. An edit, an upgrade or a
 checkout builds again. A model with a pydantic plug-in, computed fields or deprecated fields is
 never cached (their build does more than the schema), nor one built with a forced rebuild.
@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 _LIBRARIES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection")
-_OURS = ("skypurza.events.taskspec", "skypurza.events.limits")
+# Every module of ours loaded when the validator was built: the models' own, whatever they import,
+# and any model subclassing ours from elsewhere (an edit to one that had no say only costs a build).
+_OURS = ("skypurza",)
 MAX_CACHE_BYTES = 16 << 20  # a task model's schema pickles to ~50 kB; a bigger file is not ours
 FORMAT = 1
 
