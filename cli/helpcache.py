@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Any
 
+from skypurza.events.filestamps import module_stamps, unchanged
+
 HELP_ARGS = ((), ("--help",), ("-h",))
 # Variables that change what rich/typer/click print (width, colour, encoding, markup).
 _ENV_NAMES = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "PY_COLORS", "CLICOLOR",
@@ -62,36 +64,6 @@ def _place_facts() -> list[Any]:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     return [paths, sys.argv[0], getattr(spec, "name", None), sys.version]
-
-
-def _module_files() -> list[list[Any]]:
-    """(file, mtime, size) of every module loaded: what rendered the help (ours, the plugins',
-    typer's, rich's). A cached text is served only while each is unchanged: an edited help
-    text, an upgraded typer or a reinstalled plugin renders again."""
-    out = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            out.append([path, st.st_mtime_ns, st.st_size])
-    return sorted(out)
-
-
-def _unchanged(files: Any) -> bool:
-    if not isinstance(files, list) or not files:
-        return False
-    for entry in files:
-        try:
-            path, mtime, size = entry
-            st = os.stat(path)
-        except (OSError, TypeError, ValueError):
-            return False
-        if (st.st_mtime_ns, st.st_size) != (mtime, size):
-            return False
-    return True
 
 
 def current_key(argv: list[str]) -> str:
@@ -151,7 +123,7 @@ def serve(argv: list[str]) -> None:
         doc = json.loads(path.read_text(encoding="utf-8"))
         out, err, code = doc["out"], doc["err"], doc["code"]
         if not (isinstance(out, str) and isinstance(err, str) and isinstance(code, int)) \
-                or not _unchanged(doc.get("files")):
+                or not unchanged(doc.get("files")):
             return
     except (OSError, ValueError, KeyError, TypeError):
         return  # no cache yet, or not one we can read: typer renders it
@@ -185,7 +157,7 @@ def run_recorded(app: Any) -> None:
         whole = sys.stdout is out and sys.stderr is err and _flushed(out._stream) and _flushed(err._stream)
         sys.stdout, sys.stderr = out._stream, err._stream
         if whole and out.clean and err.clean and isinstance(0 if code is None else code, int):
-            _store(argv, "".join(out.text), "".join(err.text), 0 if code is None else code, _module_files())
+            _store(argv, "".join(out.text), "".join(err.text), 0 if code is None else code, module_stamps())
 
 
 def _flushed(stream: Any) -> bool:

@@ -35,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from skypurza.events.filestamps import module_stamps, unchanged
+
 _LIBRARIES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection")
 # Every module of ours loaded when the validator was built: the models' own, whatever they import,
 # and any model subclassing ours from elsewhere (an edit to one that had no say only costs a build).
@@ -64,35 +66,6 @@ def cache_file(model: type) -> Path:
 
 def _tracked(name: str) -> bool:
     return name.split(".")[0] in _LIBRARIES or any(name == p or name.startswith(p + ".") for p in _OURS)
-
-
-def module_files() -> list[tuple[str, int, int]]:
-    """(file, mtime_ns, size) of each loaded module a task model's schema may depend on."""
-    out = []
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and _tracked(name):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            out.append((path, st.st_mtime_ns, st.st_size))
-    return sorted(out)
-
-
-def unchanged(files: Any) -> bool:
-    """Pure over the file system's answers: every recorded file still has its mtime and size."""
-    if not isinstance(files, list) or not files:
-        return False
-    for entry in files:
-        try:
-            path, mtime, size = entry
-            st = os.stat(path)
-        except (OSError, TypeError, ValueError):
-            return False
-        if (st.st_mtime_ns, st.st_size) != (mtime, size):
-            return False
-    return True
 
 
 def cacheable(model: Any) -> bool:
@@ -171,7 +144,7 @@ def store(model: Any) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not _private(os.stat(path.parent)):
             return
-        blob = pickle.dumps((module_files(), model.__pydantic_core_schema__, model.__pydantic_validator__,
+        blob = pickle.dumps((module_stamps(_tracked), model.__pydantic_core_schema__, model.__pydantic_validator__,
                              model.__pydantic_serializer__), protocol=pickle.HIGHEST_PROTOCOL)
         if len(blob) > MAX_CACHE_BYTES:
             return
