@@ -6,7 +6,7 @@ COPY __init__.py ./
 COPY events ./events
 COPY services ./services
 COPY cli ./cli
-RUN pip install --no-cache-dir . && useradd --create-home skypurza
+RUN pip install --no-cache-dir . && useradd --create-home --uid 1000 skypurza
 USER skypurza
 ENV SKYPURZA_HOME=/home/skypurza/.skypurza
 ENTRYPOINT ["spz"]

@@ -1,8 +1,10 @@
-"""`spz api start|stop|restart|status|logs|serve`: the control plane."""
+"""`spz api start|stop|restart|status|logs|serve|compose-secrets`: the control plane, and a compose
+deployment's bus secrets."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -354,6 +356,77 @@ def api_logs(
                     typer.echo(line.rstrip("\n"))
                 else:
                     time.sleep(0.2)
+
+
+@api.command("compose-secrets")
+def api_compose_secrets(
+    directory: Optional[Path] = typer.Argument(None, metavar="DIR", show_default=False,
+                                               help="Where to write them: next to compose.yaml, which reads "
+                                                    "${SKYPURZA_BUS_SECRETS:-./bus-secrets} (default: ./bus-secrets)."),
+    output: str = typer.Option("table", "-o", "--output", help="table or json."),
+) -> None:
+    """Draw the bus credentials of a compose deployment (compose.yaml) into DIR, once before
+    `docker compose up`.
+
+    One 0600 file per bus user under DIR/bus-users/ (compose hands each container its own only),
+    the `authorization {}` block every NATS node includes (DIR/nats-auth.conf) and the stage they
+    are for (DIR/stage). The stage is spz's (--stage, SKYPURZA_STAGE), the variable compose reads:
+    compose's set-up container refuses to start a deployment of another stage. Safe to run again
+    (also two at once): passwords already there are kept, the block is written anew."""
+    check_output(output)
+    import os
+
+    from skypurza.events import naming
+
+    from .busauth import COMPOSE_CONTAINER_UID, ComposeSecretsError, compose_secrets
+
+    root = (directory or Path(naming.COMPOSE_SECRETS_DIR)).expanduser().absolute()
+    st = stage()
+    try:
+        files = compose_secrets(root, st)
+    except (ComposeSecretsError, ValueError) as exc:
+        raise fail(str(exc))
+    # Compose mounts a secret from a file as it is on the host (owner and 0600 kept): the
+    # containers' user must own the files, or it cannot read its own.
+    readable = os.getuid() in (0, COMPOSE_CONTAINER_UID)
+    if output == "json":
+        print_json({"stage": st, "directory": str(root), "auth_file": str(naming.compose_auth_file(root)),
+                    "stage_file": str(naming.compose_stage_file(root)), "users": {u: str(f) for u, f in files.items()},
+                    "container_uid": COMPOSE_CONTAINER_UID, "readable_by_containers": readable})
+    else:
+        # compose.yaml finds ./bus-secrets by itself (run from its directory); another one by the variable.
+        where = "" if root.resolve() == Path(naming.COMPOSE_SECRETS_DIR).resolve() else f"SKYPURZA_BUS_SECRETS={root} "
+        typer.echo(f"Bus secrets of stage {st} in {root} ({len(files)} users, passwords kept where they were); "
+                   f"start the deployment with: SKYPURZA_STAGE={st} {where}docker compose up -d")
+    if not readable:
+        typer.echo(f"note: the SkyPurza containers run as uid {COMPOSE_CONTAINER_UID} and read these 0600 files as "
+                   f"they are on this host: sudo chown -R {COMPOSE_CONTAINER_UID} {root}", err=True)
+
+
+@api.command("compose-setup", hidden=True)
+def api_compose_setup(
+    nats_url: str = typer.Option(..., "--nats-url", envvar="SKYPURZA_NATS_URL", help="Every NATS node."),
+    stage_file: Path = typer.Option(..., "--stage-file", help="The stage the bus secrets were drawn for "
+                                                               "(DIR/stage of spz api compose-secrets)."),
+) -> None:
+    """Make a compose deployment's streams and buckets as the `control` user (SKYPURZA_NATS_CREDS),
+    which no service's user may: compose.yaml's one-shot set-up container, before any service.
+    Refuses a stage the bus secrets were not drawn for (exit 2)."""
+    from skypurza.events.bus import CANNOT_CONNECT, StreamPlacementError
+    from skypurza.events.settings import SettingsError
+
+    from .busauth import ComposeSecretsError, compose_set_up, read_control_credentials
+
+    st = stage()
+    try:
+        compose_set_up(nats_url, st, stage_file, read_control_credentials())
+    except ComposeSecretsError as exc:
+        raise fail(str(exc), 2)
+    except CANNOT_CONNECT as exc:  # control's password refused: secrets drawn after the nodes started
+        raise fail(f"cannot set up the bus: {exc}", 2)
+    except (SettingsError, StreamPlacementError, OSError, TimeoutError) as exc:
+        raise fail(f"cannot set up the bus at {nats_url}: {exc}")
+    typer.echo(f"The bus of stage {st} is set up (streams, secrets bucket, uploads store).")
 
 
 def serve_command(

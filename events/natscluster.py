@@ -1,6 +1,7 @@
 """The config of an N-node NATS JetStream cluster: pure text from names and ports (nothing is
 started here; events/natsserver.py starts one node, tests/support/nats_cluster.py a loopback
-cluster, compose.yaml carries the compose cluster's text, `compose_file_config`).
+cluster, compose.yaml carries the compose cluster's text, `compose_file_config`, which includes
+the deployment's `authorization {}` block: a compose bus is never open).
 
 Every node gets the same shape: a `server_name` (JetStream's RAFT groups know a peer by it, so it
 must be unique and survive restarts), the client `listen`, the monitoring `http` port (`/healthz`,
@@ -28,6 +29,12 @@ COMPOSE_CLIENT_PORT = 4222
 COMPOSE_HTTP_PORT = 8222
 COMPOSE_ROUTE_PORT = 6222
 COMPOSE_STORE_DIR = "/data"
+# Where a compose node's config is mounted, and beside it the authorization block (a Compose
+# secret from `spz api compose-secrets`): nats-server resolves an include against the including
+# file's directory and takes no absolute path, so both must share this directory.
+COMPOSE_CONFIG_DIR = "/etc/nats"
+COMPOSE_CONFIG_FILE = f"{COMPOSE_CONFIG_DIR}/nats.conf"
+COMPOSE_AUTH_FILE = f"{COMPOSE_CONFIG_DIR}/{naming.BUS_AUTH_FILE_NAME}"
 
 
 @dataclass(frozen=True)
@@ -148,10 +155,17 @@ def node_config(node: ClusterNode, nodes: Sequence[ClusterNode], *, cluster_name
     return head + body + cluster_block(cluster_name, node, nodes, advertise=advertise) + "".join(extra_blocks)
 
 
+def compose_auth_include() -> str:
+    """The line that puts the deployment's users into a compose node's config (no password in
+    the config itself: the block is a secret of its own)."""
+    return f"include {_quoted(naming.BUS_AUTH_FILE_NAME)}\n"
+
+
 def compose_config(stage: str, index: int, count: int = 3) -> str:
-    """Node `index`'s config in a compose deployment of `stage`."""
+    """Node `index`'s config in a compose deployment of `stage`: its users only, never anonymous."""
     nodes = compose_nodes(stage, count)
-    return node_config(nodes[index - 1], nodes, cluster_name=naming.nats_cluster_name(stage), advertise=False)
+    return node_config(nodes[index - 1], nodes, cluster_name=naming.nats_cluster_name(stage), advertise=False,
+                       extra_blocks=(compose_auth_include(),))
 
 
 # compose.yaml's stage: Compose substitutes it when it reads the file, as it does for the services'

