@@ -33,7 +33,7 @@ from skypurza.events import naming
 from skypurza.events.awsconfig import AWS_ENV_SIGNALS, aws_config_files, aws_configured
 from skypurza.events.config import ConfigError, load_config
 from skypurza.events.limits import MAX_YAML_FILE_BYTES
-from skypurza.events.models import CapacityError, PlacementChosen, TaskSubmitted
+from skypurza.events.models import CapacityError, PlacementChosen, PlacementFailed, TaskSubmitted
 from skypurza.events.settings import SettingsError, Sources, parse_flag, parse_integer, parse_names, parse_number
 from skypurza.events.taskspec.request import ResourceRequest as R
 from skypurza.services.ledger.ledgerconfig import TICK_ENV, parse_ledger_config
@@ -84,6 +84,28 @@ def _decisions(cat: Catalog, world: decide.World) -> list[Any]:
 def _forget_caches() -> None:
     decide._PLAN_CACHE.clear()
     placement._INDEXES.clear()
+
+
+def test_an_invalid_task_is_never_placed_whether_or_not_its_resources_have_a_cached_plan() -> None:
+    """A hand-made TaskSubmitted whose task is invalid fails placement with what is wrong; a plan
+    cached for the same resources (a valid task's) must not place it (a hit decides as a miss)."""
+    world = decide.World(load_catalog(), frozenset({"aws"}), None, max_attempts=5)
+    good = {"resources": {"cpus": "2+"}, "run": "echo hi", "envs": {"OK": "1"}}
+    bad = {**good, "envs": {"1BAD": "1"}}
+    for cached in (False, True):
+        _forget_caches()
+        placed = decide.first_placement(TaskSubmitted(task_id="g", cluster="g", task=good), world)
+        assert isinstance(placed, PlacementChosen)
+        if not cached:
+            _forget_caches()
+        sub = TaskSubmitted(task_id="b", cluster="b", task=bad)
+        failed = decide.first_placement(sub, world)
+        assert isinstance(failed, PlacementFailed), (cached, failed)
+        assert failed.reason.startswith("invalid task: envs.1BAD: invalid environment variable name"), failed.reason
+        err = CapacityError(task_id="b", cluster="b", placement_id="p", attempt=1, candidate=placed.candidate,
+                            error_class="capacity", code="X", message="m")
+        again = decide.after_capacity_error(sub, [err], world)
+        assert isinstance(again, PlacementFailed) and "invalid task: envs.1BAD" in again.reason
 
 
 class _Trapped(dict):

@@ -150,17 +150,41 @@ def initial_blocks(submitted: TaskSubmitted) -> list[Block]:
             for b in submitted.initial_blocks]
 
 
+class InvalidTask(ValueError):
+    """A submitted task that is not a valid task: a hand-made event (the CLI and the API server
+    check a task before they submit it). Placing it fails, with what is wrong."""
+
+
+MAX_PROBLEMS_SHOWN = 3
+
+
+def valid_task(submitted: TaskSubmitted) -> Any:
+    """The submitted task as the task model (events/taskspec), or InvalidTask saying why."""
+    from pydantic import ValidationError
+
+    from skypurza.events.taskspec.messages import findings
+    from skypurza.events.taskspec.task import Task
+
+    try:
+        return Task.from_public_dict(submitted.task.to_dict())
+    except ValidationError as exc:
+        found = list(findings(exc.errors(include_url=False), Task))
+        shown = "; ".join(f"{'.'.join(map(str, f.loc)) or '(task)'}: {f.message}" for f in found[:MAX_PROBLEMS_SHOWN])
+        more = f" (and {len(found) - MAX_PROBLEMS_SHOWN} more)" if len(found) > MAX_PROBLEMS_SHOWN else ""
+        raise InvalidTask(f"invalid task: {shown}{more}") from None
+
+
 def _planned(submitted: TaskSubmitted, world: World, blocks: Sequence[Block] | None = None,
              limit: int | None = PLAN_LIMIT) -> _Planned:
+    # Validated on every call, hit or miss: a cached plan is for the same resources, not the same
+    # task, and a hit must decide what a miss would (an invalid task is never placed).
+    task = valid_task(submitted)
     blocks = initial_blocks(submitted) if blocks is None else list(blocks)
     key = plan_key(submitted, world, blocks) + ((limit,) if limit != PLAN_LIMIT else ())
     hit = _PLAN_CACHE.get(key)
     if hit is not None:
         _PLAN_CACHE.move_to_end(key)
         return hit
-    from skypurza.events.taskspec.task import Task
-
-    task = Task.from_public_dict(submitted.task.to_dict())
     plan = place(task.resource_requests(), submitted.num_nodes, world.catalog, blocks, world.enabled_infras,
                  world.local, limit=limit, kubernetes=world.kubernetes, slurm=world.slurm)
     entry = _PLAN_CACHE[key] = _Planned(plan)
@@ -202,11 +226,15 @@ def first_placement(submitted: TaskSubmitted, world: World, team: str | None = N
                     reservation: ReservationRef | None = None) -> PlacementChosen | PlacementFailed:
     """The first placement; `entries` (the allowed infras of the submitter's `team`) confine it,
     and so does the `reservation` the task was admitted to."""
-    if reservation is not None:
-        return _first_in_reservation(submitted, world, team or "", entries, reservation)
-    if entries:
-        return _first_in_workspace(submitted, world, team or "", entries)
-    entry = _planned(submitted, world)
+    try:
+        if reservation is not None:
+            return _first_in_reservation(submitted, world, team or "", entries, reservation)
+        if entries:
+            return _first_in_workspace(submitted, world, team or "", entries)
+        entry = _planned(submitted, world)
+    except InvalidTask as exc:
+        return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster, reason=str(exc),
+                               managed_job_id=submitted.managed_job_id)
     if entry.plan.chosen is None:
         return PlacementFailed(task_id=submitted.task_id, cluster=submitted.cluster,
                                reason=entry.plan.reason or "no feasible placement",
@@ -300,8 +328,11 @@ def after_capacity_error(submitted: TaskSubmitted, errors: Sequence[CapacityErro
     if narrowed is None:
         return _failed(submitted, attempts, workspace.refusal(team or "", entries, "none of them is enabled here"))
     blocks = initial_blocks(submitted) + [block_of(e) for e in errors]
-    plan = next_placement(plan_for(submitted, narrowed, blocks, _workspace_limit(entries)), blocks,
-                          last=from_event_candidate(last.candidate))
+    try:
+        planned = plan_for(submitted, narrowed, blocks, _workspace_limit(entries))
+    except InvalidTask as exc:
+        return _failed(submitted, attempts, str(exc))
+    plan = next_placement(planned, blocks, last=from_event_candidate(last.candidate))
     if entries:
         cands = _in_workspace(plan, entries)
         if not cands:

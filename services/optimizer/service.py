@@ -242,7 +242,10 @@ class OptimizerService:
 
     async def _refresh_spot(self, ev: TaskSubmitted) -> None:
         assert self.world is not None
-        plan = decide.plan_for(ev, self.world)
+        try:
+            plan = decide.plan_for(ev, self.world)
+        except decide.InvalidTask:
+            return  # nothing to price: first_placement says what is wrong with it
         regions = []
         for c in plan.candidates[:10]:
             if c.use_spot and c.infra == "aws" and c.region and c.region not in regions:
