@@ -19,7 +19,7 @@ that removes both without touching the network:
 
 2. No catalog download. On first use SkyPilot fetches its catalogs from
    GitHub into ``~/.sky/catalogs/<schema version>/aws/``
-   (``sky/catalog/common.py: read_catalog``). We write a small ``vms.csv`` in
+   (``sky/catalog/common.py: read_catalog``). We write a ``vms.csv`` in
    SkyPilot's column format (plus an ``images.csv`` and an
    ``instance_quota_mapping.csv``, which ``sky/catalog/aws_catalog.py`` also
    reads). Hand-written catalogs have no ``.meta/*.md5`` file, which SkyPilot
@@ -31,11 +31,12 @@ that removes both without touching the network:
    a stub ``aws`` first on PATH so that SkyPilot's ``aws configure list``
    probe costs the same (a few ms) on every machine.
 
-The prices are stand-ins: a handful of general, compute and memory instance
-types in two regions, with plausible on-demand and spot prices. The
-benchmark times the optimizer, not its answer.
+The catalog is spz's own (every instance type, region, zone and price of
+services/optimizer/catalog/, ~3,000 rows), so both optimizers place over the
+same offerings; SkyPilot's real AWS catalog is larger, so this is, if
+anything, kind to it. The benchmark times the optimizer, not its answer.
 
-Stdlib only; this runs in our interpreter. SkyPilot itself is run once, as
+This runs in our interpreter (it reads spz's catalog). SkyPilot itself is run once, as
 ``sky_python -c ...``, to record the enabled cloud in its state database.
 """
 
@@ -55,42 +56,35 @@ _VMS_HEADER = (
     "Price,SpotPrice,Region,AvailabilityZone,Arch"
 )
 
-# (instance type, vCPUs, memory GiB, on-demand $/h) -- stand-in prices.
-_INSTANCE_TYPES = [
-    ("m6i.large", 2, 8, 0.096),
-    ("m6i.xlarge", 4, 16, 0.192),
-    ("m6i.2xlarge", 8, 32, 0.384),
-    ("c6i.large", 2, 4, 0.085),
-    ("c6i.xlarge", 4, 8, 0.17),
-    ("c6i.2xlarge", 8, 16, 0.34),
-    ("r6i.large", 2, 16, 0.126),
-    ("r6i.xlarge", 4, 32, 0.252),
-    ("r6i.2xlarge", 8, 64, 0.504),
-]
+# SkyPilot's catalog rows are spz's own catalog (services/optimizer/catalog/, the same AWS facts
+# `spz launch --dryrun` places over): both optimizers choose among the same instance types,
+# regions, zones and prices. Zones are written as zone IDs (use1-az1), as SkyPilot's catalog has
+# them before its account mapping, which offline is the 'default' one.
 
-# region -> (on-demand price factor, zone ids); zone ids as in SkyPilot's
-# default (account-independent) catalog.
-_REGIONS = {
-    "us-east-1": (1.0, ["use1-az1", "use1-az2"]),
-    "us-west-2": (1.0, ["usw2-az1", "usw2-az2"]),
-}
 
-# Spot price as a fraction of on-demand, per zone (stand-ins).
-_SPOT_FRACTION = {
-    "use1-az1": 0.42,
-    "use1-az2": 0.40,
-    "usw2-az1": 0.44,
-    "usw2-az2": 0.41,
-}
+def catalog_rows() -> list[str]:
+    """vms.csv rows (SkyPilot's columns) for every offering of spz's catalog."""
+    from skypurza.services.optimizer.catalog import load_catalog
+
+    catalog = load_catalog()
+    rows = []
+    for itype in sorted(catalog.types.values()):
+        for offer in catalog.offerings(itype.name):
+            od = "" if offer.ondemand_micros is None else f"{offer.ondemand_micros / 1e6:g}"
+            for zone in offer.zones:
+                spot = "" if zone.spot_micros is None else f"{zone.spot_micros / 1e6:g}"
+                rows.append(f"{itype.name},{itype.accelerator or ''},{itype.accelerator_count or ''},"
+                            f"{itype.vcpus:g},{itype.memory_gib:g},,{od},{spot},{offer.region},{zone.zone},"
+                            f"{itype.arch}")
+    return rows
+
 
 _IMAGES_CSV = """Tag,Region,OS,OSVersion,ImageId,CreationDate
 skypilot:custom-cpu-ubuntu-2204,us-east-1,ubuntu,22.04,ami-00000000000000001,20250101
 skypilot:custom-cpu-ubuntu-2204,us-west-2,ubuntu,22.04,ami-00000000000000002,20250101
 """
 
-_QUOTA_CSV = "InstanceType,OnDemandInstanceCode,SpotInstanceCode\n" + "".join(
-    f"{it},L-1216C47A,L-34B43A08\n" for it, *_ in _INSTANCE_TYPES
-)
+_QUOTA_HEADER = "InstanceType,OnDemandInstanceCode,SpotInstanceCode"
 
 # Runs inside SkyPilot's interpreter with HOME set to the prepared dir.
 # Prints the catalog schema version so the catalog lands where SkyPilot reads.
@@ -132,18 +126,8 @@ def sky_env(home: Path, stub_aws_cli: bool = True) -> dict[str, str]:
     }
 
 
-def _vms_csv() -> str:
-    lines = [_VMS_HEADER]
-    for region, (factor, zones) in _REGIONS.items():
-        for it, vcpus, mem, price in _INSTANCE_TYPES:
-            od = round(price * factor, 4)
-            for zone in zones:
-                spot = round(od * _SPOT_FRACTION[zone], 6)
-                lines.append(
-                    f"{it},,,{float(vcpus)},{float(mem)},,{od},{spot},"
-                    f"{region},{zone},x86_64"
-                )
-    return "\n".join(lines) + "\n"
+def _vms_csv(rows: list[str]) -> str:
+    return "\n".join([_VMS_HEADER, *rows]) + "\n"
 
 
 def prepare_sky_home(home: Path, sky_python: str, stub_aws_cli: bool = True) -> dict[str, str]:
@@ -190,9 +174,12 @@ def prepare_sky_home(home: Path, sky_python: str, stub_aws_cli: bool = True) -> 
 
     aws_dir = sky_dir / "catalogs" / schema / "aws"
     aws_dir.mkdir(parents=True, exist_ok=True)
-    (aws_dir / "vms.csv").write_text(_vms_csv(), encoding="utf-8")
+    rows = catalog_rows()
+    (aws_dir / "vms.csv").write_text(_vms_csv(rows), encoding="utf-8")
     (aws_dir / "images.csv").write_text(_IMAGES_CSV, encoding="utf-8")
-    (aws_dir / "instance_quota_mapping.csv").write_text(_QUOTA_CSV, encoding="utf-8")
+    types = sorted({r.split(",", 1)[0] for r in rows})
+    (aws_dir / "instance_quota_mapping.csv").write_text(
+        "\n".join([_QUOTA_HEADER, *(f"{t},L-1216C47A,L-34B43A08" for t in types)]) + "\n", encoding="utf-8")
     return env
 
 
