@@ -21,7 +21,14 @@ CONTEXT_KEY = "skypurza"
 # The API server is a service of its own in a deployment (services/api/), beside those `spz api
 # serve --services <name>` runs (cli/serve.py's open services and the platform entry points).
 API = "api"
-SERVICES = ("optimizer", "provisioner", "recovery", "status", "ledger", "observability", "gpuhealth")
+# Every one of them (tests/test_infra.py checks it against cli/serve.py and the entry points): one
+# left out here means what it alone emits never comes (dispatch's TaskAdmitted: once a dispatch
+# policy is applied, the optimizer would wait for every task for ever).
+SERVICES = ("optimizer", "provisioner", "recovery", "status", "mirror", "ledger", "dispatch", "observability",
+            "gpuhealth", "alerts")
+# Each is the one writer of its state (the launches, a DuckDB file) or, dispatch, decides from a
+# fold of only the events handed to it (services/dispatch/service.py): never two tasks at once.
+SINGLE_WRITERS = ("provisioner", "status", "ledger", "dispatch")
 
 # CloudWatch accepts only these retention periods (days).
 RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -94,9 +101,8 @@ class StageConfig(_Strict):
         bad = {k: n for k, n in v.items() if not 0 <= n <= 10}
         if bad:
             raise ValueError(f"service counts must be 0-10: {bad}")
-        if v.get("provisioner", 0) > 1 or v.get("status", 0) > 1 or v.get("ledger", 0) > 1:
-            # Each is the one writer of its state (the launches, a DuckDB file): never two.
-            raise ValueError("provisioner, status and ledger run at most one task each")
+        if any(v.get(s, 0) > 1 for s in SINGLE_WRITERS):
+            raise ValueError(f"{', '.join(SINGLE_WRITERS[:-1])} and {SINGLE_WRITERS[-1]} run at most one task each")
         return v
 
     @property

@@ -15,14 +15,18 @@ from skypurza.events import naming
 
 from . import dns, iam as spziam
 from .bus import BusStack
-from .config import API, BUS_NODES, SERVICES, StageConfig
+from .config import API, BUS_NODES, SERVICES, SINGLE_WRITERS, StageConfig
 from .network import API_PORT, NetworkStack
 
 REPO = Path(__file__).resolve().parent.parent
 # What the Dockerfile copies: the image asset is staged from these alone, not the whole checkout.
 IMAGE_FILES = ("Dockerfile", "pyproject.toml", "README.md", "__init__.py", "events", "services", "cli")
-SINGLE_WRITERS = ("provisioner", "status", "ledger")  # never two at once, not even during a deploy
-MEMORY_MIB = {"provisioner": 1024, "status": 1024, "ledger": 1024, API: 768}
+# A soft reservation (ECS places tasks by it; no hard limit is set). Mirror, dispatch and alerts
+# keep a fold of the log: ~40 MiB resident each on an empty log (a local probe), so 256 MiB leaves
+# them room, while the default 512 would put a one-host stage (bake_usw2: 7,424 MiB with 256)
+# past the 8 GiB of its m6i.large.
+MEMORY_MIB = {"provisioner": 1024, "status": 1024, "ledger": 1024, API: 768, "mirror": 256, "dispatch": 256,
+              "alerts": 256}
 DEFAULT_MEMORY_MIB = 512
 STATE_VOLUME = "state"
 

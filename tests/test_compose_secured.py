@@ -5,6 +5,8 @@ real Compose binary, its NATS nodes' rendered configs run as a real 3-node clust
   keeps passwords on a second run, and two runs at once write one consistent set;
 - each SkyPurza container is handed exactly its own user's file (and SKYPURZA_NATS_CREDS naming
   it), the nodes the block beside their config, and the set-up runs before every service;
+- every service `spz api serve` knows (cli/serve.py's and the `skypurza.services` entry points)
+  runs in a container of its own, and only the API server's port leaves the host's loopback;
 - on the cluster made of the rendered configs (only ports and paths moved to loopback, the
   authorization block and its include exactly as rendered): an anonymous client and a wrong
   password are refused, a service user cannot create a stream, the rendered set-up refuses a
@@ -32,9 +34,10 @@ import nats
 import pytest
 from compose_bin import compose_binary
 from nats_fixtures import kill_processes_using
+from served_services import every_service
 
 from skypurza.cli.busauth import COMPOSE_CONTAINER_UID, deployment_contracts
-from skypurza.cli.serve import load_service
+from skypurza.cli.serve import SERVICES, load_service
 from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.bussettings import BusSettings
@@ -44,6 +47,7 @@ from skypurza.events.natscluster import (COMPOSE_AUTH_FILE, COMPOSE_CLIENT_PORT,
                                           compose_auth_include, compose_config, compose_nodes)
 from skypurza.events.natscreds import CREDS_ENV, BusCredentials, credentials_file, read_credentials
 from skypurza.events.natsserver import free_port, nats_server_binary
+from skypurza.services.observability.settings import DEFAULT_PORT, MetricsSettings
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = "composesec"
@@ -158,7 +162,8 @@ def test_each_container_gets_only_its_own_users_credentials_and_waits_for_the_se
     creds_dir = naming.compose_credentials_dir(secrets)
     every_creds_file = {credentials_file(creds_dir, u) for u in _passwords(secrets)}
     skypurza = {n for n in services if n not in NODES}
-    assert {"bus-setup", "api", "optimizer", "provisioner", "recovery", "status", "mirror", "ledger"} == skypurza
+    assert {"bus-setup", "api", "optimizer", "provisioner", "recovery", "status", "mirror", "ledger", "dispatch",
+            "observability", "gpuhealth", "alerts"} == skypurza
     for name in skypurza:
         service = services[name]
         user = _user_of(name, service)
@@ -179,6 +184,12 @@ def test_each_container_gets_only_its_own_users_credentials_and_waits_for_the_se
             assert set(mounted.values()) == {own}, name
             assert service["depends_on"]["bus-setup"]["condition"] == "service_completed_successfully", name
             assert service["command"][:2] != ["api", "compose-setup"]
+        if name != "api":  # the API server's port is the deployment's front door; the rest stay on loopback
+            assert {p.get("host_ip") for p in service.get("ports") or []} <= {"127.0.0.1"}, name
+    # Observability's /metrics reaches the host: it listens where its published port leads.
+    metrics = MetricsSettings.load(env=services["observability"]["environment"], config={})
+    assert [(p["host_ip"], int(p["published"]), p["target"]) for p in services["observability"]["ports"]] == [
+        ("127.0.0.1", DEFAULT_PORT, metrics.port)] and metrics.host == "0.0.0.0"
     for node in NODES:
         service = services[node]
         assert _mounted(doc, service) == {COMPOSE_AUTH_FILE: naming.compose_auth_file(secrets)}
@@ -187,6 +198,26 @@ def test_each_container_gets_only_its_own_users_credentials_and_waits_for_the_se
         assert {p.get("host_ip") for p in service["ports"]} == {"127.0.0.1"}  # the host's loopback only
         text = doc["configs"][node]["content"]
         assert text == compose_config(STAGE, NODES.index(node) + 1) and text.endswith(compose_auth_include())
+
+
+def _served(doc: dict[str, Any]) -> dict[str, str]:
+    """Container -> the one service its `spz api serve --services X` runs."""
+    out = {}
+    for name, service in doc["services"].items():
+        command = service.get("command") or []
+        if "--services" in command:
+            out[name] = command[command.index("--services") + 1]
+    return out
+
+
+def test_every_service_spz_api_serve_knows_runs_in_a_container_of_its_own(tmp_path: Path, secrets: Path) -> None:
+    """A service added to cli/serve.py or to the entry points cannot be forgotten here: without a
+    container, what it alone emits (dispatch's TaskAdmitted, say) never comes, and the optimizer
+    waits for it for ever once a dispatch policy is applied."""
+    served = _served(render(secrets, tmp_path))
+    assert sorted(served.values()) == sorted(every_service())  # each one, once
+    for name, service in served.items():
+        assert service == name and service in SERVICES  # one service per container, never `all` or a list
 
 
 # ------------------------------------------------------------------ the rendered nodes, run

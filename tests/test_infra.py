@@ -62,6 +62,31 @@ def test_every_stage_and_its_stacks_are_synthesized(dep):
     assert dep.stages["dr_use1"].cfg.region == "us-east-1" and dep.stages["bake_usw2"].cfg.region == "us-west-2"
 
 
+def infra_services() -> tuple[str, ...]:
+    return load_infra().config.SERVICES
+
+
+def test_every_stage_runs_every_service_spz_api_serve_knows(dep):
+    """A service added to cli/serve.py or to the `skypurza.services` entry points cannot be left
+    out of a deployment: what it alone emits would never come (dispatch's TaskAdmitted: the
+    optimizer waits for it once a dispatch policy is applied)."""
+    from served_services import every_service
+
+    every = every_service()
+    assert sorted(infra_services()) == sorted(every)
+    for stage, st in dep.stages.items():
+        tasks = {json.dumps(d["Properties"]["ContainerDefinitions"][0].get("Command"))
+                 for d in resources(st.services, "AWS::ECS::TaskDefinition").values()}
+        assert {json.dumps(["spz", "api", "serve", "--services", s]) for s in every} <= tasks, stage
+        if not st.cfg.mirror_of:  # a mirror runs none until it fails over (below)
+            assert all(st.cfg.running(s) >= 1 for s in every), stage
+    # the one-writer services never run two tasks, not even during a deploy
+    for svc in resources(dep.stages["prod"].services, "AWS::ECS::Service").values():
+        name = svc["Properties"]["ServiceName"]
+        single = any(name == naming.name("prod", s, "service") for s in load_infra().config.SINGLE_WRITERS)
+        assert (svc["Properties"]["DeploymentConfiguration"]["MaximumPercent"] == 100) is single, name
+
+
 def test_state_buckets_are_encrypted_versioned_and_never_public(dep):
     for stage, st in dep.stages.items():
         buckets = resources(st.state, "AWS::S3::Bucket")
@@ -84,8 +109,8 @@ def test_log_groups_have_the_stages_retention(dep):
     for stage, st in dep.stages.items():
         groups = resources(st.logs, "AWS::Logs::LogGroup")
         assert {g["Properties"]["LogGroupName"] for g in groups.values()} == {
-            naming.log_group(stage, c) for c in ("optimizer", "provisioner", "recovery", "status", "ledger",
-                                                 "observability", "gpuhealth", "api", "bus")}
+            naming.log_group(stage, c) for c in ("optimizer", "provisioner", "recovery", "status", "mirror", "ledger",
+                                                 "dispatch", "observability", "gpuhealth", "alerts", "api", "bus")}
         assert {g["Properties"]["RetentionInDays"] for g in groups.values()} == {st.cfg.log_retention_days}
 
 
@@ -135,7 +160,7 @@ def test_dr_mirrors_prods_event_stream_with_jetstream_sources(dep):
     # a mirror runs no service until it fails over (it would act on prod's events a second time)
     counts = {s["Properties"]["ServiceName"]: s["Properties"]["DesiredCount"]
               for s in resources(dr.services, "AWS::ECS::Service").values()}
-    assert len(counts) == 8 and set(counts.values()) == {0}
+    assert len(counts) == len(infra_services()) + 1 and set(counts.values()) == {0}  # and the API server
     prod_counts = [s["Properties"]["DesiredCount"] for s in resources(prod.services, "AWS::ECS::Service").values()]
     assert min(prod_counts) >= 1
 
@@ -167,7 +192,7 @@ def test_provisioner_ec2_rights_are_conditioned_on_its_stage_tag(dep):
                 assert "ec2:TerminateInstances" not in s["Action"]
                 assert not any(":instance/" in r or ":volume/" in r for r in s["Resource"])
         # services that call no AWS API get no policy at all
-        for quiet in ("optimizer", "status", "api", "observability", "gpuhealth"):
+        for quiet in ("optimizer", "status", "api", "mirror", "dispatch", "observability", "gpuhealth", "alerts"):
             assert "Policies" not in by_name[naming.role_name(stage, quiet, "task")]["Properties"]
         assert not any(quiet.capitalize() + "Task" in json.dumps(p["Properties"]["Roles"])
                        for p in resources(st.iam, "AWS::IAM::Policy").values()
@@ -299,5 +324,9 @@ def test_a_bad_config_is_refused_with_the_field_named():
         infra.config.parse(bad)
     bad = json.loads(json.dumps(ctx))
     bad["stages"][0]["services"]["provisioner"] = 2
+    with pytest.raises(ValueError, match="at most one task"):
+        infra.config.parse(bad)
+    bad = json.loads(json.dumps(ctx))
+    bad["stages"][0]["services"]["dispatch"] = 2  # two folds, each of half the events, would admit twice
     with pytest.raises(ValueError, match="at most one task"):
         infra.config.parse(bad)

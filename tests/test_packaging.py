@@ -47,7 +47,7 @@ def test_compose_file_is_valid_for_a_real_compose_binary(tmp_path):
     listed = subprocess.run([compose_binary(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
                             capture_output=True, text=True, cwd=ROOT).stdout.split()
     assert set(listed) == {"nats-1", "nats-2", "nats-3", "bus-setup", "api", "optimizer", "provisioner", "recovery",
-                           "status", "mirror", "ledger"}
+                           "status", "mirror", "ledger", "dispatch", "observability", "gpuhealth", "alerts"}
     # And the check is real: a broken file fails.
     broken = tmp_path / "compose.yaml"
     broken.write_text((ROOT / "compose.yaml").read_text().replace("restart: unless-stopped", "restart: 5", 1)
@@ -83,6 +83,41 @@ def test_compose_nats_nodes_are_named_for_the_deployments_stage(tmp_path, stage)
         assert all(n.route_url in text for n in compose_nodes(want))
         assert text == compose_config(want, i)
     assert {doc["services"][s]["environment"]["SKYPURZA_STAGE"] for s in ("optimizer", "status", "ledger")} == {want}
+
+
+def _dockerfile_runs(text: str) -> list[str]:
+    """The Dockerfile's RUN commands, continuation lines joined, each split on `&&`."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [part.strip() for line in joined.splitlines() if line.startswith("RUN ")
+            for part in line[len("RUN "):].split("&&")]
+
+
+def test_the_image_makes_every_state_mount_point_of_compose_owned_by_its_user(tmp_path):
+    """Docker gives a new named volume the ownership of the image's directory it is mounted on, and
+    makes a missing one root-owned: the image must make each SkyPurza container's volume target
+    itself, owned by the user its services run as, or they cannot write their state there."""
+    import json
+
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    res = subprocess.run([compose_binary(), "--env-file", str(empty), "-f", str(ROOT / "compose.yaml"), "config",
+                          "--format", "json"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    ours = {n: s for n, s in doc["services"].items() if "build" in s}  # the containers of this Dockerfile
+    targets = {v["target"] for s in ours.values() for v in s.get("volumes") or [] if v["type"] == "volume"}
+    assert targets  # status and ledger keep their DuckDB files on volumes
+
+    text = (ROOT / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\S+)$", text, re.M)
+    (home,) = re.findall(r"^ENV SKYPURZA_HOME=(\S+)$", text, re.M)
+    made = set()
+    for cmd in _dockerfile_runs(text):
+        words = cmd.split()
+        if words[:2] == ["install", "-d"] and "-o" in words and words[words.index("-o") + 1] == user:
+            made.update(w for w in words[2:] if w.startswith("/"))
+    assert targets <= made, f"the Dockerfile makes no {sorted(targets - made)} owned by {user}"
+    assert targets == {home}  # the state the services write (SKYPURZA_HOME) is what the volume keeps
 
 
 @pytest.mark.parametrize("message,ok", [("skypurza: add x", True), ("fix stuff", False), ("", False)])
