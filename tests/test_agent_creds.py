@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from bus_refusal import refused
 from nats_fixtures import kill_processes_using
 
 from skypurza.cli import busauth
@@ -62,7 +63,6 @@ from skypurza.events.natsserver import NatsServer, free_port
 from skypurza.services.agent.agent import CONTRACT as AGENT
 
 STAGE = "test"
-VIOLATION = "permissions violation"
 
 
 def _agent_perms(cluster: str):
@@ -260,29 +260,6 @@ def _control() -> BusCredentials:
     return read_credentials(credentials_file(naming.bus_credentials_dir(STAGE), naming.BUS_CONTROL_USER))
 
 
-async def _refused(url: str, creds: BusCredentials, action) -> bool:
-    """One action on a connection of its own: whether the server refused it (a permissions
-    violation, or a JetStream request the server dropped: no reply)."""
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await nats.connect(url, user=creds.user, password=creds.password, inbox_prefix=naming.inbox_prefix(creds.user),
-                            error_cb=on_error, allow_reconnect=False, connect_timeout=3)
-    failed = ""
-    try:
-        await asyncio.wait_for(action(nc), 3)
-        await nc.flush(timeout=2)
-        await asyncio.sleep(0.3)
-    except Exception as exc:
-        failed = f"{type(exc).__name__} {exc}"
-    said = " ".join([*errors, str(nc.last_error or ""), failed]).lower()
-    if not nc.is_closed:
-        await nc.close()
-    return VIOLATION in said or "timeout" in said
-
-
 async def _live(url: str, creds: BusCredentials, timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -323,27 +300,27 @@ def test_a_clusters_agent_publishes_its_own_and_is_refused_anothers(rig: Rig) ->
 
         sub = await control.nc.subscribe(naming.heartbeats_filter(STAGE), cb=on_beat)
         await control.nc.flush()
-        assert not await _refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "a", 0), b"{}"))
+        assert not await refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "a", 0), b"{}"))
         # It reads its own cluster's history (the agent's follow and replay).
         mine = [s.event async for s in agent_a.replay(filter_subject=naming.aggregate_subjects(STAGE, "cluster", "a"))]
         assert any(isinstance(e, NodeReady) for e in mine)
         last = await control.last_seq()
         # B's event, output, beat and sample; another aggregate; B's history; every cluster's.
         b_event = naming.event_subject(STAGE, "cluster", "b", NodeReady.EVENT_NAME)
-        assert await _refused(url, a, lambda nc: nc.jetstream().publish(b_event, _node_ready("b").model_dump_json()
+        assert await refused(url, a, lambda nc: nc.jetstream().publish(b_event, _node_ready("b").model_dump_json()
                                                                         .encode(), timeout=1))
-        assert await _refused(url, a, lambda nc: nc.publish(b_event, b"{}"))
-        assert await _refused(url, a, lambda nc: nc.publish(naming.log_subject(STAGE, "b", 1, 0), b"x"))
-        assert await _refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "b", 0), b"{}"))
-        assert await _refused(url, a, lambda nc: nc.publish(naming.sample_subject(STAGE, "b", 0), b"{}"))
-        assert await _refused(url, a, lambda nc: nc.publish(
+        assert await refused(url, a, lambda nc: nc.publish(b_event, b"{}"))
+        assert await refused(url, a, lambda nc: nc.publish(naming.log_subject(STAGE, "b", 1, 0), b"x"))
+        assert await refused(url, a, lambda nc: nc.publish(naming.heartbeat_subject(STAGE, "b", 0), b"{}"))
+        assert await refused(url, a, lambda nc: nc.publish(naming.sample_subject(STAGE, "b", 0), b"{}"))
+        assert await refused(url, a, lambda nc: nc.publish(
             naming.event_subject(STAGE, "task", "t9", TaskSubmitted.EVENT_NAME), b"{}"))
-        assert await _refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
+        assert await refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
             naming.aggregate_subjects(STAGE, "cluster", "b"), stream=naming.events_stream(STAGE)))
-        assert await _refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
+        assert await refused(url, a, lambda nc: nc.jetstream().pull_subscribe(
             naming.all_events_subject(STAGE), stream=naming.events_stream(STAGE)))
-        assert await _refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix(b.user)}.>"))
-        assert await _refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix('agent')}.>"))
+        assert await refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix(b.user)}.>"))
+        assert await refused(url, a, lambda nc: nc.subscribe(f"{naming.inbox_prefix('agent')}.>"))
         # Nothing refused reached the stream: not one new event, none on B's subjects.
         assert await control.last_seq() == last
         assert await control.last_event(naming.aggregate_subjects(STAGE, "cluster", "b")) is None
@@ -392,17 +369,17 @@ def test_a_clusters_agent_reads_its_own_secrets_and_no_event_by_sequence(rig: Ri
         assert isinstance(last.event, ClusterTerminated)
         # B's secret, under B's key or asked for under A's name; a secret keyed by id alone.
         b_key = f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.{naming.secrets_key('job-b', 'b')}"
-        assert await _refused(url, a, lambda nc: nc.request(b_key, b"", timeout=1))
-        assert await _refused(url, a, lambda nc: nc.request(
+        assert await refused(url, a, lambda nc: nc.request(b_key, b"", timeout=1))
+        assert await refused(url, a, lambda nc: nc.request(
             f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.job-old", b"", timeout=1))
-        assert await _refused(url, a, lambda nc: nc.request(
+        assert await refused(url, a, lambda nc: nc.request(
             f"$JS.API.DIRECT.GET.{kv_stream}.$KV.{bucket}.*.job-b", b"", timeout=1))
-        assert await _refused(url, a, lambda nc: nc.request(f"$JS.API.STREAM.MSG.GET.{kv_stream}",
+        assert await refused(url, a, lambda nc: nc.request(f"$JS.API.STREAM.MSG.GET.{kv_stream}",
                                                             json.dumps({"last_by_subj": b_key}).encode(), timeout=1))
         # B's event by its sequence: neither the stored get nor the direct get with a payload.
-        assert await _refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq))
-        assert await _refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq, direct=True))
-        assert await _refused(url, a, lambda nc: nc.jetstream().get_last_msg(
+        assert await refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq))
+        assert await refused(url, a, lambda nc: nc.jetstream().get_msg(events, seq=b_seq, direct=True))
+        assert await refused(url, a, lambda nc: nc.jetstream().get_last_msg(
             events, naming.event_subject(STAGE, "cluster", "b", NodeReady.EVENT_NAME), direct=True))
         # The shared agent user (local clusters) still reads a secret keyed by id alone.
         shared = await Bus.connect(url, STAGE, source="/tests/agent", credentials=read_credentials(

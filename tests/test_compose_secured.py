@@ -33,6 +33,7 @@ from typing import Any
 import nats
 import pytest
 from compose_bin import compose_binary
+from bus_refusal import refused
 from nats_fixtures import kill_processes_using
 from served_services import every_service
 
@@ -45,14 +46,13 @@ from skypurza.events.models import Candidate, PlacementChosen
 from skypurza.events.natscluster import (COMPOSE_AUTH_FILE, COMPOSE_CLIENT_PORT, COMPOSE_CONFIG_FILE,
                                           COMPOSE_HTTP_PORT, COMPOSE_ROUTE_PORT, COMPOSE_STORE_DIR,
                                           compose_auth_include, compose_config, compose_nodes)
-from skypurza.events.natscreds import CREDS_ENV, BusCredentials, credentials_file, read_credentials
+from skypurza.events.natscreds import CREDS_ENV, credentials_file, read_credentials
 from skypurza.events.natsserver import free_port, nats_server_binary
 from skypurza.services.observability.settings import DEFAULT_PORT, MetricsSettings
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = "composesec"
 NODES = ("nats-1", "nats-2", "nats-3")
-VIOLATION = "permissions violation"
 
 
 def spz(home: Path, *args: str, stage: str = STAGE) -> subprocess.CompletedProcess[str]:
@@ -293,30 +293,6 @@ def cluster(tmp_path: Path, secrets: Path):
             kill_processes_using(f"nats://127.0.0.1:{c}")
 
 
-async def _refused(url: str, creds: BusCredentials, action) -> bool:
-    """Whether the server refuses `action` of `creds`'s user, on a connection of its own (nats-py
-    closes one the server sent a permissions error on): a violation, or a JetStream request
-    that got no reply because the server dropped it."""
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await nats.connect(url.split(","), user=creds.user, password=creds.password, inbox_prefix=naming.inbox_prefix(creds.user),
-                            error_cb=on_error, allow_reconnect=False, connect_timeout=3)
-    failed = ""
-    try:
-        await asyncio.wait_for(action(nc), 3)
-        await nc.flush(timeout=2)
-        await asyncio.sleep(0.3)
-    except Exception as exc:
-        failed = f"{type(exc).__name__} {exc}"
-    said = " ".join([*errors, str(nc.last_error or ""), failed]).lower()
-    if not nc.is_closed:
-        await nc.close()
-    return VIOLATION in said or "timeout" in said
-
-
 def _set_up(doc: dict[str, Any], url: str, stage: str, home: Path) -> subprocess.CompletedProcess[str]:
     """The rendered set-up container's command, run here: its environment (the bus URL moved to
     loopback) and its mounted files at their host paths."""
@@ -345,7 +321,7 @@ def test_the_rendered_nodes_refuse_strangers_and_grant_each_user_its_own(cluster
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(url.split(","), user=optimizer.user, password="guess", allow_reconnect=False, connect_timeout=3)
         # A service's user may not make the log (the set-up's job).
-        assert await _refused(url, optimizer, lambda nc: nc.jetstream().add_stream(
+        assert await refused(url, optimizer, lambda nc: nc.jetstream().add_stream(
             name=events, subjects=[naming.all_events_subject(STAGE)]))
 
     asyncio.run(strangers())
@@ -375,14 +351,14 @@ def test_the_rendered_nodes_refuse_strangers_and_grant_each_user_its_own(cluster
         assert [s.event for s in [x async for x in opt.replay()] if isinstance(s.event, PlacementChosen)]
         last = await admin.last_seq()
         job = naming.event_subject(STAGE, "cluster", "c1", "job_succeeded")  # the agent's, not the optimizer's
-        assert await _refused(url, optimizer, lambda nc: nc.publish(job, b"{}"))
-        assert await _refused(url, optimizer, lambda nc: nc.jetstream().delete_stream(events))
-        assert await _refused(url, optimizer, lambda nc: nc.jetstream().add_stream(
+        assert await refused(url, optimizer, lambda nc: nc.publish(job, b"{}"))
+        assert await refused(url, optimizer, lambda nc: nc.jetstream().delete_stream(events))
+        assert await refused(url, optimizer, lambda nc: nc.jetstream().add_stream(
             name="another", subjects=["another.>"]))
-        assert await _refused(url, public, lambda nc: nc.publish(naming.public_subject(STAGE, "cluster", "c", "x"),
+        assert await refused(url, public, lambda nc: nc.publish(naming.public_subject(STAGE, "cluster", "c", "x"),
                                                                  b"{}"))
-        assert await _refused(url, public, lambda nc: nc.publish(job, b"{}"))
-        assert not await _refused(url, public, lambda nc: nc.subscribe(naming.public_filter(STAGE)))
+        assert await refused(url, public, lambda nc: nc.publish(job, b"{}"))
+        assert not await refused(url, public, lambda nc: nc.subscribe(naming.public_filter(STAGE)))
         assert await admin.last_seq() == last  # nothing refused was stored
         await opt.close()
         await admin.close()
