@@ -211,6 +211,54 @@ def _concurrent(answer: Callable[[Any], Awaitable[None]], bound: int) -> Callabl
     return cb
 
 
+def stream_configs(stage: str, replicas: int) -> list[api.StreamConfig]:
+    """Pure: the stage's streams, events, logs and dead letters in that order, as `ensure_streams`
+    makes them. One definition: a deployment's node set-up (infra/busconfig.py
+    `stream_definitions`, applied as `control` by infra/bus_streams.py) emits these same configs,
+    because on a secured bus no service may create what is missing."""
+    return [
+        api.StreamConfig(
+            name=naming.events_stream(stage),
+            subjects=[naming.all_events_subject(stage)],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            max_age=0,  # the log is kept forever: audit and billing replay need every event
+            duplicate_window=DUPLICATE_WINDOW_S,
+            deny_delete=True,
+            deny_purge=True,
+            allow_direct=True,
+            num_replicas=replicas,
+        ),
+        api.StreamConfig(
+            name=naming.logs_stream(stage),
+            subjects=[naming.all_logs_subject(stage)],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            max_age=LOGS_MAX_AGE_S,
+            max_bytes=LOGS_MAX_BYTES,
+            duplicate_window=LOGS_DUPLICATE_WINDOW_S,
+            allow_direct=True,
+            num_replicas=replicas,
+        ),
+        api.StreamConfig(
+            name=naming.dead_letter_stream(stage),
+            subjects=[f"{naming.subject_prefix(stage)}.dlq.>"],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            deny_delete=True,
+            num_replicas=replicas,
+        ),
+    ]
+
+
+def secrets_kv_config(stage: str, replicas: int) -> api.KeyValueConfig:
+    """Pure: the stage's secrets bucket, as `_secrets_kv` makes it (and a deployment's node set-up,
+    infra/busconfig.py). Direct gets (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`) name
+    the key in the subject, so a cluster's bus user can be granted its own cluster's keys only."""
+    return api.KeyValueConfig(bucket=naming.secrets_bucket(stage), history=1, ttl=SECRETS_TTL_S, direct=True,
+                              replicas=replicas)
+
+
 class Bus:
     def __init__(self, nc: Any, stage: str, source: str, *, servers: list[str] | None = None,
                  settings: BusSettings | None = None):
@@ -361,37 +409,10 @@ class Bus:
     # ------------------------------------------------------------ streams
 
     async def ensure_streams(self) -> None:
-        await self._ensure(api.StreamConfig(
-            name=self.events_stream,
-            subjects=[naming.all_events_subject(self.stage)],
-            retention=api.RetentionPolicy.LIMITS,
-            storage=api.StorageType.FILE,
-            max_age=0,  # the log is kept forever: audit and billing replay need every event
-            duplicate_window=DUPLICATE_WINDOW_S,
-            deny_delete=True,
-            deny_purge=True,
-            allow_direct=True,
-            num_replicas=self.settings.replicas,
-        ))
-        await self._ensure(api.StreamConfig(
-            name=self.logs_stream,
-            subjects=[naming.all_logs_subject(self.stage)],
-            retention=api.RetentionPolicy.LIMITS,
-            storage=api.StorageType.FILE,
-            max_age=LOGS_MAX_AGE_S,
-            max_bytes=LOGS_MAX_BYTES,
-            duplicate_window=LOGS_DUPLICATE_WINDOW_S,
-            allow_direct=True,
-            num_replicas=self.settings.replicas,
-        ), widen_duplicate_window=True)
-        await self._ensure(api.StreamConfig(
-            name=self.dlq_stream,
-            subjects=[f"{naming.subject_prefix(self.stage)}.dlq.>"],
-            retention=api.RetentionPolicy.LIMITS,
-            storage=api.StorageType.FILE,
-            deny_delete=True,
-            num_replicas=self.settings.replicas,
-        ))
+        events, logs, dead_letters = stream_configs(self.stage, self.settings.replicas)
+        await self._ensure(events)
+        await self._ensure(logs, widen_duplicate_window=True)
+        await self._ensure(dead_letters)
 
     async def _ensure(self, cfg: api.StreamConfig, *, widen_duplicate_window: bool = False) -> None:
         try:
@@ -829,9 +850,7 @@ class Bus:
         except (NotFoundError, nats.js.errors.BucketNotFoundError):
             # Direct gets (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`) name the key in
             # the subject, so a cluster's bus user can be granted its own cluster's keys only.
-            return await self.js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
-                                                                     ttl=SECRETS_TTL_S, direct=True,
-                                                                     replicas=self.settings.replicas))
+            return await self.js.create_key_value(secrets_kv_config(self.stage, self.settings.replicas))
 
     async def ensure_secrets_bucket(self) -> None:
         """The secrets bucket, made, or given direct gets if an older version made it without

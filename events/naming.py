@@ -251,6 +251,10 @@ def inbox_prefix(user: str) -> str:
 # API server, which are users by their contract's name.
 BUS_CONTROL_USER = "control"  # the deployment's own set-up (streams, buckets, the first admin)
 BUS_PUBLIC_USER = "public"  # outsiders: the CloudEvents mirror, read only
+# A DR stage's bus nodes, connecting to their source stage's as a NATS leaf node (infra/busconfig.py):
+# a user of the source's `leafnodes {}` listener, not of its `authorization {}` block, so no contract
+# or deployment user may take the name (busconfig refuses one).
+BUS_LEAF_USER = "leaf"
 # A cluster's own node agent user in a deployment (events/agentusers.py): `agent@<cluster>`. No
 # contract name holds an `@`, so it never clashes with a service's user.
 BUS_CLUSTER_AGENT_PREFIX = "agent@"
@@ -566,6 +570,16 @@ def parameter(stage: str, component: str, purpose: str) -> str:
     return f"{log_group(stage, component)}/{purpose}"
 
 
+def bus_user_secret(stage: str, user: str) -> str:
+    """The Secrets Manager secret of one user of a stage's secured bus (infra/bus.py):
+    `/skypurza/<stage>/bus/users/<user>`, its value `{"user": ..., "password": ...}` (the shape of
+    a credentials file, events/natscreds.py). A user is a contract's name, `control` or `public`;
+    a cluster's own agent user (`agent@<cluster>`) has none: the provisioner makes those."""
+    if not _PART_RE.match(user):
+        raise ValueError(f"invalid bus user for a secret name {user!r}")
+    return f"{parameter(stage, 'bus', 'users')}/{user}"
+
+
 def bus_dns_zone(stage: str) -> str:
     """The private DNS zone of a stage's bus nodes (`n1.<zone>`): a DNS name has no '_'."""
     return f"{check_stage(stage).replace('_', '-')}.bus.{PROJECT}.internal"
@@ -587,6 +601,7 @@ def infra_name_patterns(stage: str) -> tuple[re.Pattern[str], ...]:
         re.compile(rf"{PROJECT}-{dash}-state-[a-z0-9.-]+-[0-9]{{12}}"),            # infra_bucket()
         re.compile(rf"{PROJECT}-{dash}-lb-[a-z0-9-]+"),                            # load_balancer()
         re.compile(rf"/{PROJECT}/{s}/{part}(/[a-z0-9_.]+)?"),                      # log_group(), parameter()
+        re.compile(rf"/{PROJECT}/{s}/bus/users/{part}"),                            # bus_user_secret()
         re.compile(rf"(n[0-9]+\.)?{re.escape(bus_dns_zone(stage))}\.?"),           # bus_dns_zone()
     )
 

@@ -21,10 +21,13 @@ import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from . import naming
 from .payloads import UploadRef
+
+if TYPE_CHECKING:  # nats is imported where used: importing this module stays cheap
+    from nats.js import api
 
 OBJECT_TTL_S = 30 * 24 * 3600
 REFRESH_AFTER_S = OBJECT_TTL_S // 2
@@ -70,15 +73,23 @@ def may_run_elsewhere(request_clouds: list[str | None], enabled_infras: frozense
 async def object_store(bus: Any) -> Any:
     """The stage's object store (made on first use)."""
     import nats.js.errors
-    from nats.js import api
 
     bucket = naming.objects_bucket(bus.stage)
     try:
         return await bus.js.object_store(bucket)
     except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
-        return await bus.js.create_object_store(bucket, config=api.ObjectStoreConfig(
-            bucket=bucket, ttl=OBJECT_TTL_S, description="uploaded workdirs and file-mount sources, by sha256",
-            replicas=bus.settings.replicas if hasattr(bus, "settings") else 1))
+        return await bus.js.create_object_store(bucket, config=object_store_config(
+            bus.stage, bus.settings.replicas if hasattr(bus, "settings") else 1))
+
+
+def object_store_config(stage: str, replicas: int) -> api.ObjectStoreConfig:
+    """Pure: the stage's object store, as `object_store` makes it and a
+    deployment's node set-up does (infra/busconfig.py `stream_definitions`): one definition."""
+    from nats.js import api
+
+    return api.ObjectStoreConfig(bucket=naming.objects_bucket(stage), ttl=OBJECT_TTL_S,
+                                 description="uploaded workdirs and file-mount sources, by sha256",
+                                 replicas=replicas)
 
 
 async def object_info(obs: Any, digest: str) -> Any | None:

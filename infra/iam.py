@@ -89,8 +89,17 @@ def task_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]
     return []
 
 
+def bus_user_secret_arn(cfg: StageConfig, user: str) -> str:
+    """A bus user's secret (infra/bus.py) by its name: Secrets Manager appends `-` and six random
+    characters to a secret's ARN, which `??????` matches and nothing longer (a secret `api-x`
+    is not `api`'s)."""
+    return (f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:"
+            f"{naming.bus_user_secret(cfg.stage, user)}-??????")
+
+
 def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]:
-    """Pull the image from the bootstrap's asset repository; write the service's own log group."""
+    """Pull the image from the bootstrap's asset repository; write the service's own log group;
+    read the service's own bus user's secret (ECS puts it in the container's environment)."""
     repo = DefaultStackSynthesizer.DEFAULT_IMAGE_ASSETS_REPOSITORY_NAME.replace(
         "${Qualifier}", DefaultStackSynthesizer.DEFAULT_QUALIFIER).replace(
         "${AWS::AccountId}", cfg.account).replace("${AWS::Region}", cfg.region)
@@ -101,6 +110,8 @@ def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]
                                      "ecr:BatchGetImage"],
                             resources=[f"arn:aws:ecr:{cfg.region}:{cfg.account}:repository/{repo}"]),
         iam.PolicyStatement(actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[f"{group}:*"]),
+        iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
+                            resources=[bus_user_secret_arn(cfg, service)]),
     ]
 
 

@@ -1,6 +1,11 @@
 """A stage's services and API server: one ECS service per SkyPurza service, each a container of
 the repository's Dockerfile (`spz api serve --services <name>`, as compose.yaml runs them), on
-EC2 container hosts, with counts from the config; the API server behind a load balancer."""
+EC2 container hosts, with counts from the config; the API server behind a load balancer.
+
+Each container connects to the secured bus as its own user (the service's contract name; the
+API server's is `api`): ECS reads that one secret into SKYPURZA_NATS_USER and
+SKYPURZA_NATS_PASSWORD (events/natscreds.py), never another's, and its execution role may read
+that one only (infra/iam.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from aws_cdk import CfnOutput, Duration, Stack, aws_autoscaling as autoscaling, 
 from constructs import Construct
 
 from skypurza.events import naming
+from skypurza.events.natscreds import PASSWORD_ENV, USER_ENV
 
 from . import dns, iam as spziam
 from .bus import BusStack
@@ -47,6 +53,16 @@ def nats_url(cfg: StageConfig) -> str:
 
     return ",".join(f"nats://{naming.bus_node_host(cfg.stage, n)}:{busconfig.CLIENT_PORT}"
                     for n in range(1, BUS_NODES + 1))
+
+
+def bus_secrets(bus: BusStack, service: str) -> dict[str, ecs.Secret]:
+    """The service's own bus user, from its secret's JSON keys (the ARN is the bus stack's: ECS
+    takes a JSON key only with the full ARN, which the name alone does not give)."""
+    secret = bus.user_secrets.get(service)
+    if secret is None:  # a service without a contract would connect as nobody: refused by the bus
+        raise ValueError(f"service {service!r} has no bus user: no contract declares it (cli/contracts.py)")
+    return {USER_ENV: ecs.Secret.from_secrets_manager(secret, "user"),
+            PASSWORD_ENV: ecs.Secret.from_secrets_manager(secret, "password")}
 
 
 def environment(cfg: StageConfig) -> dict[str, str]:
@@ -100,7 +116,7 @@ class ServicesStack(Stack):
                 "app", image=image, command=service_command(service, cfg) if service != API else None,
                 entry_point=service_command(service, cfg) if service == API else None,
                 memory_reservation_mib=MEMORY_MIB.get(service, DEFAULT_MEMORY_MIB),
-                environment=environment(cfg),
+                environment=environment(cfg), secrets=bus_secrets(bus, service),
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=service, log_group=logs.LogGroup.from_log_group_name(
                     self, f"{service.capitalize()}Logs", naming.log_group(s, service))))
             if service in ("status", "ledger"):

@@ -23,6 +23,11 @@ def test_physical_names_roles_log_groups_and_parameters():
     assert naming.log_group("prod", "optimizer") == "/skypurza/prod/optimizer"
     assert naming.parameter("prod", "bus", "streams") == "/skypurza/prod/bus/streams"
     assert naming.bus_node_host("dr_use1", 2) == "n2.dr-use1.bus.skypurza.internal"
+    assert naming.bus_user_secret("dr_use1", "api") == "/skypurza/dr_use1/bus/users/api"
+    # DR's nodes read prod's leaf secret (its replica in their region) by this name
+    assert naming.bus_user_secret("prod", naming.BUS_LEAF_USER) == "/skypurza/prod/bus/users/leaf"
+    with pytest.raises(ValueError):
+        naming.bus_user_secret("prod", naming.cluster_agent_user("gpu-1"))  # made by the provisioner, not here
 
 
 def test_bucket_and_load_balancer_names_follow_their_services_rules():
@@ -38,9 +43,11 @@ def test_name_patterns_accept_the_functions_and_refuse_other_stages():
     pats = naming.infra_name_patterns("prod")
     good = [naming.name("prod", "net", "bus"), naming.role_name("prod", "api", "exec"),
             naming.infra_bucket("prod", "exports", "111111111111"), naming.load_balancer("prod", "api"),
-            naming.log_group("prod", "bus"), naming.bus_dns_zone("prod"), naming.bus_node_host("prod", 3)]
+            naming.log_group("prod", "bus"), naming.bus_dns_zone("prod"), naming.bus_node_host("prod", 3),
+            naming.bus_user_secret("prod", "api"), naming.bus_user_secret("prod", naming.BUS_CONTROL_USER)]
     assert all(any(p.fullmatch(g) for p in pats) for g in good)
-    for bad in (naming.name("beta", "net", "bus"), "my-handmade-bucket", "/aws/codebuild/x"):
+    for bad in (naming.name("beta", "net", "bus"), "my-handmade-bucket", "/aws/codebuild/x",
+                naming.bus_user_secret("beta", "api")):
         assert not any(p.fullmatch(bad) for p in pats)
 
 
