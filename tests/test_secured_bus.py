@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from bus_refusal import refused
 from nats_fixtures import kill_processes_using
 
 from skypurza.cli import busauth
@@ -30,7 +31,6 @@ from skypurza.events.principal import stamp
 from skypurza.services.mirror.cloudevent import CONTENT_TYPE
 
 STAGE = "test"
-VIOLATION = "Permissions Violation"
 
 
 @pytest.fixture
@@ -76,18 +76,7 @@ class Client:
         return self
 
     async def refused(self, action) -> bool:
-        nc, errors = await self._open()
-        failed = ""
-        try:
-            await asyncio.wait_for(action(nc), 3)
-            await nc.flush(timeout=2)
-            await asyncio.sleep(0.3)
-        except Exception as exc:
-            failed = f"{type(exc).__name__} {exc}"
-        said = " ".join([*errors, str(nc.last_error or ""), failed]).lower()
-        if not nc.is_closed:
-            await nc.close()
-        return VIOLATION.lower() in said or "timeout" in said
+        return await refused(self.url, creds(self.user), action)
 
     async def close(self) -> None:
         await self.nc.close()

@@ -1,5 +1,5 @@
 """Whether a secured bus refuses an action of a user: the check the secured-bus tests share
-(tests/test_agent_creds.py, tests/test_compose_secured.py)."""
+(tests/test_agent_creds.py, tests/test_compose_secured.py, tests/test_secured_bus.py)."""
 
 from __future__ import annotations
 
