@@ -121,14 +121,24 @@ class AgentUserStore:
                 return key
         except FileNotFoundError:
             pass
-        # Drawn once; a concurrent first draw is harmless only if one wins: O_EXCL decides.
+        # Drawn once; a concurrent first draw is harmless only if one wins. The key is written whole
+        # to a file of this draw's own, then linked into place: the link fails for the loser, and
+        # nobody ever reads the key file before its key is in it (an O_EXCL create of the key file
+        # itself let a second minter read it empty between the create and the write).
         self.key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.key_file.with_name(f"{self.key_file.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return self.key_file.read_bytes().strip()
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(secrets.token_urlsafe(32))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(secrets.token_urlsafe(32))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, self.key_file)
+            except FileExistsError:
+                pass  # another draw won: its key is the key
+        finally:
+            tmp.unlink(missing_ok=True)
         return self.key_file.read_bytes().strip()
 
     def _file(self, cluster: str) -> Path:

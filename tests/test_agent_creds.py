@@ -656,6 +656,34 @@ def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_ho
         assert pod_creds.password not in f.read_text(errors="replace"), f
 
 
+def test_minters_drawing_the_key_at_once_all_get_the_one_key_never_an_empty_one(spz_home: Path) -> None:
+    """The stage's key is drawn by whichever minter comes first; minters at the same moment (two
+    provisioner handlers) must all get that one key, whole: an O_EXCL create of the key file let
+    a second minter read it empty between the create and the write (seen in a CI run)."""
+    import threading
+
+    for round_ in range(20):
+        stores = [AgentUserStore(f"race{round_}") for _ in range(12)]
+        start = threading.Barrier(len(stores))
+        keys: list[bytes] = []
+        errors: list[BaseException] = []
+
+        def draw(store: AgentUserStore) -> None:
+            start.wait()
+            try:
+                keys.append(store._key())
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=draw, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and len(keys) == len(stores) and len(set(keys)) == 1 and keys[0], (errors, set(keys))
+        assert not list(stores[0].key_file.parent.glob("*.tmp"))  # no draw's file left behind
+
+
 def test_the_supervisor_writes_the_block_and_reloads_once_for_two_provisions_at_once(spz_home: Path) -> None:
     """Two clusters minted at the same moment (two provisioner handlers): the supervisor's next
     look writes one block holding both and sends one SIGHUP; the look after finds nothing new."""
