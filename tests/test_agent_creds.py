@@ -490,6 +490,62 @@ def test_a_restarted_control_plane_re_derives_the_users_of_the_clusters_still_up
     asyncio.run(main())
 
 
+def test_without_per_cluster_users_a_remote_launch_is_refused_before_any_machine(rig: Rig, monkeypatch) -> None:
+    """A secured bus whose deployment mints no per-cluster agent users (compose, the CDK app): an
+    EC2 or Kubernetes cluster's agents could never join it, so the provisioner refuses the launch
+    at once (ProvisionFailed, error class auth: the optimizer blocks the whole infra) and never
+    asks the backend; a local cluster is not refused."""
+    from skypurza.events.models import ProvisionFailed
+    from skypurza.events.service import ServiceRunner
+    from skypurza.services.provisioner.service import ProvisionerService
+    from skypurza.services.provisioner.settings import ProvisionerSettings
+
+    monkeypatch.delenv(AGENT_USERS_ENV, raising=False)
+
+    async def main():
+        url = rig.server.url
+        control = await Bus.connect(url, STAGE, source="/tests", credentials=_control())
+        for cluster, infra in (("onaws", "aws"), ("onk8s", "kubernetes")):
+            await control.publish(TaskSubmitted(task_id=f"t-{cluster}", cluster=cluster, task={"run": "echo hi"}))
+            await control.publish(PlacementChosen(task_id=f"t-{cluster}", cluster=cluster, attempt=1,
+                                                  candidate=Candidate(infra=infra, region="us-east-1",
+                                                                      instance_type="m5.large")))
+        provisioner = await Bus.connect(url, STAGE, source="/tests/provisioner", credentials=read_credentials(
+            credentials_file(naming.bus_credentials_dir(STAGE), "provisioner")))
+        asked: list[str] = []
+
+        class Recorder:  # stands in for the EC2 and Kubernetes backends: anything asked of it is recorded
+            def __getattr__(self, name: str):
+                asked.append(name)
+                raise AssertionError(f"the backend was asked for {name}")
+
+        svc = ProvisionerService(ProvisionerSettings(reconcile_interval_s=0, cleanup_interval_s=0),
+                                 backends={"aws": Recorder(), "kubernetes": Recorder()})
+        runner = ServiceRunner(provisioner, svc)
+        task = asyncio.create_task(runner.run())
+        failed: list[ProvisionFailed] = []
+        try:
+            for _ in range(200):
+                failed = [s.event async for s in control.replay(
+                    filter_subject=naming.event_filter(STAGE, "task", "provision_failed"))
+                    if isinstance(s.event, ProvisionFailed)]
+                if len(failed) == 2:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            runner.stop()
+            await asyncio.wait_for(task, 30)
+        assert sorted(f.cluster for f in failed) == ["onaws", "onk8s"], failed
+        assert all(f.code == "NoAgentBusUser" and f.error_class == "auth" and "spz api start --deploy" in f.message
+                   for f in failed), failed
+        assert asked == []  # no backend was asked: no machine was started
+        assert svc._no_agent_bus_user("local") is None and svc._no_agent_bus_user("slurm") is None
+        await provisioner.close()
+        await control.close()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------- end to end: spz api start --deploy
 
 

@@ -282,6 +282,10 @@ class ProvisionerService:
                 return [failed]  # the down was already answered with the cluster's end
             return [ClusterTerminated(cluster=pc.cluster, terminated_at=self.clock.now(),
                                       reason="down requested before launch", instance_ids=[]), failed]
+        if (why := self._no_agent_bus_user(pc.candidate.infra)) is not None:
+            # Launching would start machines whose agents can never join: refused before any cost.
+            log.warning("launch of %s refused: %s", pc.cluster, why)
+            return [plan.provision_failed(pc, placement_id, "NoAgentBusUser", why, error_class="auth")]
         try:
             creds = await self._team_credentials(pc.candidate.infra, submitted.team)
             backend = self.backends.get(pc.candidate.infra, creds, team=submitted.team or "")
@@ -332,6 +336,18 @@ class ProvisionerService:
         return plan.with_backend_options(spec, submitted)
 
     # ------------------------------------------------------------------ per-cluster agent users
+
+    def _no_agent_bus_user(self, infra: str) -> str | None:
+        """Why a remote cluster's agents could not join this bus, or None. On a secured bus (this
+        process connects as a user) a remote node's agent needs a bus user of its own, which only
+        a deployment that mints them gives (`spz api start --deploy`: SKYPURZA_AGENT_BUS_USERS);
+        compose and the CDK app do not yet. Local and Slurm agents use the shared agent user."""
+        if infra not in REMOTE_INFRAS or not self.bus.user or self._agent_users is not None:
+            return None
+        return (f"this deployment gives a {infra} cluster's node agents no bus user, so they could not join its "
+                "secured bus (compose and the AWS CDK app do not mint per-cluster agent users yet); launch on "
+                "local or slurm, or run the control plane with `spz api start --deploy --bus-host ... "
+                "--bus-advertise ...` (docs/team.md, Node agents on remote machines)")
 
     async def _mint_agent_user(self, pc: PlacementChosen, placement_id: str) -> BusCredentials | None:
         """In a deployment, a remote cluster's own bus user: minted (its hash on disk; the
