@@ -131,3 +131,28 @@ def test_the_dry_run_and_check_yaml_print_the_same_from_the_cache(tmp_path: Path
         assert [(r.returncode, r.stdout, r.stderr) for r in outs[label]] == \
             [(r.returncode, r.stdout, r.stderr) for r in outs["off"]]
     assert outs["off"][0].returncode == 0 and outs["off"][1].returncode != 0 and "disk_tier" in outs["off"][1].stdout + outs["off"][1].stderr
+
+
+def test_processes_storing_at_once_leave_whole_entries_and_an_unwritable_cache_still_validates(tmp_path: Path) -> None:
+    """Six processes start with no cache at once: each builds, each stores through its own file
+    and an atomic rename, so whatever file stands is whole and the next process takes it. A cache
+    directory that cannot be made only costs the build."""
+    env = {**_environ(), "SKYPURZA_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE, str(CORPUS)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
+    verdicts = [json.loads(out)["verdicts"] for out, _ in outs]
+    assert all(v == verdicts[0] for v in verdicts)
+    assert not list((tmp_path / "cache").glob("*.tmp"))  # no process left its own file behind
+    again = _probe(tmp_path)
+    assert again["source"]["Task"] == "cache" and again["verdicts"] == verdicts[0]
+
+    # A cache directory that cannot be made (a file stands where it would be: refused even to
+    # root) only costs the build: the task is judged the same and nothing is stored.
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "cache").write_text("not a directory\n")
+    first = _probe(blocked)
+    assert first["source"]["Task"] == "built" and first["verdicts"] == verdicts[0]
+    assert (blocked / "cache").read_text() == "not a directory\n"
