@@ -387,8 +387,9 @@ def api_compose_secrets(
     except (ComposeSecretsError, ValueError) as exc:
         raise fail(str(exc))
     # Compose mounts a secret from a file as it is on the host (owner and 0600 kept): the
-    # containers' user must own the files, or it cannot read its own.
-    readable = os.getuid() in (0, COMPOSE_CONTAINER_UID)
+    # containers' user must own the files, or it cannot read its own. Root-owned files included:
+    # the containers do not run as root.
+    readable = os.getuid() == COMPOSE_CONTAINER_UID
     if output == "json":
         print_json({"stage": st, "directory": str(root), "auth_file": str(naming.compose_auth_file(root)),
                     "stage_file": str(naming.compose_stage_file(root)), "users": {u: str(f) for u, f in files.items()},

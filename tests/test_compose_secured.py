@@ -128,6 +128,10 @@ def test_the_command_draws_every_users_file_and_keeps_them_when_run_again(tmp_pa
     assert again.returncode == 0, again.stderr
     shown = json.loads(again.stdout)
     assert shown["stage"] == STAGE and shown["container_uid"] == COMPOSE_CONTAINER_UID
+    # Only the containers' own uid can read 0600 files as mounted (they do not run as root): any
+    # other owner, root included, is told to chown.
+    assert shown["readable_by_containers"] == (os.getuid() == COMPOSE_CONTAINER_UID)
+    assert (f"sudo chown -R {COMPOSE_CONTAINER_UID}" in again.stderr) == (os.getuid() != COMPOSE_CONTAINER_UID)
     assert shown["users"]["optimizer"] == str(credentials_file(naming.compose_credentials_dir(secrets), "optimizer"))
     assert _passwords(secrets) == first  # kept
     assert not [p for p in first.values() if p in again.stdout + again.stderr]  # never printed
