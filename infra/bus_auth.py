@@ -107,11 +107,15 @@ def render(template: str, passwords: Mapping[str, str]) -> str:
     return _ANY_SLOT_RE.sub(fill, template)
 
 
+AWS_CALL_TIMEOUT_S = 60
+
+
 def _aws(region: str, *args: str) -> str:
     # The AWS CLI the AMI ships (the user data's `aws ssm` calls use it too); the value comes back
     # on stdout, never on a command line another process could read.
+    # Bounded: systemd starts nats-server after this, and a hung call would hold the node down.
     return subprocess.run(["aws", "--region", region, *args, "--output", "text"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+                          capture_output=True, text=True, timeout=AWS_CALL_TIMEOUT_S).stdout.strip()
 
 
 def fetch_password(region: str, user: str, secret: str) -> str:
@@ -136,9 +140,17 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     region, parameter, conf_dir, auth_file, control = argv[1:]
-    template, secrets = decode(_aws(region, "ssm", "get-parameter", "--name", parameter, "--query",
-                                    "Parameter.Value"))
-    passwords = {user: fetch_password(region, user, secret) for user, secret in secrets.items()}
+    try:
+        template, secrets = decode(_aws(region, "ssm", "get-parameter", "--name", parameter, "--query",
+                                        "Parameter.Value"))
+        passwords = {user: fetch_password(region, user, secret) for user, secret in secrets.items()}
+    except subprocess.CalledProcessError as exc:  # one line in the journal; systemd starts it again
+        print(f"bus authorization not written: {' '.join(exc.cmd[:5])}: {(exc.stderr or '').strip()[:300]}",
+              file=sys.stderr)
+        return 1
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        print(f"bus authorization not written: {exc}", file=sys.stderr)
+        return 1
     write_private(os.path.join(conf_dir, auth_file), render(template, passwords))
     write_private(os.path.join(conf_dir, f"{control}.json"),
                   json.dumps({"user": control, "password": passwords[control]}))
