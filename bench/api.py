@@ -12,7 +12,9 @@ clusters known), p50 and p99 latency of:
   (events/status_queries.py `status(user=...)`), as many at once;
 - an admin's `GET /api/v1/clusters?all_users=true` (every cluster: ~0.8 MB at 1,000), beside the
   status query the CLI makes on the embedded bus (every cluster); then the same asking for gzip
-  (Accept-Encoding, as httpx and browsers do: ~30 kB sent, decompressed by the client);
+  (Accept-Encoding, as httpx and browsers do: ~30 kB sent; the lean client decompresses the first
+  answer and compares the later ones, still compressed, with it, and prints what a client's
+  gunzip of one answer costs beside the figures);
 - task submissions per second: `POST /api/v1/tasks` by `--clients` concurrent clients (goal:
   >= 200/s), beside `bus.publish(TaskSubmitted)` as `spz launch` does on the embedded bus.
 
@@ -156,7 +158,9 @@ async def _concurrently(clients: int, total: int, one) -> tuple[list[float], flo
 
 class _Received(asyncio.BufferedProtocol):
     """One response at a time, read by the kernel straight into one buffer (no chunk copies):
-    the head, then a body of its Content-Length."""
+    the head, then a body of its Content-Length. The buffer is kept from one response to the next
+    and only grows: a fresh 0.8 MB buffer per response costs the client ~200 page faults, CPU the
+    server's measurement would be charged with on a machine the two share."""
 
     def __init__(self) -> None:
         self.buf = bytearray(1 << 16)
@@ -165,6 +169,12 @@ class _Received(asyncio.BufferedProtocol):
         self.done: asyncio.Future[None] | None = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        # (grown here, not in buffer_updated: the loop still holds the last view then)
+        want = self.head_end + self.length if self.head_end >= 0 else 0
+        if self.n == len(self.buf):  # (a head longer than the buffer so far)
+            want = max(want, 2 * len(self.buf))
+        if len(self.buf) < want:
+            self.buf.extend(bytes(want - len(self.buf)))
         return memoryview(self.buf)[self.n:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -174,12 +184,6 @@ class _Received(asyncio.BufferedProtocol):
             for line in bytes(self.buf[:end]).split(b"\r\n")[1:]:
                 if line[:15].lower() == b"content-length:":
                     self.length = int(line[15:])
-            if len(self.buf) < self.head_end + self.length:  # a new buffer: the kernel fills the rest
-                bigger = bytearray(self.head_end + self.length)
-                bigger[:self.n] = self.buf[:self.n]
-                self.buf = bigger
-        elif self.head_end < 0 and self.n == len(self.buf):
-            self.buf = self.buf + bytearray(len(self.buf))
         if self.head_end >= 0 and self.n >= self.head_end + self.length and self.done and not self.done.done():
             self.done.set_result(None)
 
@@ -195,7 +199,7 @@ class LeanClient:
     so would asyncio streams' copies of a 0.8 MB body (about 0.6 ms: the kernel here reads it
     into one buffer). (`--client httpx` measures with httpx.) Bodies come with Content-Length, as
     the server sends. With `gzip` it asks for a compressed body (Accept-Encoding, as httpx and
-    browsers do) and decompresses it, as they do."""
+    browsers do); `get` hands back that body as it came, and `gunzipped` says whether it is."""
 
     def __init__(self, url: str, token: str, gzip: bool = False) -> None:
         hostport = url.split("://", 1)[1]
@@ -203,6 +207,7 @@ class LeanClient:
         self.port = int(port)
         self.auth = f"Authorization: Bearer {token}\r\n".encode() + (b"Accept-Encoding: gzip\r\n" if gzip else b"")
         self.conn: tuple[asyncio.Transport, _Received] | None = None
+        self.gunzipped = False  # the last body was sent compressed (gzip)
 
     async def send(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.conn is None or self.conn[0].is_closing():  # (the server closes an idle keep-alive: 5 s)
@@ -217,10 +222,10 @@ class LeanClient:
                         + body)
         await asyncio.wait_for(got.done, 60)
         head = bytes(got.buf[:got.head_end])
-        content = bytes(memoryview(got.buf)[got.head_end:got.head_end + got.length])
-        gz = any(line.lower().startswith(b"content-encoding:") and line[17:].strip().lower() == b"gzip"
-                 for line in head.split(b"\r\n"))
-        return int(head[9:12]), zlib.decompress(content, 31) if gz else content
+        content = bytes(memoryview(got.buf)[got.head_end:got.head_end + got.length])  # (the buffer is reused)
+        self.gunzipped = any(line.lower().startswith(b"content-encoding:") and line[17:].strip().lower() == b"gzip"
+                             for line in head.split(b"\r\n"))
+        return int(head[9:12]), content
 
     async def get(self, path: str) -> tuple[int, bytes]:
         return await self.send("GET", path)
@@ -235,6 +240,7 @@ class LeanClient:
 
 class HttpxClient:
     def __init__(self, url: str, token: str, gzip: bool = False) -> None:
+        self.gunzipped = False  # (httpx decompresses)
         self.c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}",
                                                           "Accept-Encoding": "gzip" if gzip else "identity"}, timeout=60)
 
@@ -250,8 +256,22 @@ class HttpxClient:
         await self.c.aclose()
 
 
+def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used, this one as "client"."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            out[name] = float("nan")
+    out["client"] = time.process_time()
+    return out
+
+
 async def bench_http(url: str, token: str, members: list[str], clients: int, requests: int, tasks: int,
-                     clusters: int, client_kind: str = "lean") -> dict:
+                     clusters: int, client_kind: str = "lean", pids: dict[str, int] | None = None) -> dict:
     kind = LeanClient if client_kind == "lean" else HttpxClient
     pool = [kind(url, token) for _ in range(clients)]
     packed = [kind(url, token, gzip=True) for _ in range(clients)]
@@ -265,20 +285,42 @@ async def bench_http(url: str, token: str, members: list[str], clients: int, req
             if status != 200 or body.count(b'"name":') != want:
                 raise SystemExit(f"a member's GET /api/v1/clusters: {status} {body[:200]!r}")
 
+        # Every cluster's answer is counted once; the log does not move, so each later answer must be
+        # that one, byte for byte (a compare is ~30 us where counting 0.8 MB again is ~460 us, and a
+        # gunzip ~500 us, of the client's CPU, which this machine's server would be measured with).
+        checked: dict[bool, bytes] = {}  # gzip sent? -> the answer as it came
+
+        def whole(client, status: int, body: bytes, what: str) -> None:
+            gz = client.gunzipped
+            if status == 200 and body == checked.get(gz):
+                return
+            text = zlib.decompress(body, 31) if gz else body
+            if status != 200 or text.count(b'"name":') < clusters:
+                raise SystemExit(f"{what}: {status} {text[:200]!r}")
+            if gz in checked:
+                raise SystemExit(f"{what}: a different answer while the log did not move")
+            checked[gz] = body
+
         async def every(k: int) -> None:
             status, body = await pool[k].get("/api/v1/clusters?all_users=true")
-            if status != 200 or body.count(b'"name":') < clusters:
-                raise SystemExit(f"GET /api/v1/clusters: {status} {body[:200]!r}")
+            whole(pool[k], status, body, "GET /api/v1/clusters")
 
         async def every_gzip(k: int) -> None:
             status, body = await packed[k].get("/api/v1/clusters?all_users=true")
-            if status != 200 or body.count(b'"name":') < clusters:
-                raise SystemExit(f"GET /api/v1/clusters (gzip): {status} {body[:200]!r}")
+            whole(packed[k], status, body, "GET /api/v1/clusters (gzip)")
 
         for row, listing in (("member", own), ("admin", every), ("admin_gzip", every_gzip)):
             await _concurrently(clients, clients, listing)  # warm: connections, the first read of the position
+            before = _cpu_s(pids or {})
             lat, _ = await _concurrently(clients, requests, listing)
+            after = _cpu_s(pids or {})
             out[row] = _pcts(lat)
+            out[row + "_cpu"] = {k: (after[k] - before[k]) * 1000 / requests for k in after}
+        if True in checked:  # what a client that decompresses adds to each gzip answer
+            t = time.process_time()
+            for _ in range(20):
+                zlib.decompress(checked[True], 31)
+            out["gunzip_ms"] = (time.process_time() - t) * 1000 / 20
 
         async def submit(k: int) -> None:
             status, body = await pool[k].post("/api/v1/tasks", {"task": TASK, "cluster": f"s-{uuid.uuid4().hex[:10]}"})
@@ -289,7 +331,9 @@ async def bench_http(url: str, token: str, members: list[str], clients: int, req
     finally:
         for c in pool + packed + mine:
             await c.aclose()
-    return {**_figures(out), "submits_per_s": tasks / wall}
+    return {**_figures(out), "submits_per_s": tasks / wall,
+            "cpu_ms": {row: out[row + "_cpu"] for row in ("member", "admin", "admin_gzip")},
+            "gunzip_ms": out.get("gunzip_ms")}
 
 
 def _figures(rows: dict) -> dict:
@@ -345,8 +389,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
                                  "127.0.0.1", "--port", str(port), "--log-level", "warning"], work / "api.log", env))
             url = f"http://127.0.0.1:{port}"
             await _wait_http(url, token)
+            pids = {"api server": procs[1].pid, "status": procs[0].pid, "nats": server.process.pid}
             http = await bench_http(url, token, members, args.clients, args.requests, args.tasks, args.clusters,
-                                    getattr(args, "client", "lean"))
+                                    getattr(args, "client", "lean"), pids)
             load = os.getloadavg()
             embedded = await bench_embedded(bus, args.members, args.clients, args.requests, args.tasks, args.clusters)
             load = tuple(max(a, b) for a, b in zip(load, os.getloadavg()))
@@ -386,6 +431,13 @@ def report(res: dict, args: argparse.Namespace) -> str:
         ]
     lines.append(f"{'task submissions per second':{w}}{h['submits_per_s']:>12.0f}{e['submits_per_s']:>14.0f}"
                  f"{'>= 200':>10}  {ok(h['submits_per_s'] >= GOAL_SUBMITS_PER_S)}")
+    if h.get("gunzip_ms") is not None:
+        lines.append(f"the gzip answers are compared as they came; a client's gunzip of one costs "
+                     f"{h['gunzip_ms']:.2f} ms of CPU more")
+    if h.get("cpu_ms"):
+        lines.append("CPU ms per request (user + system), by process: "
+                     + "; ".join(f"{row}: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+                                 for row, cpu in h["cpu_ms"].items()))
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """bench/api.py runs end to end at a small size: real nats-server, status service and API server
 processes; the report has both columns (API server, embedded bus) with figures from this run, a
-member's listing and an admin's all-users one, and the load they were measured at. (Each listing
+member's listing and an admin's all-users one, and the load they were measured at, with each
+process's CPU per request. (Each listing
 request of the bench checks its row count: a member's is exactly their own clusters.)"""
 
 from __future__ import annotations
@@ -32,3 +33,8 @@ def test_the_api_bench_measures_the_server_beside_the_embedded_bus() -> None:
     assert re.search(r"a member's GET /api/v1/clusters p50 \(ms\)\s+[\d.]+\s+[\d.]+\s+<= 25", text), text
     assert re.search(r"admin, all users .* p99 \(ms\)\s+[\d.]+\s+[\d.]+\n", text), text
     assert re.search(r"task submissions per second\s+\d+\s+\d+\s+>= 200", text), text
+    # where each listing's CPU went, the load generator's own included, and what a gunzip adds
+    assert re.search(r"CPU ms per request .*admin: api server [\d.]+, status [\d.]+, nats [\d.]+, client [\d.]+",
+                     text), text
+    assert res["http"]["cpu_ms"]["admin"]["api server"] > 0, res
+    assert re.search(r"a client's gunzip of one costs [\d.]+ ms", text), text
