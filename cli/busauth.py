@@ -3,9 +3,10 @@ credentials and the server's authorization block written under the stage's state
 (events/natsauth.py decides, events/natscreds.py writes). The CLI's own contract is left out: a
 laptop never holds bus credentials; it talks to the API server.
 
-A compose deployment (compose.yaml) gets the same users and block in a directory next to the
-compose file (`compose_secrets`, `spz api compose-secrets`), and its one-shot set-up container
-makes the streams as `control` (`compose_set_up`).
+A compose deployment (compose.yaml) gets the same users in a directory next to the compose file
+(`compose_secrets`, `spz api compose-secrets`): their credentials, and their bcrypt hashes from
+which each NATS node renders its own block (cli/busnode.py); its one-shot set-up container makes
+the streams as `control` (`compose_set_up`).
 """
 
 from __future__ import annotations
@@ -92,11 +93,16 @@ class ComposeSecretsError(Exception):
 
 def compose_secrets(root: Path, stage: str) -> dict[str, Path]:
     """Write (or keep) a compose deployment's bus secrets under `root`: every user's credentials
-    (0600, one file each: compose hands each container its own), the authorization block every
-    NATS node includes, and the stage they were drawn for (the block's subjects name it). The
-    users are the supervisor's (`deployment_users`) without per-cluster agent users: in compose
-    no supervisor rewrites the block when a cluster comes or goes. Passwords already there are
-    kept; two runs at once take turns on a lock, so they write one set. Returns user -> file."""
+    (0600, one file each: compose hands each container its own), the users' bcrypt hashes every
+    NATS node renders its authorization block from (`naming.compose_node_users_file`: a node holds
+    no usable password; cli/busnode.py adds each cluster's agent user the provisioner mints), and
+    the stage they were drawn for (the grants name its subjects). The users are the supervisor's
+    (`deployment_users`). Passwords already there are kept (their hashes are drawn again, with new
+    salts: as good); two runs at once take turns on a lock, so they write one set. Returns user -> file."""
+    from skypurza.events.agentusers import hash_password
+
+    from .busnode import node_users_text
+
     naming.check_stage(stage)
     users = deployment_users(stage, deployment_contracts())
     names = [u.name for u in users]
@@ -104,8 +110,10 @@ def compose_secrets(root: Path, stage: str) -> dict[str, Path]:
         # 0700: the lock file is made before write_private makes the directory (0700) itself.
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         with exclusive(naming.compose_secrets_lock_file(root), COMPOSE_LOCK_TIMEOUT_S, f"the bus secrets in {root}"):
-            write_deployment(names, lambda passwords: authorization_block(users, passwords),
-                             directory=naming.compose_credentials_dir(root), auth_file=naming.compose_auth_file(root))
+            write_deployment(names, lambda passwords: node_users_text(stage, {u: hash_password(p)
+                                                                              for u, p in passwords.items()}),
+                             directory=naming.compose_credentials_dir(root),
+                             auth_file=naming.compose_node_users_file(root))
             naming.compose_stage_file(root).write_text(stage + "\n", encoding="utf-8")
     except LockTimeout as exc:
         raise ComposeSecretsError(str(exc)) from None

@@ -369,10 +369,11 @@ def api_compose_secrets(
     `docker compose up`.
 
     One 0600 file per bus user under DIR/bus-users/ (compose hands each container its own only),
-    the `authorization {}` block every NATS node includes (DIR/nats-auth.conf) and the stage they
-    are for (DIR/stage). The stage is spz's (--stage, SKYPURZA_STAGE), the variable compose reads:
-    compose's set-up container refuses to start a deployment of another stage. Safe to run again
-    (also two at once): passwords already there are kept, the block is written anew."""
+    every user's bcrypt hash, from which each NATS node writes its own authorization block
+    (DIR/nats-node-users.json: no node holds a usable password), and the stage they are for
+    (DIR/stage). The stage is spz's (--stage, SKYPURZA_STAGE), the variable compose reads: the
+    nodes and compose's set-up container refuse to start a deployment of another stage. Safe to
+    run again (also two at once): passwords already there are kept, the hashes are drawn anew."""
     check_output(output)
     import os
 
@@ -391,7 +392,7 @@ def api_compose_secrets(
     # the containers do not run as root.
     readable = os.getuid() == COMPOSE_CONTAINER_UID
     if output == "json":
-        print_json({"stage": st, "directory": str(root), "auth_file": str(naming.compose_auth_file(root)),
+        print_json({"stage": st, "directory": str(root), "node_users_file": str(naming.compose_node_users_file(root)),
                     "stage_file": str(naming.compose_stage_file(root)), "users": {u: str(f) for u, f in files.items()},
                     "container_uid": COMPOSE_CONTAINER_UID, "readable_by_containers": readable})
     else:
@@ -402,6 +403,28 @@ def api_compose_secrets(
     if not readable:
         typer.echo(f"note: the SkyPurza containers run as uid {COMPOSE_CONTAINER_UID} and read these 0600 files as "
                    f"they are on this host: sudo chown -R {COMPOSE_CONTAINER_UID} {root}", err=True)
+
+
+@api.command("bus-node", hidden=True)
+def api_bus_node(
+    config: Path = typer.Option(..., "--nats-config", help="The node's nats-server config (it includes "
+                                                           "nats-auth.conf, which this writes beside a copy)."),
+    users: Path = typer.Option(..., "--users", help="DIR/nats-node-users.json of spz api compose-secrets."),
+    agents: Path = typer.Option(..., "--agents", help="The directory the provisioner writes each remote "
+                                                      "cluster's agent user to (SKYPURZA_BUS_AGENTS_DIR)."),
+) -> None:
+    """Run one compose NATS node: nats-server, its authorization block written from the users'
+    hashes and the per-cluster agent users, and reloaded when those change (cli/busnode.py).
+    Refuses a stage the users were not drawn for (exit 2)."""
+    import sys
+
+    from .busnode import NodeUsersError, main
+
+    try:
+        code = main(config, users, agents, stage())
+    except (NodeUsersError, ValueError) as exc:
+        raise fail(str(exc), 2)
+    sys.exit(code)
 
 
 @api.command("compose-setup", hidden=True)

@@ -392,9 +392,10 @@ def compose_credentials_dir(root: Path) -> Path:
     return root / BUS_USERS_DIR_NAME
 
 
-def compose_auth_file(root: Path) -> Path:
-    """The `authorization {}` block every compose NATS node includes (0600)."""
-    return root / BUS_AUTH_FILE_NAME
+def compose_node_users_file(root: Path) -> Path:
+    """Each bus user's bcrypt hash and the stage (0600): what every compose NATS node renders its
+    `authorization {}` block from, with the per-cluster agent users (cli/busnode.py)."""
+    return root / "nats-node-users.json"
 
 
 def compose_stage_file(root: Path) -> Path:
@@ -408,10 +409,27 @@ def compose_secrets_lock_file(root: Path) -> Path:
     return root / ".lock"
 
 
+BUS_AGENTS_DIR_ENV = "SKYPURZA_BUS_AGENTS_DIR"
+
+
 def bus_agent_users_dir(stage: str) -> Path:
     """A deployment's per-cluster agent users, one 0600 file per cluster holding only its bcrypt
-    hash (events/agentusers.py); the supervisor renders them into the authorization block."""
+    hash (events/agentusers.py); the supervisor renders them into the authorization block.
+    SKYPURZA_BUS_AGENTS_DIR (an absolute path) puts them elsewhere: compose's provisioner writes
+    them to a volume every NATS node reads (cli/busnode.py)."""
+    import os
+
+    moved = os.environ.get(BUS_AGENTS_DIR_ENV, "")
+    if moved:
+        if not os.path.isabs(moved):
+            raise ValueError(f"{BUS_AGENTS_DIR_ENV} must be an absolute path, not {moved!r}")
+        return Path(moved)
     return state_dir(stage) / "bus-agents"
+
+
+def bus_node_dir(stage: str) -> Path:
+    """Where a compose NATS node's keeper writes its config copy and authorization block."""
+    return state_dir(stage) / "bus-node"
 
 
 def bus_agent_key_file(stage: str) -> Path:

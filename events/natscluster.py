@@ -34,7 +34,10 @@ COMPOSE_STORE_DIR = "/data"
 # file's directory and takes no absolute path, so both must share this directory.
 COMPOSE_CONFIG_DIR = "/etc/nats"
 COMPOSE_CONFIG_FILE = f"{COMPOSE_CONFIG_DIR}/nats.conf"
-COMPOSE_AUTH_FILE = f"{COMPOSE_CONFIG_DIR}/{naming.BUS_AUTH_FILE_NAME}"
+# What a compose node's keeper (`spz api bus-node`, cli/busnode.py) renders the block from: the
+# users' hashes (a Compose secret) and the volume the provisioner writes each cluster's agent user to.
+COMPOSE_NODE_USERS_FILE = "/run/secrets/bus-node-users"
+COMPOSE_AGENTS_DIR = "/var/lib/skypurza/bus-agents"
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def node_config(node: ClusterNode, nodes: Sequence[ClusterNode], *, cluster_name
 
 def compose_auth_include() -> str:
     """The line that puts the deployment's users into a compose node's config (no password in
-    the config itself: the block is a secret of its own)."""
+    the config itself: the node's keeper writes the block beside a copy of it)."""
     return f"include {_quoted(naming.BUS_AUTH_FILE_NAME)}\n"
 
 

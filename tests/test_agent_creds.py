@@ -490,17 +490,27 @@ def test_a_restarted_control_plane_re_derives_the_users_of_the_clusters_still_up
     asyncio.run(main())
 
 
-def test_without_per_cluster_users_a_remote_launch_is_refused_before_any_machine(rig: Rig, monkeypatch) -> None:
-    """A secured bus whose deployment mints no per-cluster agent users (compose, the CDK app): an
-    EC2 or Kubernetes cluster's agents could never join it, so the provisioner refuses the launch
-    at once (ProvisionFailed, error class auth: the optimizer blocks the whole infra) and never
-    asks the backend; a local cluster is not refused."""
+@pytest.mark.parametrize("mints", [False, True], ids=["no-users", "users-but-no-address"])
+def test_a_remote_launch_whose_agents_could_not_join_is_refused_before_any_machine(rig: Rig, monkeypatch,
+                                                                                  tmp_path: Path, mints: bool) -> None:
+    """A secured bus whose deployment mints no per-cluster agent users (the CDK app): an EC2 or
+    Kubernetes cluster's agents could never join it, so the provisioner refuses the launch at
+    once (ProvisionFailed, error class auth: the optimizer blocks the whole infra) and never asks
+    the backend; a local cluster is not refused. The same where users are minted but the
+    deployment says remote agents need an address of their own and none is set (compose:
+    SKYPURZA_AGENT_NATS_URL_REQUIRED without SKYPURZA_AGENT_NATS_URL)."""
     from skypurza.events.models import ProvisionFailed
     from skypurza.events.service import ServiceRunner
     from skypurza.services.provisioner.service import ProvisionerService
     from skypurza.services.provisioner.settings import ProvisionerSettings
 
-    monkeypatch.delenv(AGENT_USERS_ENV, raising=False)
+    if mints:
+        monkeypatch.setenv(AGENT_USERS_ENV, PER_CLUSTER)
+        monkeypatch.setenv(naming.BUS_AGENTS_DIR_ENV, str(tmp_path / "agents-volume"))
+    else:
+        monkeypatch.delenv(AGENT_USERS_ENV, raising=False)
+    code, says = ("NoAgentBusAddress", "SKYPURZA_AGENT_NATS_URL") if mints else ("NoAgentBusUser",
+                                                                                   "spz api start --deploy")
 
     async def main():
         url = rig.server.url
@@ -519,7 +529,8 @@ def test_without_per_cluster_users_a_remote_launch_is_refused_before_any_machine
                 asked.append(name)
                 raise AssertionError(f"the backend was asked for {name}")
 
-        svc = ProvisionerService(ProvisionerSettings(reconcile_interval_s=0, cleanup_interval_s=0),
+        svc = ProvisionerService(ProvisionerSettings(reconcile_interval_s=0, cleanup_interval_s=0,
+                                                     agent_nats_url_required=True),
                                  backends={"aws": Recorder(), "kubernetes": Recorder()})
         runner = ServiceRunner(provisioner, svc)
         task = asyncio.create_task(runner.run())
@@ -536,10 +547,10 @@ def test_without_per_cluster_users_a_remote_launch_is_refused_before_any_machine
             runner.stop()
             await asyncio.wait_for(task, 30)
         assert sorted(f.cluster for f in failed) == ["onaws", "onk8s"], failed
-        assert all(f.code == "NoAgentBusUser" and f.error_class == "auth" and "spz api start --deploy" in f.message
-                   for f in failed), failed
+        assert all(f.code == code and f.error_class == "auth" and says in f.message for f in failed), failed
         assert asked == []  # no backend was asked: no machine was started
-        assert svc._no_agent_bus_user("local") is None and svc._no_agent_bus_user("slurm") is None
+        assert not list((tmp_path / "agents-volume").glob("*.json"))  # nor a user minted
+        assert svc._no_agent_bus("local") is None and svc._no_agent_bus("slurm") is None
         await provisioner.close()
         await control.close()
 

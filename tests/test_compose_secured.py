@@ -1,10 +1,12 @@
 """compose.yaml runs a secured bus: real `spz api compose-secrets`, compose.yaml rendered by the
-real Compose binary, its NATS nodes' rendered configs run as a real 3-node cluster on loopback.
+real Compose binary, its NATS nodes' rendered configs and commands (`spz api bus-node`) run as a
+real 3-node cluster on loopback.
 
-- the command draws every user's 0600 credentials file, the authorization block and the stage,
-  keeps passwords on a second run, and two runs at once write one consistent set;
+- the command draws every user's 0600 credentials file, their bcrypt hashes and the stage, keeps
+  passwords on a second run, and two runs at once write one consistent set;
 - each SkyPurza container is handed exactly its own user's file (and SKYPURZA_NATS_CREDS naming
-  it), the nodes the block beside their config, and the set-up runs before every service;
+  it), the nodes only the users' hashes and the agents' volume (read-only; the provisioner writes
+  it), and the set-up runs before every service;
 - every service `spz api serve` knows (cli/serve.py's and the `skypurza.services` entry points)
   runs in a container of its own, and only the API server's port leaves the host's loopback;
 - on the cluster made of the rendered configs (only ports and paths moved to loopback, the
@@ -12,7 +14,11 @@ real Compose binary, its NATS nodes' rendered configs run as a real 3-node clust
   password are refused, a service user cannot create a stream, the rendered set-up refuses a
   stage the secrets were not drawn for and then makes the R3 streams as `control`, the
   optimizer's user reads the event log but may not publish an event type it does not emit, and
-  the public user publishes nothing.
+  the public user publishes nothing;
+- a remote cluster's agent user, minted into the agents' directory as compose's provisioner
+  does, is taken by every node within seconds, may publish its own cluster's events and not
+  another's, and is refused by every node once it is removed; a node refuses a stage its users
+  were not drawn for.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -43,11 +48,13 @@ from skypurza.events import naming
 from skypurza.events.bus import Bus
 from skypurza.events.bussettings import BusSettings
 from skypurza.events.models import Candidate, PlacementChosen
-from skypurza.events.natscluster import (COMPOSE_AUTH_FILE, COMPOSE_CLIENT_PORT, COMPOSE_CONFIG_FILE,
-                                          COMPOSE_HTTP_PORT, COMPOSE_ROUTE_PORT, COMPOSE_STORE_DIR,
-                                          compose_auth_include, compose_config, compose_nodes)
+from skypurza.cli.busnode import read_node_users
+from skypurza.events.agentusers import AGENT_USERS_ENV, PER_CLUSTER, AgentUserStore, check_password
+from skypurza.events.natscluster import (COMPOSE_AGENTS_DIR, COMPOSE_CLIENT_PORT, COMPOSE_CONFIG_FILE,
+                                          COMPOSE_HTTP_PORT, COMPOSE_NODE_USERS_FILE, COMPOSE_ROUTE_PORT,
+                                          COMPOSE_STORE_DIR, compose_auth_include, compose_config, compose_nodes)
 from skypurza.events.natscreds import CREDS_ENV, credentials_file, read_credentials
-from skypurza.events.natsserver import free_port, nats_server_binary
+from skypurza.events.natsserver import free_port
 from skypurza.services.observability.settings import DEFAULT_PORT, MetricsSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,12 +124,14 @@ def test_the_command_draws_every_users_file_and_keeps_them_when_run_again(tmp_pa
     assert set(first) == users and len(set(first.values())) == len(users)
     files = list(naming.compose_credentials_dir(secrets).glob("*.json"))
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
-    assert stat.S_IMODE(naming.compose_auth_file(secrets).stat().st_mode) == 0o600
+    assert stat.S_IMODE(naming.compose_node_users_file(secrets).stat().st_mode) == 0o600
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     assert naming.compose_stage_file(secrets).read_text().strip() == STAGE
-    block = naming.compose_auth_file(secrets).read_text()
-    assert block.startswith("authorization {") and all(json.dumps(p) in block for p in first.values())
-    assert f"{naming.subject_prefix(STAGE)}." in block and "no_auth_user" not in block
+    # The nodes' file: every user's bcrypt hash, of exactly the password drawn; no password itself.
+    node_users = read_node_users(naming.compose_node_users_file(secrets))
+    assert node_users.stage == STAGE and set(node_users.hashes) == users
+    assert all(check_password(first[u], h) for u, h in node_users.hashes.items())
+    assert not [p for p in first.values() if p in naming.compose_node_users_file(secrets).read_text()]
 
     again = spz(home, "api", "compose-secrets", str(secrets), "-o", "json")
     assert again.returncode == 0, again.stderr
@@ -146,7 +155,8 @@ def test_the_command_draws_every_users_file_and_keeps_them_when_run_again(tmp_pa
         assert run.returncode == 0, err
     drawn = _passwords(fresh)
     assert set(drawn) == users
-    assert all(json.dumps(p) in naming.compose_auth_file(fresh).read_text() for p in drawn.values())
+    hashes = read_node_users(naming.compose_node_users_file(fresh)).hashes
+    assert all(check_password(p, hashes[u]) for u, p in drawn.items())
 
     # A directory it cannot write: one line, no traceback.
     blocked = tmp_path / "file"
@@ -154,7 +164,11 @@ def test_the_command_draws_every_users_file_and_keeps_them_when_run_again(tmp_pa
     bad = spz(home, "api", "compose-secrets", str(blocked / "sub"))
     assert bad.returncode == 1 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     # The image's user owns what its containers read (Compose mounts the host file as it is).
-    assert f"--uid {COMPOSE_CONTAINER_UID} skypurza" in (REPO / "Dockerfile").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"--uid {COMPOSE_CONTAINER_UID} skypurza" in dockerfile
+    # ...and the directories named volumes are mounted on, so a new volume is the user's too
+    made = dockerfile[dockerfile.index("install -d -o skypurza"):].split("\n", 1)[0].split()
+    assert {"/home/skypurza/.skypurza", COMPOSE_STORE_DIR, COMPOSE_AGENTS_DIR} <= set(made)
 
 
 # ------------------------------------------------------------------ the rendered compose file
@@ -177,7 +191,7 @@ def test_each_container_gets_only_its_own_users_credentials_and_waits_for_the_se
         target = next(t for t, p in mounted.items() if p == own)
         assert service["environment"][CREDS_ENV] == target, name
         assert service["environment"]["SKYPURZA_STAGE"] == STAGE
-        assert naming.compose_auth_file(secrets) not in mounted.values(), name
+        assert naming.compose_node_users_file(secrets) not in mounted.values(), name
         assert not any(str(creds_dir) in str(v) for v in (service.get("volumes") or [])), name
         if name == "bus-setup":
             assert set(mounted.values()) == {own, naming.compose_stage_file(secrets)}
@@ -190,16 +204,33 @@ def test_each_container_gets_only_its_own_users_credentials_and_waits_for_the_se
             assert service["command"][:2] != ["api", "compose-setup"]
         if name != "api":  # the API server's port is the deployment's front door; the rest stay on loopback
             assert {p.get("host_ip") for p in service.get("ports") or []} <= {"127.0.0.1"}, name
+        agents_volume = [v for v in service.get("volumes") or [] if v.get("source") == "bus-agents"]
+        if name == "provisioner":  # it mints each remote cluster's agent user into the nodes' volume
+            assert [(v["target"], v.get("read_only", False)) for v in agents_volume] == [(COMPOSE_AGENTS_DIR, False)]
+            env = service["environment"]
+            assert env[AGENT_USERS_ENV] == PER_CLUSTER and env[naming.BUS_AGENTS_DIR_ENV] == COMPOSE_AGENTS_DIR
+            assert env["SKYPURZA_AGENT_NATS_URL_REQUIRED"] == "1" and env["SKYPURZA_AGENT_NATS_URL"] == ""
+            # its key (every agent password derives from it) outlives the container
+            assert any(v["target"] == "/home/skypurza/.skypurza" and v["type"] == "volume"
+                       for v in service["volumes"])
+        else:
+            assert agents_volume == [], name
     # Observability's /metrics reaches the host: it listens where its published port leads.
     metrics = MetricsSettings.load(env=services["observability"]["environment"], config={})
     assert [(p["host_ip"], int(p["published"]), p["target"]) for p in services["observability"]["ports"]] == [
         ("127.0.0.1", DEFAULT_PORT, metrics.port)] and metrics.host == "0.0.0.0"
     for node in NODES:
         service = services[node]
-        assert _mounted(doc, service) == {COMPOSE_AUTH_FILE: naming.compose_auth_file(secrets)}
-        assert service["configs"][0]["target"] == COMPOSE_CONFIG_FILE and COMPOSE_CONFIG_FILE in service["command"]
-        assert Path(COMPOSE_AUTH_FILE).parent == Path(COMPOSE_CONFIG_FILE).parent  # a relative include finds it
-        assert {p.get("host_ip") for p in service["ports"]} == {"127.0.0.1"}  # the host's loopback only
+        assert _mounted(doc, service) == {COMPOSE_NODE_USERS_FILE: naming.compose_node_users_file(secrets)}
+        assert service["configs"][0]["target"] == COMPOSE_CONFIG_FILE
+        command = service["command"]
+        assert command[:2] == ["api", "bus-node"] and service["image"] == services["api"]["image"]
+        assert {command[command.index(f) + 1] for f in ("--nats-config", "--users", "--agents")} == {
+            COMPOSE_CONFIG_FILE, COMPOSE_NODE_USERS_FILE, COMPOSE_AGENTS_DIR}
+        assert [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]
+                if v["source"] == "bus-agents"] == [("bus-agents", COMPOSE_AGENTS_DIR, True)]
+        assert service["environment"]["SKYPURZA_STAGE"] == STAGE
+        assert {p.get("host_ip") for p in service["ports"]} == {"127.0.0.1"}  # loopback unless SKYPURZA_BUS_BIND
         text = doc["configs"][node]["content"]
         assert text == compose_config(STAGE, NODES.index(node) + 1) and text.endswith(compose_auth_include())
 
@@ -261,10 +292,27 @@ def _wait_cluster(ports: list[tuple[int, int, int]], procs: list[subprocess.Pope
         time.sleep(0.1)
 
 
+def _node_argv(doc: dict[str, Any], node: str, conf: Path, agents: Path) -> list[str]:
+    """The rendered node's command, run here: its config, users file and agents' volume at their
+    host paths (the rest of the command as rendered)."""
+    service = doc["services"][node]
+    where = {COMPOSE_CONFIG_FILE: str(conf), COMPOSE_AGENTS_DIR: str(agents),
+             **{t: str(p) for t, p in _mounted(doc, service).items()}}
+    return [sys.executable, "-m", "skypurza.cli.main", *(where.get(a, a) for a in service["command"])]
+
+
 @pytest.fixture
-def cluster(tmp_path: Path, secrets: Path):
-    """The rendered nodes' configs, each in its own directory beside the block Compose mounts
-    there, run as three nats-server processes on free loopback ports."""
+def agents_dir(tmp_path: Path) -> Path:
+    """The `bus-agents` volume: the provisioner writes it, every node reads it."""
+    d = tmp_path / "bus-agents"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, secrets: Path, agents_dir: Path):
+    """The rendered nodes, each its rendered command (`spz api bus-node`: the keeper, which runs
+    nats-server) on its rendered config moved to loopback, with its own home: three processes."""
     doc = render(secrets, tmp_path)
     ports: list[tuple[int, int, int]] = []
     while len({p for t in ports for p in t}) < 9:
@@ -277,17 +325,16 @@ def cluster(tmp_path: Path, secrets: Path):
             conf_dir.mkdir()
             conf = conf_dir / Path(COMPOSE_CONFIG_FILE).name
             conf.write_text(_loopback(doc["configs"][node]["content"], i, ports, tmp_path / "js" / node))
-            for target, source in _mounted(doc, doc["services"][node]).items():
-                shutil.copyfile(source, conf_dir / Path(target).relative_to(Path(COMPOSE_CONFIG_FILE).parent))
             logs.append(tmp_path / f"{node}.log")
-            procs.append(subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=open(logs[-1], "ab"),
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            env = {**_env(tmp_path / f"{node}-home", STAGE), **doc["services"][node]["environment"]}
+            procs.append(subprocess.Popen(_node_argv(doc, node, conf, agents_dir), stdout=open(logs[-1], "ab"),
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
         _wait_cluster(ports, procs, logs)
-        yield doc, ",".join(f"nats://127.0.0.1:{c}" for c, _, _ in ports)
+        yield doc, ",".join(f"nats://127.0.0.1:{c}" for c, _, _ in ports), logs
     finally:
         for p in procs:
             if p.poll() is None:
-                p.terminate()
+                p.terminate()  # the keeper hands it to nats-server and exits with it
                 try:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
@@ -312,7 +359,7 @@ def _set_up(doc: dict[str, Any], url: str, stage: str, home: Path) -> subprocess
 
 def test_the_rendered_nodes_refuse_strangers_and_grant_each_user_its_own(cluster, tmp_path: Path,
                                                                         secrets: Path) -> None:
-    doc, url = cluster
+    doc, url, _ = cluster
     home = tmp_path / "home"
     drawn = naming.compose_credentials_dir(secrets)
     optimizer = read_credentials(credentials_file(drawn, "optimizer"))
@@ -368,3 +415,61 @@ def test_the_rendered_nodes_refuse_strangers_and_grant_each_user_its_own(cluster
         await admin.close()
 
     asyncio.run(granted())
+
+
+def test_a_remote_clusters_agent_user_is_taken_by_every_node_and_dropped_when_removed(
+        cluster, tmp_path: Path, secrets: Path, agents_dir: Path, monkeypatch) -> None:
+    """As compose's provisioner does (SKYPURZA_BUS_AGENTS_DIR on the shared volume): a cluster's
+    user minted there is live on each node within seconds (each node's keeper reloads its own),
+    narrowed to its cluster; removed, each node refuses it at connect."""
+    doc, url, logs = cluster
+    assert _set_up(doc, url, STAGE, tmp_path / "home").returncode == 0
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path / "provisioner-home"))
+    monkeypatch.setenv(naming.BUS_AGENTS_DIR_ENV, str(agents_dir))
+    store = AgentUserStore(STAGE)
+    assert store.directory == agents_dir
+    creds = store.mint("gpu-a", "placement-1", "t-a")
+    servers = url.split(",")
+
+    async def connects(server: str) -> bool:
+        try:
+            nc = await nats.connect(server, user=creds.user, password=creds.password, allow_reconnect=False,
+                                    connect_timeout=2)
+        except nats.errors.Error:
+            return False
+        await nc.close()
+        return True
+
+    async def until(want: bool) -> float:
+        t0 = time.monotonic()
+        while True:
+            states = [await connects(s) for s in servers]
+            if all(x == want for x in states):
+                return time.monotonic() - t0
+            assert time.monotonic() - t0 < 15, (states, [log.read_text(errors="replace")[-1500:] for log in logs])
+            await asyncio.sleep(0.1)
+
+    async def main() -> None:
+        took = await until(True)
+        assert took < 15
+        own = naming.event_subject(STAGE, "cluster", "gpu-a", "node_ready")
+        other = naming.event_subject(STAGE, "cluster", "gpu-b", "node_ready")
+        assert not await refused(url, creds, lambda nc: nc.publish(own, b"{}"))
+        assert await refused(url, creds, lambda nc: nc.publish(other, b"{}"))
+        store.remove("gpu-a")
+        await until(False)
+
+    asyncio.run(main())
+    assert all("bus users reloaded: 1 cluster agent user(s)" in log.read_text() for log in logs)
+    assert all("bus users reloaded: 0 cluster agent user(s)" in log.read_text() for log in logs)
+
+
+def test_a_node_refuses_a_stage_its_users_were_not_drawn_for(tmp_path: Path, secrets: Path, agents_dir: Path) -> None:
+    doc = render(secrets, tmp_path)
+    conf = tmp_path / "nats.conf"
+    conf.write_text(doc["configs"]["nats-1"]["content"])
+    env = {**_env(tmp_path / "home", STAGE), "SKYPURZA_STAGE": "otherstage"}
+    res = subprocess.run(_node_argv(doc, "nats-1", conf, agents_dir), env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"'{STAGE}'" in res.stderr and "'otherstage'" in res.stderr and "Traceback" not in res.stderr

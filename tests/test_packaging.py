@@ -117,7 +117,11 @@ def test_the_image_makes_every_state_mount_point_of_compose_owned_by_its_user(tm
         if words[:2] == ["install", "-d"] and "-o" in words and words[words.index("-o") + 1] == user:
             made.update(w for w in words[2:] if w.startswith("/"))
     assert targets <= made, f"the Dockerfile makes no {sorted(targets - made)} owned by {user}"
-    assert targets == {home}  # the state the services write (SKYPURZA_HOME) is what the volume keeps
+    # what the volumes keep: the state the services write (SKYPURZA_HOME), the NATS nodes' stores,
+    # and the per-cluster agent users the provisioner writes for the nodes to read
+    from skypurza.events.natscluster import COMPOSE_AGENTS_DIR, COMPOSE_STORE_DIR
+
+    assert targets == {home, COMPOSE_STORE_DIR, COMPOSE_AGENTS_DIR}
 
 
 @pytest.mark.parametrize("message,ok", [("skypurza: add x", True), ("fix stuff", False), ("", False)])

@@ -282,10 +282,11 @@ class ProvisionerService:
                 return [failed]  # the down was already answered with the cluster's end
             return [ClusterTerminated(cluster=pc.cluster, terminated_at=self.clock.now(),
                                       reason="down requested before launch", instance_ids=[]), failed]
-        if (why := self._no_agent_bus_user(pc.candidate.infra)) is not None:
+        if (refusal := self._no_agent_bus(pc.candidate.infra)) is not None:
             # Launching would start machines whose agents can never join: refused before any cost.
+            reason, why = refusal
             log.warning("launch of %s refused: %s", pc.cluster, why)
-            return [plan.provision_failed(pc, placement_id, "NoAgentBusUser", why, error_class="auth")]
+            return [plan.provision_failed(pc, placement_id, reason, why, error_class="auth")]
         try:
             creds = await self._team_credentials(pc.candidate.infra, submitted.team)
             backend = self.backends.get(pc.candidate.infra, creds, team=submitted.team or "")
@@ -337,17 +338,29 @@ class ProvisionerService:
 
     # ------------------------------------------------------------------ per-cluster agent users
 
-    def _no_agent_bus_user(self, infra: str) -> str | None:
-        """Why a remote cluster's agents could not join this bus, or None. On a secured bus (this
-        process connects as a user) a remote node's agent needs a bus user of its own, which only
-        a deployment that mints them gives (`spz api start --deploy`: SKYPURZA_AGENT_BUS_USERS);
-        compose and the CDK app do not yet. Local and Slurm agents use the shared agent user."""
-        if infra not in REMOTE_INFRAS or not self.bus.user or self._agent_users is not None:
+    def _no_agent_bus(self, infra: str) -> tuple[str, str] | None:
+        """Why a remote cluster's agents could not join this bus (a reason code and a sentence),
+        or None. On a secured bus (this process connects as a user) a remote node's agent needs a
+        bus user of its own, which only a deployment that mints them gives (SKYPURZA_AGENT_BUS_USERS:
+        `spz api start --deploy`, compose); the CDK app does not yet. And it needs an address it can
+        reach: where the deployment says one is required (compose, whose nodes' names resolve only
+        inside it), SKYPURZA_AGENT_NATS_URL. Local and Slurm agents use the shared agent user."""
+        if infra not in REMOTE_INFRAS:
             return None
-        return (f"this deployment gives a {infra} cluster's node agents no bus user, so they could not join its "
-                "secured bus (compose and the AWS CDK app do not mint per-cluster agent users yet); launch on "
-                "local or slurm, or run the control plane with `spz api start --deploy --bus-host ... "
-                "--bus-advertise ...` (docs/team.md, Node agents on remote machines)")
+        if self.bus.user and self._agent_users is None:
+            return ("NoAgentBusUser",
+                    f"this deployment gives a {infra} cluster's node agents no bus user, so they could not join its "
+                    "secured bus (the AWS CDK app does not mint per-cluster agent users yet); launch on local or "
+                    "slurm, or run the control plane with compose or `spz api start --deploy --bus-host ... "
+                    "--bus-advertise ...` (docs/team.md, Node agents on remote machines)")
+        if self.settings.agent_nats_url_required and not self.settings.agent_nats_url:
+            return ("NoAgentBusAddress",
+                    f"this deployment has no bus address a {infra} cluster's node agents can reach: set "
+                    "SKYPURZA_AGENT_NATS_URL to the NATS nodes' client addresses as those machines reach them "
+                    "(nats://HOST:4222,nats://HOST:4223,nats://HOST:4224 for compose, with SKYPURZA_BUS_BIND "
+                    "publishing the ports there) and restart the provisioner (docs/team.md, A compose "
+                    "deployment's bus)")
+        return None
 
     async def _mint_agent_user(self, pc: PlacementChosen, placement_id: str) -> BusCredentials | None:
         """In a deployment, a remote cluster's own bus user: minted (its hash on disk; the
@@ -362,21 +375,27 @@ class ProvisionerService:
         return creds
 
     async def _await_live(self, cluster: str, creds: BusCredentials) -> None:
-        url = _url_of(self.bus).split(",")[0]
+        """Until every server of the bus takes the new password: an agent may reach any of them,
+        and each node of a cluster reloads its own block (cli/busnode.py)."""
+        waiting = [u for u in _url_of(self.bus).split(",") if u]
         for _ in range(int(AGENT_USER_LIVE_S / AGENT_USER_PROBE_S)):  # bounded by tries, not a clock
-            try:
-                probe = await Bus.connect(url, self.bus.stage, source=f"/{naming.PROJECT}/{self.bus.stage}/provisioner",
-                                          ensure=False, credentials=creds, max_reconnect_attempts=0,
-                                          connect_timeout=2.0)
-                await probe.close()
+            for url in list(waiting):
+                try:
+                    probe = await Bus.connect(url, self.bus.stage, ensure=False, credentials=creds,
+                                              source=f"/{naming.PROJECT}/{self.bus.stage}/provisioner",
+                                              max_reconnect_attempts=0, connect_timeout=2.0)
+                    await probe.close()
+                    waiting.remove(url)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    pass
+            if not waiting:
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await asyncio.sleep(AGENT_USER_PROBE_S)
+            await asyncio.sleep(AGENT_USER_PROBE_S)
         # Agents that meet a refusal exit and are restarted (systemd); the launch goes on.
-        log.warning("cluster %s: its bus user is not live after %.0f s (is the supervisor reloading nats-server?)",
-                    cluster, AGENT_USER_LIVE_S)
+        log.warning("cluster %s: its bus user is not live on %s after %.0f s (is nats-server being reloaded?)",
+                    cluster, ", ".join(waiting), AGENT_USER_LIVE_S)
 
     def _drop_agent_user(self, cluster: str) -> None:
         if self._agent_users is not None and self._agent_users.remove(cluster):

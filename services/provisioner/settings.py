@@ -19,6 +19,8 @@
     SKYPURZA_CLEANUP_BACKOFF_S=60               # try n waits backoff * 2**(n-1) after the last
     SKYPURZA_CLEANUP_WAIT_S=20                  # a teardown's own release, before ClusterTerminated
     SKYPURZA_AGENT_NATS_URL=nats://host:4222    # the NATS address EC2 nodes can reach
+    SKYPURZA_AGENT_NATS_URL_REQUIRED=0          # 1: refuse aws/kubernetes launches while it is unset
+                                                # (compose: its nodes' own names reach no EC2 node)
     SKYPURZA_NODE_INSTALL='skypurza==0.1.0'     # pip requirement installed on EC2 nodes
     SKYPURZA_LOCAL_SPARE=1                      # 0: no pre-started agent for the next local node
 
@@ -57,6 +59,7 @@ class ProvisionerSettings:
     reconcile_terminate: bool = False
     reconcile_infras: tuple[str, ...] = ()
     agent_nats_url: str | None = None
+    agent_nats_url_required: bool = False
     node_install: str = f"skypurza=={__version__}"
     local_root: str | None = None
     local_spare: bool = True
@@ -97,7 +100,9 @@ class ProvisionerSettings:
             reconcile_terminate=src.flag("SKYPURZA_RECONCILE_TERMINATE", base.reconcile_terminate,
                                          key="provisioner.reconcile_terminate"),
             reconcile_infras=src.names("SKYPURZA_RECONCILE_INFRAS", key="provisioner.reconcile_infras"),
-            agent_nats_url=src.text("SKYPURZA_AGENT_NATS_URL", key="provisioner.agent_nats_url"),
+            agent_nats_url=src.text("SKYPURZA_AGENT_NATS_URL", key="provisioner.agent_nats_url") or None,
+            agent_nats_url_required=src.flag("SKYPURZA_AGENT_NATS_URL_REQUIRED", base.agent_nats_url_required,
+                                             key="provisioner.agent_nats_url_required"),
             node_install=src.text("SKYPURZA_NODE_INSTALL", base.node_install, key="provisioner.node_install")
             or base.node_install,
             local_root=src.text("SKYPURZA_LOCAL_ROOT", key="provisioner.local_root"),
