@@ -29,13 +29,16 @@ on PYTHONPATH: the old code path, same machine, same control plane, same run. Sk
 too where `sky` is installed (or `--sky-python` names a Python that has it, e.g. a virtualenv with
 `pip install skypilot==0.14.1`): its optimizer placing the same task from a cold process, in a
 HOME bench/skyhome.py prepares so that it runs offline (AWS recorded as `sky check` would, a
-small stand-in catalog), with the dry run's ratio to it.
+small stand-in catalog), with the dry run's ratio to it. SkyPilot runs from its own virtualenv,
+whose interpreter processes no `.pth` file but its own; `--spz-python` names the interpreter of a
+virtualenv where SkyPilot's twin is installed the same way (`python -m venv V && V/bin/pip install
+.`), for the dry run (and Python's start-up) timed from there as well, and the ratio of the two.
 
 Rows of the issue not timed here have their own benches: bus vs bare nats-py (bench/bus.py),
 replays (bench/replay.py), 1,000 placements (bench/optimizer.py), ledger replay (bench/ledger.py),
 a new local node's PlacementChosen -> NodeReady (bench/provision.py --skip aws).
 
-    python bench/latency.py [--runs 3] [--baseline DIR] [--skip local,views] [--sky-python PY] [-o json]
+    python bench/latency.py [--runs 3] [--baseline DIR] [--skip local,views] [--sky-python PY] [--spz-python PY] [-o json]
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ TASK = "name: hi\nresources:\n  cpus: 1+\nrun: echo hi\n"
 COMMAND_TIMEOUT_S = 180
 NO_BYTECODE = False  # --no-bytecode: time the cold rows with PYTHONDONTWRITEBYTECODE as the shell has it
 SKY_PYTHON: str | None = None  # --sky-python: an interpreter with SkyPilot installed (its own virtualenv)
+SPZ_PYTHON: str | None = None  # --spz-python: an interpreter with SkyPurza installed (its own virtualenv)
 
 
 def _env(base: dict[str, str], tree: Path | None) -> dict[str, str]:
@@ -175,6 +179,17 @@ def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str,
                        ("spz launch --dryrun -o json", ("launch", "--dryrun", "-o", "json", str(task)))):
         out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees,
                             warm_up=True)
+    if SPZ_PYTHON:
+        # As SkyPilot is timed: from a virtualenv of its own, installed as a user installs it (no
+        # editable finder, no site .pth of this machine's), the code that virtualenv holds.
+        venv_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        out["python -c pass, own virtualenv"] = measure(
+            "python -c pass", lambda _l, _i: [SPZ_PYTHON, "-c", "pass"], lambda t: venv_env, work, runs,
+            {"venv": None}, warm_up=True)
+        out["spz launch --dryrun -o json, own virtualenv"] = measure(
+            "dry run (venv)", lambda _l, _i: [SPZ_PYTHON, "-m", "skypurza.cli.main", "launch", "--dryrun", "-o", "json",
+                                             str(task)],
+            lambda t: venv_env, work, runs, {"venv": None}, warm_up=True)
     sky_python = SKY_PYTHON or (sys.executable if importlib.util.find_spec("sky") is not None else None)
     if sky_python:
         # SkyPilot's own optimizer placing the same task from a cold process, offline: a HOME where
@@ -418,12 +433,15 @@ def main() -> None:
     ap.add_argument("--no-bytecode", action="store_true", help="cold rows: keep PYTHONDONTWRITEBYTECODE")
     ap.add_argument("--sky-python", help="a Python with SkyPilot installed (e.g. a virtualenv's bin/python), "
                                          "for the SkyPilot baseline row")
+    ap.add_argument("--spz-python", help="a Python with SkyPurza installed as a user installs it (a virtualenv's "
+                                         "bin/python): the dry run timed from there too, as SkyPilot is")
     args = ap.parse_args()
-    global NO_BYTECODE, SKY_PYTHON
+    global NO_BYTECODE, SKY_PYTHON, SPZ_PYTHON
     NO_BYTECODE = args.no_bytecode
-    if args.sky_python and not Path(args.sky_python).is_file():
-        ap.error(f"--sky-python: {args.sky_python} not found")
-    SKY_PYTHON = args.sky_python
+    for flag, value in (("--sky-python", args.sky_python), ("--spz-python", args.spz_python)):
+        if value and not Path(value).is_file():
+            ap.error(f"{flag}: {value} not found")
+    SKY_PYTHON, SPZ_PYTHON = args.sky_python, args.spz_python
     if not 1 <= args.runs <= 20:
         ap.error("--runs: 1 to 20")
     trees: dict[str, Path | None] = {"spz": None}
@@ -454,10 +472,14 @@ def main() -> None:
             first, cpu, wcpu = figs.get("first_line_s"), figs.get("cpu_s"), figs.get("worker_cpu_s")
             print(f"{what:<46}{label:<10}{figs['exit_s']:>8.3f}{'' if first is None else f'{first:.3f}':>14}"
                   f"{'' if cpu is None else f'{cpu:.3f}':>8}{'' if wcpu is None else f'{wcpu:.3f}':>14}")
-    sky, dry = result.get("SkyPilot 0.14.1 optimizer, cold"), result.get("spz launch --dryrun -o json")
-    if sky and dry:
-        print(f"SkyPilot's cold optimizer / spz's cold dry run: {sky['skypilot']['exit_s'] / dry['spz']['exit_s']:.1f}x "
-              f"wall, {sky['skypilot']['cpu_s'] / dry['spz']['cpu_s']:.1f}x CPU (goal: at least 15x)")
+    sky = result.get("SkyPilot 0.14.1 optimizer, cold")
+    for key, label, what in (("spz launch --dryrun -o json", "spz", "spz's cold dry run"),
+                             ("spz launch --dryrun -o json, own virtualenv", "venv",
+                              "spz's cold dry run, each from its own virtualenv")):
+        dry = result.get(key)
+        if sky and dry:
+            print(f"SkyPilot's cold optimizer / {what}: {sky['skypilot']['exit_s'] / dry[label]['exit_s']:.1f}x "
+                  f"wall, {sky['skypilot']['cpu_s'] / dry[label]['cpu_s']:.1f}x CPU (goal: at least 15x)")
 
 
 if __name__ == "__main__":
