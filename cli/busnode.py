@@ -21,6 +21,7 @@ with nats-server's status, and Compose restarts the container.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -59,6 +60,9 @@ def read_node_users(path: Path) -> NodeUsers:
         if path.stat().st_size > _MAX_USERS_FILE_BYTES:
             raise NodeUsersError(f"{path} is not a node users file (over {_MAX_USERS_FILE_BYTES} bytes)")
         data = json.loads(path.read_text(encoding="utf-8"))
+    except PermissionError as exc:  # drawn as another user: Compose mounts the file with its host owner
+        raise NodeUsersError(f"cannot read {path}: {exc.strerror or exc} (the nodes run as uid {os.getuid()}: "
+                             f"`sudo chown -R {os.getuid()}` the bus secrets' directory on the host)") from None
     except OSError as exc:
         raise NodeUsersError(f"cannot read {path}: {exc.strerror or exc} ({again})") from None
     except ValueError as exc:

@@ -5,6 +5,7 @@ with real nats-server processes is in tests/test_compose_secured.py)."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -40,6 +41,22 @@ def test_a_users_file_it_cannot_use_is_one_line_naming_the_file(tmp_path: Path, 
     assert says in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(NodeUsersError, match="cannot read"):
         read_node_users(tmp_path / "missing.json")
+
+
+def test_a_users_file_it_may_not_read_says_to_chown(tmp_path: Path, monkeypatch) -> None:
+    """As a node container meets root-owned 0600 secrets (the suite runs as root, which reads any
+    file, so the kernel's refusal is stood in for at the file system's edge)."""
+    path = _users_file(tmp_path)
+    real_stat = Path.stat
+
+    def refusing_stat(self: Path, *a, **k):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *a, **k)
+
+    monkeypatch.setattr(Path, "stat", refusing_stat)
+    with pytest.raises(NodeUsersError, match=f"sudo chown -R {os.getuid()}"):
+        read_node_users(path)
 
 
 def test_the_block_has_every_user_by_hash_and_each_agent_narrowed(tmp_path: Path, monkeypatch) -> None:
