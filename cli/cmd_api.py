@@ -348,14 +348,19 @@ def api_logs(
     for line in (lines[-tail:] if tail else lines):
         typer.echo(line)
     if follow:
-        with open(path, errors="replace") as f:
+        import os
+
+        with open(path, "rb") as f:
             f.seek(0, 2)
             while True:
                 line = f.readline()
                 if line:
-                    typer.echo(line.rstrip("\n"))
-                else:
-                    time.sleep(0.2)
+                    typer.echo(line.decode(errors="replace").rstrip("\n"))
+                    continue
+                if os.fstat(f.fileno()).st_size < f.tell():  # cut by the supervisor (cli/logrotate.py)
+                    f.seek(0)
+                    continue
+                time.sleep(0.2)
 
 
 @api.command("compose-secrets")

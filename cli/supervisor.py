@@ -197,6 +197,10 @@ class Supervisor:
             from skypurza.events.agentusers import fingerprint
 
             self._agents_seen = fingerprint(naming.bus_agent_users_dir(stage))  # in the block prepared above
+        from .logrotate import max_bytes
+
+        self.log_limit = max_bytes()  # each child's log file (cli/logrotate.py)
+        self._next_log_look = 0.0
         self.stopping = False
         self.started_at = _now()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -238,6 +242,20 @@ class Supervisor:
             self.nats.proc.send_signal(signal.SIGHUP)  # a restarted nats-server reads the new block anyway
         print(f"bus users reloaded: {len(seen)} cluster agent user(s)", flush=True)
         return True
+
+    def _bound_logs(self) -> None:
+        """Each child's log cut when it passes the limit (the older half kept as `<log>.1`)."""
+        from .logrotate import CHECK_EVERY_S, rotate_if_large
+
+        now = time.monotonic()
+        if now < self._next_log_look:
+            return
+        self._next_log_look = now + CHECK_EVERY_S
+        for child in (self.nats, self.services, self.api, self.worker):
+            if child is not None and rotate_if_large(child.log, self.log_limit):
+                child.log_offset = 0  # where its readiness line is looked for: the file starts again
+                print(f"{child.name}'s log passed {self.log_limit >> 20} MiB: the older part is {child.log}.1",
+                      flush=True)
 
     def _creds_dir_args(self) -> list[str]:
         return ["--nats-creds-dir", str(naming.bus_credentials_dir(self.stage))] if self.secured else []
@@ -317,6 +335,7 @@ class Supervisor:
                     self.api.ready = self.api.ever_ready = True
                     changed = True
             self._reload_agent_users()
+            self._bound_logs()
             if changed:
                 self.write_state()
             time.sleep(POLL_S)
@@ -401,12 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(CONTROL_PLANE_FLAG, dest="control_plane", required=True,
                    help="the stage's state directory (how `spz api stop` recognises this process)")
     args = p.parse_args(argv)
+    from skypurza.events.config import ConfigError
     from skypurza.events.natscreds import CredentialsError
 
     try:
         supervisor = Supervisor(args.stage, args.port, args.services, args.api_host, args.api_port, args.deploy,
                                 bus_host=args.bus_host, bus_advertise=args.bus_advertise)
-    except (OSError, CredentialsError, ValueError) as exc:  # BusAddressError is a ValueError  # the deployment's credentials cannot be written
+    except (OSError, CredentialsError, ValueError, ConfigError) as exc:  # BusAddressError is a ValueError  # the deployment's credentials cannot be written
         print(f"cannot prepare the control plane of stage {args.stage}: {exc}", flush=True)
         return 3
     return supervisor.run()
