@@ -429,6 +429,8 @@ def api_bus_node(
         code = main(config, users, agents, stage())
     except (NodeUsersError, ValueError) as exc:
         raise fail(str(exc), 2)
+    except OSError as exc:  # no nats-server binary, a work directory it cannot write
+        raise fail(f"cannot run the NATS node: {exc}")
     sys.exit(code)
 
 
