@@ -11,6 +11,7 @@ the streams as `control` (`compose_set_up`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from skypurza.events import naming
@@ -101,8 +102,6 @@ def compose_secrets(root: Path, stage: str) -> dict[str, Path]:
     salts: as good); two runs at once take turns on a lock, so they write one set. Returns user -> file."""
     from skypurza.events.agentusers import hash_password
 
-    from .busnode import node_users_text
-
     naming.check_stage(stage)
     users = deployment_users(stage, deployment_contracts())
     names = [u.name for u in users]
@@ -120,6 +119,17 @@ def compose_secrets(root: Path, stage: str) -> dict[str, Path]:
     except OSError as exc:
         raise ComposeSecretsError(f"cannot write the bus secrets in {root}: {exc.strerror or exc}") from None
     return {n: credentials_file(naming.compose_credentials_dir(root), n) for n in names}
+
+
+NODE_USERS_FORMAT = 1  # of `naming.compose_node_users_file` (cli/busnode.py reads it)
+
+
+def node_users_text(stage: str, hashes: Mapping[str, str]) -> str:
+    """What each compose NATS node renders its block from: the stage and every user's hash."""
+    import json
+
+    return json.dumps({"format": NODE_USERS_FORMAT, "stage": stage, "password_hashes": dict(sorted(hashes.items()))},
+                      indent=1) + "\n"
 
 
 def drawn_stage(stage_file: Path) -> str:

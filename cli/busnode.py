@@ -34,8 +34,9 @@ from skypurza.events.agentusers import AgentUser, fingerprint, list_users
 from skypurza.events.natsauth import authorization_block, cluster_agent_users, deployment_users
 from skypurza.events.natscreds import write_private
 
+from .busauth import AGENT_CONTRACT, NODE_USERS_FORMAT, deployment_contracts
+
 POLL_S = 0.25  # how soon a cluster's new agent user is live on this node (changes coalesced)
-NODE_USERS_FORMAT = 1
 _MAX_USERS_FILE_BYTES = 1 << 20
 
 
@@ -47,11 +48,6 @@ class NodeUsersError(Exception):
 class NodeUsers:
     stage: str
     hashes: Mapping[str, str]  # user -> bcrypt hash
-
-
-def node_users_text(stage: str, hashes: Mapping[str, str]) -> str:
-    return json.dumps({"format": NODE_USERS_FORMAT, "stage": stage, "password_hashes": dict(sorted(hashes.items()))},
-                      indent=1) + "\n"
 
 
 def read_node_users(path: Path) -> NodeUsers:
@@ -67,7 +63,7 @@ def read_node_users(path: Path) -> NodeUsers:
         raise NodeUsersError(f"cannot read {path}: {exc.strerror or exc} ({again})") from None
     except ValueError as exc:
         raise NodeUsersError(f"{path} is not JSON: {exc} ({again})") from None
-    if not isinstance(data, dict) or data.get("format") != NODE_USERS_FORMAT:
+    if not isinstance(data, dict) or data.get("format") != NODE_USERS_FORMAT:  # busauth.node_users_text's
         raise NodeUsersError(f"{path} is not a node users file of format {NODE_USERS_FORMAT} ({again})")
     hashes = data.get("password_hashes")
     if not isinstance(hashes, dict) or not all(
@@ -84,8 +80,6 @@ def node_block(users: NodeUsers, agents: Mapping[str, AgentUser]) -> str:
     """The node's authorization block (pure): every deployment user with its hash, and each
     cluster's agent user the provisioner minted. A deployment user without a hash (secrets drawn
     by an older version) is a NodeUsersError: the node would refuse that service for ever."""
-    from .busauth import AGENT_CONTRACT, deployment_contracts
-
     contracts = deployment_contracts()
     static = deployment_users(users.stage, contracts)
     missing = sorted(u.name for u in static if u.name not in users.hashes)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from skypurza.cli.busauth import deployment_contracts
-from skypurza.cli.busnode import NodeKeeper, NodeUsersError, node_block, node_users_text, read_node_users
+from skypurza.cli.busauth import deployment_contracts, node_users_text
+from skypurza.cli.busnode import NodeKeeper, NodeUsersError, node_block, read_node_users
 from skypurza.events import naming
 from skypurza.events.agentusers import AgentUserStore, hash_password, list_users
 from skypurza.events.natsauth import deployment_users
