@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -32,7 +31,6 @@ GPU_DIRECTIVES = ("gres", "gpus-per-node")
 SUBMIT_MODES = ("uid", "ssh_keys")
 _UNIX_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 DEFAULT_PORT = 22
-DEFAULT_CONFIG = "~/.slurm/config"  # SkyPilot's; SKYPURZA_SLURM_CONFIG moves it
 
 
 class SlurmConfigError(ValueError):
@@ -310,11 +308,6 @@ def parse_user_config(value: Any, where: str = "slurm") -> SlurmUserConfig:
 
 
 # ---------------------------------------------------------------------------------- reading the file
-
-def slurm_config_path(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    return Path(os.path.expanduser(env.get("SKYPURZA_SLURM_CONFIG") or DEFAULT_CONFIG))
-
 
 def read_targets(path: Path) -> dict[str, SshTarget]:
     """Every cluster of ~/.slurm/config (empty when there is none); a file too big or broken is

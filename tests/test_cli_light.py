@@ -61,8 +61,13 @@ def test_check_yaml_and_dryrun_import_no_bus_no_event_models(tmp_path) -> None:
     r, heavy = _heavy(["check-yaml", str(task)], OFFLINE_HEAVY + ("skypurza.services.optimizer", "typer", "rich",
                                                                   "click"), tmp_path)
     assert "valid" in r.stdout and heavy == [], (r.stdout, r.stderr[-500:], heavy)
-    r, heavy = _heavy(["launch", "--dryrun", "-o", "json", str(task)], OFFLINE_HEAVY + ("typer", "rich", "click"),
-                      tmp_path)
+    # without a ~/.slurm/config, not even Slurm's config parser (events/slurmpath.py answers "is there one")
+    os.environ["SKYPURZA_SLURM_CONFIG"] = str(tmp_path / "no-slurm-config")
+    try:
+        r, heavy = _heavy(["launch", "--dryrun", "-o", "json", str(task)],
+                          OFFLINE_HEAVY + ("typer", "rich", "click", "skypurza.events.slurm_config"), tmp_path)
+    finally:
+        del os.environ["SKYPURZA_SLURM_CONFIG"]
     assert json.loads(r.stdout[:r.stdout.rindex("}") + 1])["chosen"] is not None, r.stdout
     assert heavy == [], f"spz launch --dryrun imported {heavy}"
 

@@ -88,7 +88,7 @@ def check_kubernetes(contexts: Any = None) -> list[InfraStatus]:
 def check_slurm(clusters: Any = None) -> list[InfraStatus]:
     """One line per cluster of ~/.slurm/config (`slurm/<cluster>`): its login node answered, and
     its partitions with their nodes and GPUs."""
-    from skypurza.events.slurm_config import slurm_config_path
+    from skypurza.events.slurmpath import slurm_config_path
 
     from .world import slurm_clusters
 

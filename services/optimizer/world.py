@@ -44,10 +44,15 @@ def enabled_infras_here(settings: OptimizerSettings, env: Mapping[str, str] | No
 
 def slurm_configured(env: Mapping[str, str] | None = None) -> bool:
     """~/.slurm/config names at least one cluster (SkyPilot enables Slurm the same way)."""
-    from skypurza.events.slurm_config import SlurmConfigError, read_targets, slurm_config_path
+    from skypurza.events.slurmpath import slurm_config_path
+
+    path = slurm_config_path(env)
+    if not path.exists():  # most machines: no parser imported for a cold dry run (issue 21)
+        return False
+    from skypurza.events.slurm_config import SlurmConfigError, read_targets
 
     try:
-        return bool(read_targets(slurm_config_path(env)))
+        return bool(read_targets(path))
     except (SlurmConfigError, OSError, UnicodeDecodeError):
         return False
 
@@ -64,7 +69,8 @@ def slurm_clusters(enabled: frozenset[str], env: Mapping[str, str] | None = None
     from concurrent.futures import ThreadPoolExecutor
 
     from skypurza.events.config import ConfigError, load_config
-    from skypurza.events.slurm_config import SlurmConfigError, parse_user_config, read_targets, slurm_config_path
+    from skypurza.events.slurm_config import SlurmConfigError, parse_user_config, read_targets
+    from skypurza.events.slurmpath import slurm_config_path
     from skypurza.events.slurm_discovery import SlurmCluster
 
     path = slurm_config_path(env)

@@ -86,7 +86,7 @@ from skypurza.events.identity_events import TeamAdded, TeamRemoved, TeamUpdated
 from skypurza.events.provisioner_queries import SERVICE as QUERY_SERVICE
 from skypurza.events.service import (Emit, EmitContext, InOrder, Keyed, Reactions, ServiceContract, Unretryable,
                                      handles)
-from skypurza.events.slurm_config import slurm_config_path
+from skypurza.events.slurmpath import slurm_config_path
 from skypurza.events.team_credentials import NO_CREDENTIALS, TeamCredentials
 
 from . import cleanup, plan, teamcreds, userdata

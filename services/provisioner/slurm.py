@@ -42,7 +42,8 @@ from .adapter import (
     provision_error,
 )
 from .local import RECORD, START_SEQ, LocalAdapter
-from skypurza.events.slurm_config import SlurmUserConfig, SshTarget, read_targets, slurm_config_path
+from skypurza.events.slurm_config import SlurmUserConfig, SshTarget, read_targets
+from skypurza.events.slurmpath import slurm_config_path
 from skypurza.events.slurm_discovery import (SlurmNode, ZoneOffer, expand_hostlist, parse_nodes, parse_partitions,
                                              zone_offers)
 from . import slurm_account

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from skypurza.events.awsconfig import aws_config_files, aws_configured
 from skypurza.events.settings import Sources
-from skypurza.events.slurm_config import slurm_config_path
+from skypurza.events.slurmpath import slurm_config_path
 
 DAY_S = 86400.0
 

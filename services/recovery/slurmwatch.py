@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from skypurza.events.slurm_accounting import allocation_end, parse_job_states
-from skypurza.events.slurm_config import slurm_config_path
+from skypurza.events.slurmpath import slurm_config_path
 
 from . import detect
 from .ec2watch import Target
