@@ -385,13 +385,20 @@ def test_accountings_a_dead_provisioner_left_are_published_at_the_next_start_onc
                 "state": "running", "nodes": [], "accounting": {}, "launched_at": datetime.now(UTC).isoformat(),
                 **extra}
 
+    # The rig is this file's: an allocation an earlier test left (its teardown still under way when
+    # its services stopped) holds the nodes, and a job that never starts has no sacct row to bill.
+    rig._cancel_all_jobs(wait_s=30)
     ending, kept = submit("ending"), submit("kept")
-    for _ in range(100):
+    for _ in range(150):
         running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=rig.env, capture_output=True,
                                  text=True, timeout=10).stdout.split()
         if {str(ending), str(kept)} <= set(running):
             break
         subprocess.run(["sleep", "0.2"])
+    else:
+        queue = subprocess.run(["squeue", "-o", "%i %j %T %R"], env=rig.env, capture_output=True, text=True,
+                               timeout=10).stdout
+        raise AssertionError(f"jobs {ending} and {kept} did not both start:\n{queue}")
     subprocess.run(["sleep", "1.1"])  # at least a second of ElapsedRaw
     # The first died after its scancel: the record, marked before the scancel, is all there is.
     cdir = state / "slurm" / naming.subject_token("ending")
