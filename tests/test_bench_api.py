@@ -36,5 +36,9 @@ def test_the_api_bench_measures_the_server_beside_the_embedded_bus() -> None:
     # where each listing's CPU went, the load generator's own included, and what a gunzip adds
     assert re.search(r"CPU ms per request .*admin: api server [\d.]+, status [\d.]+, nats [\d.]+, client [\d.]+",
                      text), text
-    assert res["http"]["cpu_ms"]["admin"]["api server"] > 0, res
+    # (a few requests are a tick or two of /proc's 10 ms CPU clock, often none: counted, not judged)
+    cpu = res["http"]["cpu_ms"]
+    assert set(cpu) == {"member", "admin", "admin_gzip"}, cpu
+    assert all(set(row) == {"api server", "status", "nats", "client"} and min(row.values()) >= 0
+               for row in cpu.values()), cpu
     assert re.search(r"a client's gunzip of one costs [\d.]+ ms", text), text
