@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from leftovers import kill_stage
 from bus_refusal import refused
 from nats_fixtures import kill_processes_using
 
@@ -603,17 +604,11 @@ def kube(tmp_path: Path):
 
 @pytest.fixture
 def deploy_home(tmp_path: Path):
-    from skypurza.cli import planeprocs
-
     home = tmp_path / "home"
     yield home
     _spz(_deploy_env(home, tmp_path / "kubeconfig"), "api", "stop", timeout=90)
     sd = home / DEPLOY_STAGE
-    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", DEPLOY_STAGE):
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_stage(home, DEPLOY_STAGE)
     try:
         kill_processes_using(f"nats://127.0.0.1:{(sd / 'nats.port').read_text().strip()}")
     except (OSError, ValueError):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from leftovers import kill_stage
 
 from skypurza.cli import planeprocs
 from skypurza.cli.apiclient import ApiClientError, Endpoint, check_url, resolve
@@ -53,12 +53,7 @@ def home(tmp_path: Path):
     h = tmp_path / "home"
     yield h
     spz(_env(h), "api", "stop", timeout=90)
-    sd = h / STAGE
-    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", STAGE):  # whatever a failure left
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_stage(h, STAGE)  # whatever a failure left
 
 
 # ------------------------------------------------------------------------------------ pure decisions

@@ -32,14 +32,10 @@ def test_campaign_with_random_kills_loses_and_duplicates_nothing(tmp_path: Path,
     try:
         report = chaos.run_campaign(jobs=20, kills=4, seed=11, deadline_s=400, home=tmp_path)
     finally:  # whatever a failed campaign left behind
-        from skypurza.cli import planeprocs
+        from leftovers import kill_stage
 
         sd = tmp_path / chaos.STAGE
-        for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", chaos.STAGE):
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_stage(tmp_path, chaos.STAGE)
         for pid in chaos._agents_under(sd):
             try:
                 os.killpg(pid, signal.SIGKILL)

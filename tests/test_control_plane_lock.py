@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from leftovers import kill_stage
 from local_cli import agent_pids
 
 from skypurza.cli import planeprocs
@@ -54,15 +55,6 @@ def _stop(env: dict[str, str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def _kill_stage(home: Path, stage: str) -> None:
-    sd = home / stage
-    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", stage):
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture
 def homes(tmp_path: Path):
     made: list[tuple[Path, str]] = []
@@ -79,7 +71,7 @@ def homes(tmp_path: Path):
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        _kill_stage(home, stage)
+        kill_stage(home, stage)
 
 
 def test_classify_recognises_only_control_plane_processes():

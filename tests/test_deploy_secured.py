@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -23,9 +22,9 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from leftovers import kill_stage
 from nats_fixtures import kill_processes_using
 
-from skypurza.cli import planeprocs
 from skypurza.cli.busauth import deployment_contracts
 from skypurza.events import naming
 from skypurza.events.natscreds import CREDS_ENV
@@ -63,11 +62,7 @@ def home(tmp_path: Path):
     yield h
     spz(_env(h), "api", "stop", timeout=90)
     sd = h / STAGE
-    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", STAGE):  # whatever a failure left
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_stage(h, STAGE)  # whatever a failure left
     try:  # local node agents (their own sessions) name the bus they were given
         kill_processes_using(f"nats://127.0.0.1:{(sd / 'nats.port').read_text().strip()}")
     except (OSError, ValueError):

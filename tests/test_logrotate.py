@@ -9,15 +9,14 @@ past it; `spz api logs -f` keeps following across the cut.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from leftovers import kill_stage
 
-from skypurza.cli import planeprocs
 from skypurza.cli.logrotate import max_bytes, older, rotate_if_large
 from skypurza.events.settings import SettingsError
 
@@ -68,12 +67,7 @@ def home(tmp_path: Path):
     yield h
     subprocess.run([sys.executable, "-m", "skypurza.cli.main", "api", "stop"], env=_env(h), capture_output=True,
                    timeout=90)
-    sd = h / STAGE
-    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", STAGE):  # whatever a failure left
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_stage(h, STAGE)  # whatever a failure left
 
 
 def test_the_supervisor_cuts_a_log_past_its_limit_and_logs_f_follows_on(home: Path) -> None:

@@ -94,3 +94,17 @@ def kill_under(root: Path) -> list[int]:
         kill_with_group(pid)
         killed.append(pid)
     return killed
+
+
+def kill_stage(home: Path, stage: str) -> None:
+    """SIGKILL whatever the stage's control plane under `home` left running (its supervisor,
+    nats-server, services, API server, CLI worker), as `cli/planeprocs.py` finds them: what a test
+    that fails before `spz api stop` would otherwise leave behind."""
+    from skypurza.cli import planeprocs
+
+    sd = home / stage
+    for p in planeprocs.find(sd, sd / "jetstream" / "nats.conf", stage):
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
