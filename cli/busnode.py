@@ -171,4 +171,4 @@ def main(config: Path, users_file: Path, agents_dir: Path, stage: str | None = N
     if stage and stage != drawn:
         raise NodeUsersError(f"the node users were drawn for stage {drawn!r} but this deployment runs stage {stage!r}: "
                              f"run `SKYPURZA_STAGE={stage} spz api compose-secrets` again, or set SKYPURZA_STAGE={drawn}")
-    return NodeKeeper(config, users_file, agents_dir, naming.bus_node_dir(drawn)).run()
+    return NodeKeeper(config, users_file, agents_dir, naming.bus_node_dir(drawn, config)).run()

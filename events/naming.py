@@ -427,9 +427,12 @@ def bus_agent_users_dir(stage: str) -> Path:
     return state_dir(stage) / "bus-agents"
 
 
-def bus_node_dir(stage: str) -> Path:
-    """Where a compose NATS node's keeper writes its config copy and authorization block."""
-    return state_dir(stage) / "bus-node"
+def bus_node_dir(stage: str, config: Path) -> Path:
+    """Where a compose NATS node's keeper writes its config copy and authorization block: one
+    directory per node config, so two keepers sharing a home never write each other's."""
+    import hashlib
+
+    return state_dir(stage) / "bus-node" / hashlib.sha256(str(config.absolute()).encode()).hexdigest()[:16]
 
 
 def bus_agent_key_file(stage: str) -> Path:

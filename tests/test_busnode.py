@@ -108,3 +108,16 @@ def test_a_change_of_the_agents_is_one_rewrite_and_a_broken_users_file_keeps_the
     open_conf.write_text("listen: 127.0.0.1:4222\n")
     with pytest.raises(NodeUsersError, match="its bus would be open"):
         NodeKeeper(open_conf, _users_file(tmp_path), agents, tmp_path / "work2").prepare()
+
+
+def test_two_nodes_sharing_a_home_keep_their_configs_apart(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SKYPURZA_HOME", str(tmp_path / "home"))
+    one, two = tmp_path / "n1" / "nats.conf", tmp_path / "n2" / "nats.conf"
+    assert naming.bus_node_dir(STAGE, one) != naming.bus_node_dir(STAGE, two)
+    assert naming.bus_node_dir(STAGE, one) == naming.bus_node_dir(STAGE, one)
+    for conf, port in ((one, 4222), (two, 4223)):
+        conf.parent.mkdir()
+        conf.write_text(f'listen: 127.0.0.1:{port}\ninclude "{naming.BUS_AUTH_FILE_NAME}"\n')
+        NodeKeeper(conf, _users_file(tmp_path), tmp_path / "agents", naming.bus_node_dir(STAGE, conf)).prepare()
+    assert "4222" in (naming.bus_node_dir(STAGE, one) / "nats.conf").read_text()
+    assert "4223" in (naming.bus_node_dir(STAGE, two) / "nats.conf").read_text()
