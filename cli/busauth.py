@@ -16,7 +16,7 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.contract import Contract
-from skypurza.events.agentusers import list_users
+from skypurza.events.agentusers import AgentUser, list_users
 from skypurza.events.natsauth import authorization_block, cluster_agent_users, deployment_users
 from skypurza.events.natscreds import (CREDS_ENV, BusCredentials, CredentialsError, credentials_file,
                                        read_credentials, write_deployment)
@@ -37,15 +37,22 @@ def prepare(stage: str) -> Path:
     block also holds each cluster's own agent user (events/agentusers.py) as the provisioner left
     them: their bcrypt hashes only, no credentials file (the nodes hold the passwords). The
     supervisor is the one caller: the one writer of the block."""
+    agents = list_users(naming.bus_agent_users_dir(stage))
+    return write_deployment([u.name for u in deployment_users(stage, deployment_contracts())],
+                            lambda passwords: block_with_agents(stage, passwords, agents),
+                            directory=naming.bus_credentials_dir(stage), auth_file=naming.bus_auth_file(stage))
+
+
+def block_with_agents(stage: str, passwords: Mapping[str, str], agents: Mapping[str, AgentUser]) -> str:
+    """The `authorization {}` block of a deployment (pure): every deployment user with its
+    password (or bcrypt hash: compose's nodes, cli/busnode.py), and each remote cluster's own
+    agent user with its hash, narrowed to its cluster."""
     contracts = deployment_contracts()
     users = deployment_users(stage, contracts)
-    agents = list_users(naming.bus_agent_users_dir(stage))
     agent = next(c for c in contracts if c.name == AGENT_CONTRACT)
     agent_users = cluster_agent_users(agent, stage, agents, contracts) if agents else []
     hashes = {naming.cluster_agent_user(c): u.password_hash for c, u in agents.items()}
-    return write_deployment([u.name for u in users],
-                            lambda passwords: authorization_block([*users, *agent_users], {**passwords, **hashes}),
-                            directory=naming.bus_credentials_dir(stage), auth_file=naming.bus_auth_file(stage))
+    return authorization_block([*users, *agent_users], {**passwords, **hashes})
 
 
 def env_for(stage: str, user: str) -> dict[str, str]:

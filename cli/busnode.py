@@ -31,10 +31,10 @@ from pathlib import Path
 
 from skypurza.events import naming
 from skypurza.events.agentusers import AgentUser, fingerprint, list_users
-from skypurza.events.natsauth import authorization_block, cluster_agent_users, deployment_users
+from skypurza.events.natsauth import deployment_users
 from skypurza.events.natscreds import write_private
 
-from .busauth import AGENT_CONTRACT, NODE_USERS_FORMAT, deployment_contracts
+from .busauth import NODE_USERS_FORMAT, block_with_agents, deployment_contracts
 
 POLL_S = 0.25  # how soon a cluster's new agent user is live on this node (changes coalesced)
 _MAX_USERS_FILE_BYTES = 1 << 20
@@ -80,16 +80,12 @@ def node_block(users: NodeUsers, agents: Mapping[str, AgentUser]) -> str:
     """The node's authorization block (pure): every deployment user with its hash, and each
     cluster's agent user the provisioner minted. A deployment user without a hash (secrets drawn
     by an older version) is a NodeUsersError: the node would refuse that service for ever."""
-    contracts = deployment_contracts()
-    static = deployment_users(users.stage, contracts)
-    missing = sorted(u.name for u in static if u.name not in users.hashes)
+    missing = sorted(u.name for u in deployment_users(users.stage, deployment_contracts())
+                     if u.name not in users.hashes)
     if missing:
         raise NodeUsersError(f"the node users file has no hash for {', '.join(missing)} "
                              "(run `spz api compose-secrets` again, then restart the nodes)")
-    agent = next(c for c in contracts if c.name == AGENT_CONTRACT)
-    per_cluster = cluster_agent_users(agent, users.stage, agents, contracts) if agents else []
-    hashes = {**users.hashes, **{naming.cluster_agent_user(c): u.password_hash for c, u in agents.items()}}
-    return authorization_block([*static, *per_cluster], hashes)
+    return block_with_agents(users.stage, users.hashes, agents)
 
 
 class NodeKeeper:
