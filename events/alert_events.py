@@ -2,7 +2,9 @@
 
 Emitted by the alerts service (platform: services/observability/alerts/, docs/observability.md
 *Alerts*): AlertRaised when a condition begins, AlertResolved when it ends, AlertDelivered once
-per (raise or resolve, webhook) when a webhook took the message or the service gave up on it.
+per (raise or resolve, webhook) when a webhook took the message or the service gave up on it, and
+AlertDeliveryClaimed before a post: with several alerts instances running, the one whose claim
+the log stored first posts the message, and the others take it over only once that claim lapses.
 `spz alerts list` reads them back from the log. The key names one condition ("gpu_unhealthy:
 gpubox:0:0:xid:79"), so one condition is one alert until it is resolved; a later raise of the
 same key is a new occurrence (`occurrence` counts them).
@@ -61,4 +63,21 @@ class AlertDelivered(_AlertEvent):
     outcome: Literal["delivered", "gave_up"]
     attempts: int = 1
     error: str = ""  # the last failure, for a give-up (one line, cut)
+    at: datetime
+
+
+@register
+class AlertDeliveryClaimed(_AlertEvent):
+    """One alerts instance takes one message for one webhook before posting it. The claim's id
+    is derived from the message, the webhook and `round`, so of several instances claiming at
+    once the log stores one (the others' appends come back as duplicates and they wait); a claim
+    with no AlertDelivered by `until` lapses, and the next instance to look claims `round` + 1."""
+
+    EVENT_NAME = "alert_delivery_claimed"
+    occurrence: int = 1
+    what: Literal["raised", "resolved"] = "raised"
+    webhook_id: str
+    claimant: str  # the claiming process: a random id each start, so a restart never mistakes an old claim for its own
+    round: int = 1
+    until: datetime  # the claim lapses then: past the longest a delivery's bounded retries can take
     at: datetime

@@ -3,7 +3,7 @@
 Below `envelope.py` (which imports this to decode): nothing here imports the envelope.
 """
 
-from .alert_events import AlertDelivered, AlertRaised, AlertResolved  # noqa: F401
+from .alert_events import AlertDelivered, AlertDeliveryClaimed, AlertRaised, AlertResolved  # noqa: F401
 from .cluster_events import *  # noqa: F401,F403
 from .dispatch_events import DispatchPolicyApplied, TaskAdmitted, TaskHeld  # noqa: F401
 from .health_events import GpuUnhealthy  # noqa: F401

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # event name -> (module under skypurza.events that registers it, its aggregate)
 MODEL_MODULES: dict[str, tuple[str, str]] = {
     "alert_delivered": ("alert_events", "alert"),
+    "alert_delivery_claimed": ("alert_events", "alert"),
     "alert_raised": ("alert_events", "alert"),
     "alert_resolved": ("alert_events", "alert"),
     "autostop_set": ("cluster_events", "cluster"),

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from nats_fixtures import connect_bus
 
-from skypurza.events.alert_events import AlertDelivered, AlertRaised, AlertResolved
-from skypurza.events.clock import ManualClock
+from skypurza.events.alert_events import AlertDelivered, AlertDeliveryClaimed, AlertRaised, AlertResolved
+from skypurza.events.clock import SYSTEM_CLOCK, ManualClock
 from skypurza.events.cluster_events import AutostopSet, ClusterProvisioned, ClusterTerminated, OrphanFound
 from skypurza.events.deadletters import park
 from skypurza.events.dispatch_events import TaskAdmitted, TaskHeld
@@ -30,9 +30,9 @@ from skypurza.events.job_events import JobQueued, JobStarted, JobSucceeded
 from skypurza.events.managed_events import ManagedJobStatusChanged, ManagedJobSubmitted
 from skypurza.events.settings import SettingsError
 from skypurza.events.types import Candidate, NodeInfo
-from skypurza.services.observability.alerts import delivery, rules
+from skypurza.services.observability.alerts import claims, delivery, rules
 from skypurza.services.observability.alerts.cli import history
-from skypurza.services.observability.alerts.service import AlertsService
+from skypurza.services.observability.alerts.service import AlertsService, Book
 from skypurza.services.observability.alerts.settings import AlertSettings, Webhook
 from skypurza.services.observability.samples import Snapshot, families
 
@@ -367,6 +367,141 @@ def test_end_to_end_events_to_webhooks_and_spz_alerts_list(nats_server, receiver
             stop.set()
             await asyncio.wait_for(task, 10)
             await bus.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- several instances: one post per message
+
+
+def test_who_posts_a_message_follows_the_claim_on_the_log() -> None:
+    now = ManualClock().now()
+    later = now + timedelta(seconds=60)
+    mine, theirs = claims.Claim("me", 1, later), claims.Claim("other", 1, later)
+    assert claims.next_step(None, False, "me", now) == ("claim", 1)
+    assert claims.next_step(mine, False, "me", now) == ("deliver", 1)  # our append whose ack was lost
+    assert claims.next_step(theirs, False, "me", now) == ("wait", 1)
+    assert claims.next_step(theirs, False, "me", later) == ("claim", 2)  # lapsed: taken over
+    assert claims.next_step(theirs, True, "me", later)[0] == "done"
+    assert claims.next_step(mine, True, "me", now)[0] == "done"
+    # The log's claim is the highest round; of one round, the first stored.
+    held: dict = {}
+    k = ("key", 1, "raised", "json-x")
+    claims.fold(held, k, theirs)
+    claims.fold(held, k, mine)
+    assert held[k] is theirs
+    claims.fold(held, k, claims.Claim("me", 2, later))
+    assert held[k].claimant == "me" and held[k].round == 2
+    # A claim outlives the longest delivery: every attempt timing out, every back-off slept.
+    assert delivery.longest_s(3, 2.0, 10.0) == 3 * (10.0 + delivery.ATTEMPT_GRACE_S) + 2.0 + 4.0
+    assert delivery.longest_s(1, 2.0, 10.0) == 10.0 + delivery.ATTEMPT_GRACE_S
+    cfg = AlertSettings(attempts=3, backoff_s=2.0, timeout_s=10.0)
+    assert claims.lease(cfg, now) == now + timedelta(seconds=51.0 + claims.CLOCK_MARGIN_S)
+
+
+def test_the_book_folds_claims_until_the_message_is_delivered() -> None:
+    t = ManualClock().now()
+    book = Book()
+    claim = AlertDeliveryClaimed(key="k", webhook_id="json-x", claimant="a", until=t + timedelta(seconds=9), at=t)
+    book.apply(claim)
+    assert book.claims[("k", 1, "raised", "json-x")] == claims.Claim("a", 1, t + timedelta(seconds=9))
+    book.apply(AlertDelivered(key="k", webhook_id="json-x", outcome="delivered", at=t))
+    assert book.claims == {} and ("k", 1, "raised", "json-x") in book.delivered
+    book.apply(claim)  # a claim read after its delivery (two followers' order) holds nothing
+    assert book.claims == {}
+
+
+def _two_hooks(receiver: Receiver) -> tuple[Webhook, Webhook]:
+    return Webhook(receiver.url + "/slack", "slack"), Webhook(receiver.url + "/json", "json")
+
+
+def test_two_instances_judging_the_same_round_post_each_message_once(nats_server) -> None:
+    receiver = Receiver(fail=0)
+    # eval_s an hour: each instance judges once as it starts (nothing fires yet); the test then
+    # has both judge the same round, as two instances whose timers coincide would.
+    cfg = AlertSettings(eval_s=3600, webhooks=_two_hooks(receiver), attempts=3, backoff_s=0.05, timeout_s=2)
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        stop = asyncio.Event()
+        a, b = AlertsService(cfg), AlertsService(cfg)
+        tasks = [asyncio.create_task(s.run(bus, stop)) for s in (a, b)]
+        try:
+            await asyncio.wait_for(asyncio.gather(a.serving(), b.serving()), 20)
+            await bus.publish(_provisioned("gpubox", idle_minutes=5))
+            await bus.publish(_gpu("gpubox"))
+            await _until("both instances folded the GPU finding",
+                         lambda: all("gpu_unhealthy" in {x.kind for x in rules.firing(s.state, SYSTEM_CLOCK.now(), cfg).values()}
+                                     for s in (a, b)))
+            raised_a, raised_b = await asyncio.gather(a.judge(), b.judge())
+            assert [e.kind for e in raised_a[0]] == [e.kind for e in raised_b[0]] == ["gpu_unhealthy"]
+            await _until("the alert taken by both webhooks",
+                         lambda: all(len(receiver.taken.get(p, [])) >= 1 for p in ("/slack", "/json")))
+            evs = await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
+            await asyncio.sleep(0.5)
+            assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
+            evs = await _alert_events(bus)
+            assert len([e for e in evs if isinstance(e, AlertRaised)]) == 1  # one stored: its id is derived
+            claimed = [e for e in evs if isinstance(e, AlertDeliveryClaimed)]
+            assert sorted(e.webhook_id for e in claimed) == sorted(h.id for h in cfg.webhooks)
+            assert {e.claimant for e in claimed} <= {a.me, b.me} and {e.round for e in claimed} == {1}
+            assert len([e for e in evs if isinstance(e, AlertDelivered)]) == 2
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            await bus.close()
+            receiver.close()
+
+    asyncio.run(main())
+
+
+async def _until_events(bus, fn, timeout: float = 30.0) -> list:
+    for _ in range(int(timeout / 0.1)):
+        evs = await _alert_events(bus)
+        if fn(evs):
+            return evs
+        await asyncio.sleep(0.1)
+    raise AssertionError("the alert events never came")
+
+
+def test_a_stopped_instances_claim_is_taken_over_once_it_lapses(nats_server) -> None:
+    from skypurza.events.envelope import derive_id
+
+    receiver = Receiver(fail=0)
+    cfg = AlertSettings(eval_s=0.1, webhooks=_two_hooks(receiver), attempts=3, backoff_s=0.05, timeout_s=2)
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        # Instance "gone" raised the alert and claimed its message for both webhooks, then stopped.
+        await bus.publish(_provisioned("gpubox", idle_minutes=5))
+        await bus.publish(_gpu("gpubox"))
+        now = SYSTEM_CLOCK.now()
+        key = "gpu_unhealthy:gpubox:0:None:xid:79"
+        await bus.publish(AlertRaised(key=key, kind="gpu_unhealthy", subject="gpubox node 0", severity="critical",
+                                      raised_at=now), id=derive_id(key, "alerts", "raised:1"))
+        until = now + timedelta(seconds=2.5)
+        for hook in cfg.webhooks:
+            await bus.publish(AlertDeliveryClaimed(key=key, webhook_id=hook.id, claimant="gone", until=until, at=now),
+                              id=derive_id(key, "alerts", f"claim:1:raised:{hook.id}:1"))
+        stop = asyncio.Event()
+        svc = AlertsService(cfg)
+        task = asyncio.create_task(svc.run(bus, stop))
+        try:
+            await asyncio.wait_for(svc.serving(), 20)
+            await asyncio.sleep(0.8)  # eight rounds while the claim holds: nothing is posted
+            assert receiver.posts == {}
+            await _until("the lapsed claim taken over", lambda: all(receiver.taken.get(p) for p in ("/slack", "/json")))
+            await asyncio.sleep(0.5)
+            assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
+            evs = await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
+            claimed = sorted((e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed))
+            assert claimed == [(1, "gone"), (1, "gone"), (2, svc.me), (2, svc.me)]
+            assert svc.book.claims == {}
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await bus.close()
+            receiver.close()
 
     asyncio.run(main())
 

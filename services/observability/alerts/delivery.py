@@ -122,6 +122,19 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:MAX_ERROR_CHARS]
 
 
+ATTEMPT_GRACE_S = 5.0  # how far past its own timeout one POST may run before `deliver` stops waiting
+
+
+def longest_s(attempts: int, backoff_s: float, timeout_s: float) -> float:
+    """Pure: the longest `deliver` can take with these settings (every attempt timing out, every
+    back-off slept): how long another instance waits on a claim before taking the message over."""
+    waits, delay = 0.0, backoff_s
+    for _ in range(attempts - 1):
+        waits += delay
+        delay = min(delay * 2, MAX_BACKOFF_S)
+    return attempts * (timeout_s + ATTEMPT_GRACE_S) + waits
+
+
 async def deliver(hook: Webhook, m: Message, *, attempts: int, backoff_s: float, timeout_s: float,
                   sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                   send: Callable[[str, bytes, float], None] = post,
@@ -131,7 +144,7 @@ async def deliver(hook: Webhook, m: Message, *, attempts: int, backoff_s: float,
     delay, error = backoff_s, ""
     for attempt in range(1, attempts + 1):
         try:
-            await asyncio.wait_for(asyncio.to_thread(send, hook.url, body, timeout_s), timeout_s + 5)
+            await asyncio.wait_for(asyncio.to_thread(send, hook.url, body, timeout_s), timeout_s + ATTEMPT_GRACE_S)
             return Outcome("delivered", attempt)
         except asyncio.CancelledError:
             raise

@@ -9,6 +9,9 @@ delivers to the configured webhooks (delivery.py).
   up after the bounded retries), not only log lines: the log then says which messages a
   restarted service still owes, so a restart neither loses a message nor sends one twice. Each
   attempt's failure is a log line only (a flapping receiver must not fill the event log).
+- Several instances (high availability, or two started at once) post each message once: before
+  a post an instance claims it on the log (AlertDeliveryClaimed, claims.py); the first claim
+  stored posts, the others wait and take the message over only if that claim lapses undelivered.
 - A receiver failing never stops the service: each webhook has its own worker and bounded queue
   (a slow one holds up no other, a full queue drops the newest with a warning line).
 - `spz alerts list` reads the events back (services/observability/alerts/cli.py).
@@ -21,7 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +34,7 @@ from typing import Any
 
 from skypurza.events import naming
 from skypurza.events.aiotasks import stop_tasks
-from skypurza.events.alert_events import AlertDelivered, AlertRaised, AlertResolved
+from skypurza.events.alert_events import AlertDelivered, AlertDeliveryClaimed, AlertRaised, AlertResolved
 from skypurza.events.bus import CANNOT_CONNECT, Bus, stored_from_msg
 from skypurza.events.clock import SYSTEM_CLOCK, Clock
 from skypurza.events.cluster_events import (
@@ -49,22 +54,24 @@ from skypurza.events.contract import BusAccess
 from skypurza.events.service import LoopContract, declared_bus
 from skypurza.events.task_events import PlacementFailed, ProvisionFailed
 
-from . import delivery, rules
+from . import claims, delivery, rules
 from .settings import AlertSettings, Webhook
 
 log = logging.getLogger("skypurza.alerts")
 
 QUEUE_PER_WEBHOOK = 1000
+MAX_WAITING = 10_000  # messages another instance's claim holds, looked at again each round
 
 CONTRACT = LoopContract(
     name="alerts",
     reads=(ClusterProvisioned, ClusterStarted, ClusterStopped, ClusterTerminated, AutostopSet, JobQueued, JobStarted,
            JobSucceeded, JobFailed, JobCancelled, ManagedJobSubmitted, ManagedJobStatusChanged, OrphanFound,
            GpuUnhealthy, TaskHeld, TaskAdmitted, PlacementFailed, ProvisionFailed, AlertRaised, AlertResolved,
-           AlertDelivered, BudgetThresholdCrossed),
-    emits=(AlertRaised, AlertResolved, AlertDelivered),
+           AlertDelivered, AlertDeliveryClaimed, BudgetThresholdCrossed),
+    emits=(AlertRaised, AlertResolved, AlertDeliveryClaimed, AlertDelivered),
     emit_notes={AlertRaised: "a rule's condition began (judged every eval_s over the folded log)",
                 AlertResolved: "that condition no longer holds",
+                AlertDeliveryClaimed: "before a post; of several instances, the one whose claim is stored first posts",
                 AlertDelivered: "a webhook took the message, or the bounded retries gave up"},
     bus=BusAccess(dead_letters="read"),  # the dead_letters rule follows what services park
 )
@@ -72,11 +79,13 @@ CONTRACT = LoopContract(
 
 @dataclass
 class Book:
-    """The alerts as the log tells them: what fires now, how often each key fired, what was sent."""
+    """The alerts as the log tells them: what fires now, how often each key fired, what was sent
+    and who is sending what."""
 
     firing: dict[str, AlertRaised] = field(default_factory=dict)
     occurrences: dict[str, int] = field(default_factory=dict)
-    delivered: set[tuple[str, int, str, str]] = field(default_factory=set)  # key, occurrence, what, webhook
+    delivered: set[claims.MessageKey] = field(default_factory=set)
+    claims: dict[claims.MessageKey, claims.Claim] = field(default_factory=dict)  # until delivered
 
     def apply(self, event: object) -> None:
         if isinstance(event, AlertRaised):
@@ -89,8 +98,14 @@ class Book:
             if raised is not None and raised.occurrence <= event.occurrence:
                 del self.firing[event.key]
         elif isinstance(event, AlertDelivered):
+            k = (event.key, event.occurrence, event.what, event.webhook_id)
+            self.claims.pop(k, None)
             if len(self.delivered) < 1_000_000:
-                self.delivered.add((event.key, event.occurrence, event.what, event.webhook_id))
+                self.delivered.add(k)
+        elif isinstance(event, AlertDeliveryClaimed):
+            k = (event.key, event.occurrence, event.what, event.webhook_id)
+            if k not in self.delivered and len(self.claims) < 1_000_000:
+                claims.fold(self.claims, k, claims.Claim(event.claimant, event.round, event.until))
 
 
 def message_of(stage: str, ev: AlertRaised | AlertResolved, raised: AlertRaised | None = None) -> delivery.Message:
@@ -116,6 +131,8 @@ class AlertsService:
         self.bus: Bus | None = None
         self._send, self._sleep = send, sleep
         self._queues: dict[str, asyncio.Queue[delivery.Message]] = {}
+        self.me = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this process, as its claims name it
+        self._waiting: dict[claims.MessageKey, tuple[Webhook, delivery.Message]] = {}
         self._tasks: list[asyncio.Task] = []
         self._caught_up = asyncio.Event()
         self._ready = asyncio.Event()
@@ -147,6 +164,7 @@ class AlertsService:
             while not stop.is_set():
                 try:
                     await self.judge()
+                    self._look_again()
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # a publish failed (the bus is away): the next round tries again
@@ -245,11 +263,67 @@ class AlertsService:
             if (m.key, m.occurrence, m.what, hook.id) in self.book.delivered:
                 continue
             try:
+                mine = await self._claim(hook, m)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the claim could not be appended (the bus is away): the next round tries again
+                log.exception("alerts: could not claim %s for %s", m.key, hook.id)
+                self._wait_for(hook, m)
+                continue
+            if not mine:
+                continue
+            try:
                 await self._deliver(hook, m)
             except asyncio.CancelledError:
                 raise
             except Exception:  # recording the outcome failed (the bus is away): logged, the loop goes on
                 log.exception("alerts: delivery of %s to %s could not be recorded", m.key, hook.id)
+
+    async def _claim(self, hook: Webhook, m: delivery.Message) -> bool:
+        """Whether this instance posts `m` to `hook` (claims.py); if another's claim holds it, the
+        message waits for the next rounds to look again."""
+        assert self.bus is not None
+        k = (m.key, m.occurrence, m.what, hook.id)
+        now = self.clock.now()
+        step, round_ = claims.next_step(self.book.claims.get(k), k in self.book.delivered, self.me, now)
+        if step in ("done", "deliver"):
+            return step == "deliver"
+        if step == "wait":
+            self._wait_for(hook, m)
+            return False
+        ev = AlertDeliveryClaimed(key=m.key, occurrence=m.occurrence, what=m.what, webhook_id=hook.id,  # type: ignore[arg-type]
+                                  claimant=self.me, round=round_, until=claims.lease(self.settings, now), at=now)
+        ack = await self.bus.publish(self.bus.envelope(
+            ev, id=derive_id(m.key, CONTRACT.name, f"claim:{m.occurrence}:{m.what}:{hook.id}:{round_}"), time=now))
+        if ack.duplicate:  # stored before: another instance's claim (or ours, whose first ack was lost)
+            self._wait_for(hook, m)
+            return False
+        self.book.apply(ev)
+        return True
+
+    def _wait_for(self, hook: Webhook, m: delivery.Message) -> None:
+        if len(self._waiting) >= MAX_WAITING:
+            log.warning("alerts: %d messages wait on other instances' claims; message for %s dropped",
+                        len(self._waiting), m.key)
+            return
+        self._waiting[(m.key, m.occurrence, m.what, hook.id)] = (hook, m)
+
+    def _look_again(self) -> None:
+        """Each round: the messages other instances' claims held, queued again once they are this
+        instance's to post (the claim lapsed, or it was ours) and dropped once delivered."""
+        now = self.clock.now()
+        for k, (hook, m) in list(self._waiting.items()):
+            step, _ = claims.next_step(self.book.claims.get(k), k in self.book.delivered, self.me, now)
+            if step == "wait":
+                continue
+            if step != "done":
+                try:
+                    self._queues[hook.id].put_nowait(m)
+                except asyncio.QueueFull:  # the webhook is behind: it stays here for a later round
+                    continue
+                except KeyError:  # not a webhook of this instance's settings
+                    pass
+            del self._waiting[k]
 
     async def _deliver(self, hook: Webhook, m: delivery.Message) -> None:
         assert self.bus is not None
