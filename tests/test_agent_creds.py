@@ -261,7 +261,7 @@ def _control() -> BusCredentials:
     return read_credentials(credentials_file(naming.bus_credentials_dir(STAGE), naming.BUS_CONTROL_USER))
 
 
-async def _live(url: str, creds: BusCredentials, timeout: float = 5.0) -> None:
+async def _live(url: str, creds: BusCredentials, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
