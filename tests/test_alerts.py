@@ -506,6 +506,45 @@ def test_a_stopped_instances_claim_is_taken_over_once_it_lapses(nats_server) -> 
     asyncio.run(main())
 
 
+def test_a_stopping_instance_gives_up_its_claims_and_the_next_posts_at_once(nats_server) -> None:
+    receiver = Receiver(fail=1)  # the first post fails: the first instance is stopped while it backs off
+    hooks = (Webhook(receiver.url + "/json", "json"),)
+    slow = AlertSettings(eval_s=0.1, webhooks=hooks, attempts=5, backoff_s=60, timeout_s=2)
+    quick = AlertSettings(eval_s=0.1, webhooks=hooks, attempts=3, backoff_s=0.05, timeout_s=2)
+
+    async def main() -> None:
+        bus = await connect_bus(nats_server)
+        await bus.publish(_provisioned("gpubox", idle_minutes=5))
+        await bus.publish(_gpu("gpubox"))
+        stop = asyncio.Event()
+        first = AlertsService(slow)
+        task = asyncio.create_task(first.run(bus, stop))
+        await asyncio.wait_for(first.serving(), 20)
+        await _until("the first attempt made", lambda: receiver.posts.get("/json"))
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        evs = await _alert_events(bus)
+        claimed = [(e.round, e.claimant, e.until > e.at) for e in evs if isinstance(e, AlertDeliveryClaimed)]
+        assert claimed == [(1, first.me, True), (2, first.me, False)]  # claimed, then given up, lapsed as made
+        # The next instance posts it in its first rounds, not a lease (~2 min with these settings) later.
+        stop = asyncio.Event()
+        second = AlertsService(quick)
+        task = asyncio.create_task(second.run(bus, stop))
+        try:
+            await asyncio.wait_for(second.serving(), 20)
+            await _until("the message taken", lambda: receiver.taken.get("/json"), timeout=10)
+            evs = await _until_events(bus, lambda evs: any(isinstance(e, AlertDelivered) for e in evs))
+            assert [(e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed)][-1] == (3, second.me)
+            assert len(receiver.taken["/json"]) == 1
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await bus.close()
+            receiver.close()
+
+    asyncio.run(main())
+
+
 def test_cli_history_folds_occurrences() -> None:
     t = ManualClock().now()
     evs = [AlertRaised(key="k", kind="orphan", subject="i-1", raised_at=t),

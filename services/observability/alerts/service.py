@@ -11,7 +11,8 @@ delivers to the configured webhooks (delivery.py).
   attempt's failure is a log line only (a flapping receiver must not fill the event log).
 - Several instances (high availability, or two started at once) post each message once: before
   a post an instance claims it on the log (AlertDeliveryClaimed, claims.py); the first claim
-  stored posts, the others wait and take the message over only if that claim lapses undelivered.
+  stored posts, the others wait and take the message over only if that claim lapses undelivered
+  (a stopping instance gives up its claims at once: the next round of another posts them).
 - A receiver failing never stops the service: each webhook has its own worker and bounded queue
   (a slow one holds up no other, a full queue drops the newest with a warning line).
 - `spz alerts list` reads the events back (services/observability/alerts/cli.py).
@@ -60,6 +61,7 @@ from .settings import AlertSettings, Webhook
 log = logging.getLogger("skypurza.alerts")
 
 QUEUE_PER_WEBHOOK = 1000
+RELEASE_TIMEOUT_S = 2.0  # each claim given up at a stop: a stop never waits long on a bus that is away
 MAX_WAITING = 10_000  # messages another instance's claim holds, looked at again each round
 
 CONTRACT = LoopContract(
@@ -180,6 +182,28 @@ class AlertsService:
         tasks, self._tasks = self._tasks, []
         if tasks:
             await stop_tasks(*tasks)
+            await self._release()
+
+    async def _release(self) -> None:
+        """On a stop: the claims this instance holds on undelivered messages, given up on the
+        log (the next round's claim, lapsed as it is made), so another instance, or this one
+        restarted, posts them at its next round rather than after the lease. Best effort: with
+        the bus away they lapse at their `until` as a crashed instance's do."""
+        if self.bus is None:
+            return
+        now = self.clock.now()
+        for (key, occurrence, what, hook_id), claim in list(self.book.claims.items()):
+            if claim.claimant != self.me:
+                continue
+            ev = AlertDeliveryClaimed(key=key, occurrence=occurrence, what=what, webhook_id=hook_id,  # type: ignore[arg-type]
+                                      claimant=self.me, round=claim.round + 1, until=now, at=now)
+            try:
+                await self.bus.publish(self.bus.envelope(
+                    ev, id=derive_id(key, CONTRACT.name, f"claim:{occurrence}:{what}:{hook_id}:{claim.round + 1}"),
+                    time=now), retries=1, timeout=RELEASE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - stopping: the claim lapses at its until instead
+                log.warning("alerts: could not give up the claim on %s for %s: %r", key, hook_id, exc)
+                return
 
     # ------------------------------------------------------------ what the log says
 
