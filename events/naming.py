@@ -591,6 +591,13 @@ def parameter(stage: str, component: str, purpose: str) -> str:
     return f"{log_group(stage, component)}/{purpose}"
 
 
+def alerts_webhooks_secret(stage: str) -> str:
+    """The Secrets Manager secret of a deployment's alert webhooks (infra/services.py):
+    `/skypurza/<stage>/alerts/webhooks`, its value `{"slack": "URL,...", "json": "URL,..."}`, which
+    ECS hands the alerts container as its two webhook variables (a Slack URL is a credential)."""
+    return parameter(stage, "alerts", "webhooks")
+
+
 def bus_user_secret(stage: str, user: str) -> str:
     """The Secrets Manager secret of one user of a stage's secured bus (infra/bus.py):
     `/skypurza/<stage>/bus/users/<user>`, its value `{"user": ..., "password": ...}` (the shape of

@@ -24,8 +24,9 @@ API = "api"
 # Every one of them (tests/test_infra.py checks it against cli/serve.py and the entry points): one
 # left out here means what it alone emits never comes (dispatch's TaskAdmitted: once a dispatch
 # policy is applied, the optimizer would wait for every task for ever).
+ALERTS = "alerts"  # the one service given a secret besides its bus user's: its webhooks (infra/services.py)
 SERVICES = ("optimizer", "provisioner", "recovery", "status", "mirror", "ledger", "dispatch", "observability",
-            "gpuhealth", "alerts")
+            "gpuhealth", ALERTS)
 # Each is the one writer of its state (the launches, a DuckDB file) or, dispatch, decides from a
 # fold of only the events handed to it (services/dispatch/service.py): never two tasks at once.
 SINGLE_WRITERS = ("provisioner", "status", "ledger", "dispatch")

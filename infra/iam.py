@@ -13,7 +13,7 @@ from constructs import Construct
 
 from skypurza.events import naming
 
-from .config import API, SERVICES, StageConfig
+from .config import ALERTS, API, SERVICES, StageConfig
 
 ECS_TASKS = "ecs-tasks.amazonaws.com"
 
@@ -99,7 +99,8 @@ def bus_user_secret_arn(cfg: StageConfig, user: str) -> str:
 
 def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]:
     """Pull the image from the bootstrap's asset repository; write the service's own log group;
-    read the service's own bus user's secret (ECS puts it in the container's environment)."""
+    read the service's own bus user's secret (ECS puts it in the container's environment), and
+    the alerts service the webhooks' secret as well."""
     repo = DefaultStackSynthesizer.DEFAULT_IMAGE_ASSETS_REPOSITORY_NAME.replace(
         "${Qualifier}", DefaultStackSynthesizer.DEFAULT_QUALIFIER).replace(
         "${AWS::AccountId}", cfg.account).replace("${AWS::Region}", cfg.region)
@@ -111,8 +112,15 @@ def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]
                             resources=[f"arn:aws:ecr:{cfg.region}:{cfg.account}:repository/{repo}"]),
         iam.PolicyStatement(actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[f"{group}:*"]),
         iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
-                            resources=[bus_user_secret_arn(cfg, service)]),
+                            resources=[bus_user_secret_arn(cfg, service)]
+                            + ([alerts_webhooks_secret_arn(cfg)] if service == ALERTS else [])),
     ]
+
+
+def alerts_webhooks_secret_arn(cfg: StageConfig) -> str:
+    """The alerts webhooks' secret (infra/services.py) by its name, as bus_user_secret_arn."""
+    return (f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:"
+            f"{naming.alerts_webhooks_secret(cfg.stage)}-??????")
 
 
 class IamStack(Stack):

@@ -5,23 +5,28 @@ EC2 container hosts, with counts from the config; the API server behind a load b
 Each container connects to the secured bus as its own user (the service's contract name; the
 API server's is `api`): ECS reads that one secret into SKYPURZA_NATS_USER and
 SKYPURZA_NATS_PASSWORD (events/natscreds.py), never another's, and its execution role may read
-that one only (infra/iam.py)."""
+that one only (infra/iam.py). The alerts container gets its webhooks too, from a secret of their
+own (a Slack URL is a credential): made here with empty `slack` and `json` keys, which the
+operator fills (docs/deploy.md, *Alert webhooks*)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 from aws_cdk import CfnOutput, Duration, Stack, aws_autoscaling as autoscaling, aws_ec2 as ec2, aws_ecs as ecs, \
     aws_elasticloadbalancingv2 as elbv2, aws_iam as iam, aws_logs as logs, aws_route53 as route53, \
-    aws_route53_targets as targets
+    aws_route53_targets as targets, aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from skypurza.events import naming
 from skypurza.events.natscreds import PASSWORD_ENV, USER_ENV
+from skypurza.services.observability.alerts.settings import WEBHOOKS_SECRET_KEYS
 
 from . import dns, iam as spziam
 from .bus import BusStack
-from .config import API, BUS_NODES, SERVICES, SINGLE_WRITERS, StageConfig
+from .config import ALERTS, API, BUS_NODES, SERVICES, SINGLE_WRITERS, StageConfig
 from .network import API_PORT, NetworkStack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +70,12 @@ def bus_secrets(bus: BusStack, service: str) -> dict[str, ecs.Secret]:
             PASSWORD_ENV: ecs.Secret.from_secrets_manager(secret, "password")}
 
 
+def alerts_webhooks_secrets(secret: secretsmanager.ISecret) -> dict[str, ecs.Secret]:
+    """The alerts container's webhook variables, each from its key of the webhooks' secret (an
+    empty key is no webhook: events/settings.py counts an empty variable as unset)."""
+    return {env: ecs.Secret.from_secrets_manager(secret, key) for key, env in WEBHOOKS_SECRET_KEYS.items()}
+
+
 def environment(cfg: StageConfig) -> dict[str, str]:
     return {"SKYPURZA_NATS_URL": nats_url(cfg), "SKYPURZA_STAGE": cfg.serves,
             "SKYPURZA_REPLICAS": str(BUS_NODES),  # streams a service creates are R3 (events/bus.py)
@@ -99,6 +110,14 @@ class ServicesStack(Stack):
                                            enable_managed_termination_protection=False)
         self.cluster.add_asg_capacity_provider(provider)
 
+        # The keys exist from the start (ECS refuses to start a task whose secret lacks one), empty;
+        # Secrets Manager draws the value of one more, `unused`, so that no value is in the template.
+        self.alerts_webhooks = secretsmanager.Secret(
+            self, "AlertsWebhooks", secret_name=naming.alerts_webhooks_secret(s),
+            description="the alerts service's webhook URLs: comma-separated under slack and json (docs/deploy.md)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=json.dumps({key: "" for key in WEBHOOKS_SECRET_KEYS}),
+                generate_string_key="unused", exclude_punctuation=True, password_length=8))
         image = ecs.ContainerImage.from_asset(str(REPO), exclude=image_excludes())
         self.services: dict[str, ecs.Ec2Service] = {}
         for service in (*SERVICES, API):
@@ -116,7 +135,8 @@ class ServicesStack(Stack):
                 "app", image=image, command=service_command(service, cfg) if service != API else None,
                 entry_point=service_command(service, cfg) if service == API else None,
                 memory_reservation_mib=MEMORY_MIB.get(service, DEFAULT_MEMORY_MIB),
-                environment=environment(cfg), secrets=bus_secrets(bus, service),
+                environment=environment(cfg), secrets={**bus_secrets(bus, service), **(
+                    alerts_webhooks_secrets(self.alerts_webhooks) if service == ALERTS else {})},
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=service, log_group=logs.LogGroup.from_log_group_name(
                     self, f"{service.capitalize()}Logs", naming.log_group(s, service))))
             if service in ("status", "ledger"):

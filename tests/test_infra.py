@@ -418,6 +418,7 @@ def test_every_bus_user_has_a_secret_whose_password_secrets_manager_draws(dep):
 
 def test_every_service_container_gets_exactly_its_own_bus_users_secret(dep):
     from skypurza.events.natscreds import CREDS_ENV, PASSWORD_ENV, USER_ENV
+    from skypurza.services.observability.alerts.settings import JSON_WEBHOOKS_ENV, SLACK_WEBHOOKS_ENV
 
     infra = load_infra()
     checked = 0
@@ -426,22 +427,51 @@ def test_every_service_container_gets_exactly_its_own_bus_users_secret(dep):
         secret_names = _bus_secrets(st)
         # what each export of the bus stack is (the services stack imports the secrets' ARNs)
         exports = {o["Export"]["Name"]: o["Value"] for o in bus.get("Outputs", {}).values() if "Export" in o}
+        # the services stack's own secret: the alerts webhooks'
+        local = {k: r["Properties"]["Name"] for k, r in resources(st.services, "AWS::SecretsManager::Secret").items()}
+        webhooks = naming.alerts_webhooks_secret(stage)
         for task in resources(st.services, "AWS::ECS::TaskDefinition").values():
             family = task["Properties"]["Family"]
             (service,) = [s for s in (*infra.config.SERVICES, infra.config.API)
                           if family == naming.name(stage, s, "task")]
             (container,) = task["Properties"]["ContainerDefinitions"]
             env = {e["Name"] for e in container.get("Environment", [])}
-            assert not env & {USER_ENV, PASSWORD_ENV, CREDS_ENV}, (stage, service)  # never a plain value
+            assert not env & {USER_ENV, PASSWORD_ENV, CREDS_ENV, SLACK_WEBHOOKS_ENV, JSON_WEBHOOKS_ENV}, \
+                (stage, service)  # never a plain value
             got = {}
             for s in container.get("Secrets", []):
                 join = s["ValueFrom"]["Fn::Join"][1]
+                if "Ref" in join[0]:
+                    got[s["Name"]] = (local[join[0]["Ref"]], join[1])
+                    continue
                 ref = exports[join[0]["Fn::ImportValue"]]
                 got[s["Name"]] = (secret_names[ref["Ref"]], join[1])
             own = naming.bus_user_secret(stage, service)  # the API server's user is `api`, a service's its contract's
-            assert got == {USER_ENV: (own, ":user::"), PASSWORD_ENV: (own, ":password::")}, (stage, service)
+            expected = {USER_ENV: (own, ":user::"), PASSWORD_ENV: (own, ":password::")}
+            if service == "alerts":  # its webhooks as well, each variable from its key
+                expected |= {SLACK_WEBHOOKS_ENV: (webhooks, ":slack::"), JSON_WEBHOOKS_ENV: (webhooks, ":json::")}
+            assert got == expected, (stage, service)
             checked += 1
     assert checked == len(dep.stages) * (len(infra_services()) + 1)
+
+
+def test_the_alerts_webhooks_secret_starts_with_empty_keys_that_the_settings_read_as_no_webhook(dep):
+    from skypurza.services.observability.alerts.settings import (
+        JSON_WEBHOOKS_ENV, SLACK_WEBHOOKS_ENV, WEBHOOKS_SECRET_KEYS, AlertSettings,
+    )
+
+    assert WEBHOOKS_SECRET_KEYS == {"slack": SLACK_WEBHOOKS_ENV, "json": JSON_WEBHOOKS_ENV}
+    for stage, st in dep.stages.items():
+        (props,) = [r["Properties"] for r in resources(st.services, "AWS::SecretsManager::Secret").values()]
+        assert props["Name"] == naming.alerts_webhooks_secret(stage) and "SecretString" not in props
+        gen = props["GenerateSecretString"]
+        assert json.loads(gen["SecretStringTemplate"]) == {"slack": "", "json": ""}, stage
+        assert gen["GenerateStringKey"] not in WEBHOOKS_SECRET_KEYS  # the drawn key is none the container reads
+    # What ECS sets from the keys as made (empty): no webhook; once filled, each URL a webhook.
+    assert AlertSettings.load(env={SLACK_WEBHOOKS_ENV: "", JSON_WEBHOOKS_ENV: ""}, config={}).webhooks == ()
+    filled = AlertSettings.load(env={SLACK_WEBHOOKS_ENV: "https://hooks.slack.example/T1/B2/x",
+                                     JSON_WEBHOOKS_ENV: "https://a.example/hook,https://b.example/hook"}, config={})
+    assert [h.form for h in filled.webhooks] == ["slack", "json", "json"]
 
 
 def test_execution_roles_read_their_own_secret_and_no_other_role_reads_any(dep):
@@ -453,8 +483,10 @@ def test_execution_roles_read_their_own_secret_and_no_other_role_reads_any(dep):
         for service in (*infra.config.SERVICES, infra.config.API):
             statements = _secret_statements(tmpl, roles[naming.role_name(stage, service, "exec")])
             arns = [r for s in statements for r in _as_list(s["Resource"])]
-            assert arns == [f"arn:aws:secretsmanager:{st.cfg.region}:{st.cfg.account}:secret:"
-                            f"{naming.bus_user_secret(stage, service)}-??????"], (stage, service)
+            secret_arn = f"arn:aws:secretsmanager:{st.cfg.region}:{st.cfg.account}:secret:{{}}-??????"
+            assert arns == [secret_arn.format(naming.bus_user_secret(stage, service))] + (
+                [secret_arn.format(naming.alerts_webhooks_secret(stage))] if service == "alerts" else []), \
+                (stage, service)
             assert [a for s in statements for a in _as_list(s["Action"])] == ["secretsmanager:GetSecretValue"]
             assert _secret_statements(tmpl, roles[naming.role_name(stage, service, "task")]) == []
     # nowhere else: no other stack's role, and no resource policy opening a secret to anyone

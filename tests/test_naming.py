@@ -24,6 +24,7 @@ def test_physical_names_roles_log_groups_and_parameters():
     assert naming.parameter("prod", "bus", "streams") == "/skypurza/prod/bus/streams"
     assert naming.bus_node_host("dr_use1", 2) == "n2.dr-use1.bus.skypurza.internal"
     assert naming.bus_user_secret("dr_use1", "api") == "/skypurza/dr_use1/bus/users/api"
+    assert naming.alerts_webhooks_secret("dr_use1") == "/skypurza/dr_use1/alerts/webhooks"
     # DR's nodes read prod's leaf secret (its replica in their region) by this name
     assert naming.bus_user_secret("prod", naming.BUS_LEAF_USER) == "/skypurza/prod/bus/users/leaf"
     with pytest.raises(ValueError):
@@ -44,10 +45,11 @@ def test_name_patterns_accept_the_functions_and_refuse_other_stages():
     good = [naming.name("prod", "net", "bus"), naming.role_name("prod", "api", "exec"),
             naming.infra_bucket("prod", "exports", "111111111111"), naming.load_balancer("prod", "api"),
             naming.log_group("prod", "bus"), naming.bus_dns_zone("prod"), naming.bus_node_host("prod", 3),
-            naming.bus_user_secret("prod", "api"), naming.bus_user_secret("prod", naming.BUS_CONTROL_USER)]
+            naming.bus_user_secret("prod", "api"), naming.bus_user_secret("prod", naming.BUS_CONTROL_USER),
+            naming.alerts_webhooks_secret("prod")]
     assert all(any(p.fullmatch(g) for p in pats) for g in good)
     for bad in (naming.name("beta", "net", "bus"), "my-handmade-bucket", "/aws/codebuild/x",
-                naming.bus_user_secret("beta", "api")):
+                naming.bus_user_secret("beta", "api"), naming.alerts_webhooks_secret("beta")):
         assert not any(p.fullmatch(bad) for p in pats)
 
 

@@ -24,6 +24,11 @@ from typing import Any
 
 from skypurza.events.settings import SettingsError, Sources
 
+SLACK_WEBHOOKS_ENV = "SKYPURZA_ALERTS_SLACK_WEBHOOKS"
+JSON_WEBHOOKS_ENV = "SKYPURZA_ALERTS_JSON_WEBHOOKS"
+# The keys of a deployment's webhooks secret (naming.alerts_webhooks_secret; infra/services.py),
+# each handed to the alerts container as the variable beside it.
+WEBHOOKS_SECRET_KEYS = {"slack": SLACK_WEBHOOKS_ENV, "json": JSON_WEBHOOKS_ENV}
 MONTH_S = 30 * 86400.0
 MAX_WEBHOOKS = 10
 MAX_URL = 2048
@@ -72,8 +77,8 @@ class AlertSettings:
     def load(cls, env: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> AlertSettings:
         src = Sources.load(env, config)
         b = cls()
-        hooks = (_webhooks(src, "SKYPURZA_ALERTS_SLACK_WEBHOOKS", "alerts.slack_webhooks", "slack")
-                 + _webhooks(src, "SKYPURZA_ALERTS_JSON_WEBHOOKS", "alerts.json_webhooks", "json"))
+        hooks = (_webhooks(src, SLACK_WEBHOOKS_ENV, "alerts.slack_webhooks", "slack")
+                 + _webhooks(src, JSON_WEBHOOKS_ENV, "alerts.json_webhooks", "json"))
         if len(hooks) > MAX_WEBHOOKS:
             raise SettingsError(f"alerts: {len(hooks)} webhooks; at most {MAX_WEBHOOKS}")
         return cls(
