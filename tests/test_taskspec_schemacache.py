@@ -103,6 +103,26 @@ def test_an_entry_is_used_only_while_every_file_that_shaped_it_is_unchanged(tmp_
     assert _probe(tmp_path)["source"]["Task"] == "built"
 
 
+def test_two_installs_for_one_user_never_take_each_others_entries(tmp_path: Path) -> None:
+    import shutil
+
+    import skypurza
+
+    home = tmp_path / "home"
+    assert _probe(home)["source"]["Task"] == "built"
+    assert _probe(home)["source"]["Task"] == "cache"
+    # A second install of the package (another virtualenv, a checkout), the same user and home:
+    # its model files are other files, which the first install's stamps say nothing of.
+    other = tmp_path / "other"
+    shutil.copytree(Path(skypurza.__file__).parent, other / "skypurza", ignore=shutil.ignore_patterns(
+        "tests", "docs", "bench", "infra", "examples", ".git", "__pycache__", "*.egg-info", "build"))
+    copy = _probe(home, PYTHONPATH=str(other))
+    assert copy["source"]["Task"] == "built"  # not the first install's entry, however unchanged its files
+    assert copy["verdicts"] == _probe(home)["verdicts"]
+    assert _probe(home, PYTHONPATH=str(other))["source"]["Task"] == "cache"  # its own entry, next time
+    assert _probe(home)["source"]["Task"] == "cache"  # and the first install's is still its own
+
+
 def test_unchanged_compares_mtime_and_size(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("a")

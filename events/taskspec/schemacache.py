@@ -12,8 +12,10 @@ The cached schema is used only while everything that shaped it is unchanged: the
 each module file of ours loaded at the build (the task models, `events/limits.py`, whatever else
 was loaded by then) and of the libraries that generate schemas (pydantic, pydantic-core,
 annotated_types, typing_extensions, typing_inspection), with its mtime and size — as Python's own bytecode cache does — and the key
-names the Python, pydantic and pydantic-core versions and the model. An edit, an upgrade or a
-checkout builds again. A model with a pydantic plug-in, computed fields or deprecated fields is
+names the Python, pydantic and pydantic-core versions, the model and the file that defines it, so
+two installs of spz for one user (a virtualenv and a checkout, two virtualenvs) never take each
+other's entries: the stamps of one install say nothing of the other's files. An edit, an upgrade
+or a checkout builds again. A model with a pydantic plug-in, computed fields or deprecated fields is
 never cached (their build does more than the schema), nor one built with a forced rebuild.
 
 A pickle runs code when read, so only a file that this user owns and nobody else may write, in
@@ -59,7 +61,8 @@ def cache_file(model: type) -> Path:
     import pydantic
     import pydantic_core
 
-    key = "\0".join((str(FORMAT), sys.version, pydantic.VERSION, pydantic_core.__version__,
+    defined_in = getattr(sys.modules.get(model.__module__), "__file__", None) or ""
+    key = "\0".join((str(FORMAT), sys.version, pydantic.VERSION, pydantic_core.__version__, defined_in,
                      model.__module__, model.__qualname__))
     return naming.schema_cache_file(hashlib.sha256(key.encode()).hexdigest()[:32])
 
