@@ -269,7 +269,9 @@ async def _live(url: str, creds: BusCredentials, timeout: float = 30.0) -> None:
                                     connect_timeout=2)
             await nc.close()
             return
-        except nats.errors.Error:
+        # Not yet known: "Authorization Violation", or the reset of the socket the server closes
+        # right after saying so, read before the -ERR line (as _refused_at_connect says).
+        except (nats.errors.Error, OSError):
             assert asyncio.get_running_loop().time() < deadline, f"{creds.user} never became live"
             await asyncio.sleep(0.1)
 
