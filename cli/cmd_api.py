@@ -370,15 +370,14 @@ def api_compose_secrets(
                                                     "${SKYPURZA_BUS_SECRETS:-./bus-secrets} (default: ./bus-secrets)."),
     output: str = typer.Option("table", "-o", "--output", help="table or json."),
 ) -> None:
-    """Draw the bus credentials of a compose deployment (compose.yaml) into DIR, once before
-    `docker compose up`.
+    """Draw the bus credentials of a compose deployment (compose.yaml) into DIR, once before `docker compose up`.
 
-    One 0600 file per bus user under DIR/bus-users/ (compose hands each container its own only),
-    every user's bcrypt hash, from which each NATS node writes its own authorization block
-    (DIR/nats-node-users.json: no node holds a usable password), and the stage they are for
-    (DIR/stage). The stage is spz's (--stage, SKYPURZA_STAGE), the variable compose reads: the
-    nodes and compose's set-up container refuse to start a deployment of another stage. Safe to
-    run again (also two at once): passwords already there are kept, the hashes are drawn anew."""
+    One 0600 file per bus user under DIR/bus-users/ (compose hands each container its own only), every user's bcrypt hash, from which each NATS node writes its own authorization block (DIR/nats-node-users.json: no node holds a usable password), and the stage they are for (DIR/stage).
+
+    The stage is spz's (--stage, SKYPURZA_STAGE), the variable compose reads: the nodes and compose's set-up container refuse to start a deployment of another stage.
+
+    Safe to run again (also two at once): passwords already there are kept, the hashes are drawn anew.
+    """
     check_output(output)
     import os
 
