@@ -89,12 +89,15 @@ def task_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]
     return []
 
 
+def secret_arn(cfg: StageConfig, name: str) -> str:
+    """A stage's secret by its name: Secrets Manager appends `-` and six random characters to a
+    secret's ARN, which `??????` matches and nothing longer (a secret `api-x` is not `api`'s)."""
+    return f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:{name}-??????"
+
+
 def bus_user_secret_arn(cfg: StageConfig, user: str) -> str:
-    """A bus user's secret (infra/bus.py) by its name: Secrets Manager appends `-` and six random
-    characters to a secret's ARN, which `??????` matches and nothing longer (a secret `api-x`
-    is not `api`'s)."""
-    return (f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:"
-            f"{naming.bus_user_secret(cfg.stage, user)}-??????")
+    """A bus user's secret (infra/bus.py)."""
+    return secret_arn(cfg, naming.bus_user_secret(cfg.stage, user))
 
 
 def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]:
@@ -113,14 +116,9 @@ def exec_statements(cfg: StageConfig, service: str) -> list[iam.PolicyStatement]
         iam.PolicyStatement(actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[f"{group}:*"]),
         iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
                             resources=[bus_user_secret_arn(cfg, service)]
-                            + ([alerts_webhooks_secret_arn(cfg)] if service == ALERTS else [])),
+                            + ([secret_arn(cfg, naming.alerts_webhooks_secret(cfg.stage))] if service == ALERTS
+                               else [])),
     ]
-
-
-def alerts_webhooks_secret_arn(cfg: StageConfig) -> str:
-    """The alerts webhooks' secret (infra/services.py) by its name, as bus_user_secret_arn."""
-    return (f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:"
-            f"{naming.alerts_webhooks_secret(cfg.stage)}-??????")
 
 
 class IamStack(Stack):

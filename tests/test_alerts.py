@@ -6,6 +6,7 @@ Debian's `promtool`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -397,6 +398,13 @@ def test_who_posts_a_message_follows_the_claim_on_the_log() -> None:
     assert delivery.longest_s(1, 2.0, 10.0) == 10.0 + delivery.ATTEMPT_GRACE_S
     cfg = AlertSettings(attempts=3, backoff_s=2.0, timeout_s=10.0)
     assert claims.lease(cfg, now) == now + timedelta(seconds=51.0 + claims.CLOCK_MARGIN_S)
+    # A claim's hold is bounded from when it was made: a clock years ahead holds a message for
+    # hours, not for ever, and no delivery the settings allow outlasts the bound.
+    bogus = claims.claim_of("skewed", 1, now, now + timedelta(days=3650))
+    assert bogus.until == now + timedelta(seconds=claims.MAX_CLAIM_S)
+    assert claims.next_step(bogus, False, "me", bogus.until) == ("claim", 2)
+    assert claims.claim_of("a", 1, now, later).until == later
+    assert delivery.longest_s(20, 300.0, 60.0) + claims.CLOCK_MARGIN_S < claims.MAX_CLAIM_S  # settings.py's bounds
 
 
 def test_the_book_folds_claims_until_the_message_is_delivered() -> None:
@@ -411,6 +419,19 @@ def test_the_book_folds_claims_until_the_message_is_delivered() -> None:
     assert book.claims == {}
 
 
+@contextlib.asynccontextmanager
+async def _serving(bus, *services: AlertsService):
+    """The services running on `bus` until the block ends (then stopped, as a SIGTERM stops one)."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(s.run(bus, stop)) for s in services]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.serving() for s in services)), 20)
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
 def _two_hooks(receiver: Receiver) -> tuple[Webhook, Webhook]:
     return Webhook(receiver.url + "/slack", "slack"), Webhook(receiver.url + "/json", "json")
 
@@ -423,32 +444,29 @@ def test_two_instances_judging_the_same_round_post_each_message_once(nats_server
 
     async def main() -> None:
         bus = await connect_bus(nats_server)
-        stop = asyncio.Event()
         a, b = AlertsService(cfg), AlertsService(cfg)
-        tasks = [asyncio.create_task(s.run(bus, stop)) for s in (a, b)]
         try:
-            await asyncio.wait_for(asyncio.gather(a.serving(), b.serving()), 20)
-            await bus.publish(_provisioned("gpubox", idle_minutes=5))
-            await bus.publish(_gpu("gpubox"))
-            await _until("both instances folded the GPU finding",
-                         lambda: all("gpu_unhealthy" in {x.kind for x in rules.firing(s.state, SYSTEM_CLOCK.now(), cfg).values()}
-                                     for s in (a, b)))
-            raised_a, raised_b = await asyncio.gather(a.judge(), b.judge())
-            assert [e.kind for e in raised_a[0]] == [e.kind for e in raised_b[0]] == ["gpu_unhealthy"]
-            await _until("the alert taken by both webhooks",
-                         lambda: all(len(receiver.taken.get(p, [])) >= 1 for p in ("/slack", "/json")))
-            evs = await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
-            await asyncio.sleep(0.5)
-            assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
-            evs = await _alert_events(bus)
-            assert len([e for e in evs if isinstance(e, AlertRaised)]) == 1  # one stored: its id is derived
-            claimed = [e for e in evs if isinstance(e, AlertDeliveryClaimed)]
-            assert sorted(e.webhook_id for e in claimed) == sorted(h.id for h in cfg.webhooks)
-            assert {e.claimant for e in claimed} <= {a.me, b.me} and {e.round for e in claimed} == {1}
-            assert len([e for e in evs if isinstance(e, AlertDelivered)]) == 2
+            async with _serving(bus, a, b):
+                await bus.publish(_provisioned("gpubox", idle_minutes=5))
+                await bus.publish(_gpu("gpubox"))
+                await _until("both instances folded the GPU finding",
+                             lambda: all("gpu_unhealthy" in {x.kind for x in rules.firing(s.state, SYSTEM_CLOCK.now(),
+                                                                                          cfg).values()}
+                                         for s in (a, b)))
+                raised_a, raised_b = await asyncio.gather(a.judge(), b.judge())
+                assert [e.kind for e in raised_a[0]] == [e.kind for e in raised_b[0]] == ["gpu_unhealthy"]
+                await _until("the alert taken by both webhooks",
+                             lambda: all(len(receiver.taken.get(p, [])) >= 1 for p in ("/slack", "/json")))
+                await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
+                await asyncio.sleep(0.5)
+                assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
+                evs = await _alert_events(bus)
+                assert len([e for e in evs if isinstance(e, AlertRaised)]) == 1  # one stored: its id is derived
+                claimed = [e for e in evs if isinstance(e, AlertDeliveryClaimed)]
+                assert sorted(e.webhook_id for e in claimed) == sorted(h.id for h in cfg.webhooks)
+                assert {e.claimant for e in claimed} <= {a.me, b.me} and {e.round for e in claimed} == {1}
+                assert len([e for e in evs if isinstance(e, AlertDelivered)]) == 2
         finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks), 10)
             await bus.close()
             receiver.close()
 
@@ -483,23 +501,20 @@ def test_a_stopped_instances_claim_is_taken_over_once_it_lapses(nats_server) -> 
         for hook in cfg.webhooks:
             await bus.publish(AlertDeliveryClaimed(key=key, webhook_id=hook.id, claimant="gone", until=until, at=now),
                               id=derive_id(key, "alerts", f"claim:1:raised:{hook.id}:1"))
-        stop = asyncio.Event()
         svc = AlertsService(cfg)
-        task = asyncio.create_task(svc.run(bus, stop))
         try:
-            await asyncio.wait_for(svc.serving(), 20)
-            await asyncio.sleep(0.8)  # eight rounds while the claim holds: nothing is posted
-            assert receiver.posts == {}
-            await _until("the lapsed claim taken over", lambda: all(receiver.taken.get(p) for p in ("/slack", "/json")))
-            await asyncio.sleep(0.5)
-            assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
-            evs = await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
-            claimed = sorted((e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed))
-            assert claimed == [(1, "gone"), (1, "gone"), (2, svc.me), (2, svc.me)]
-            assert svc.book.claims == {}
+            async with _serving(bus, svc):
+                await asyncio.sleep(0.8)  # eight rounds while the claim holds: nothing is posted
+                assert receiver.posts == {}
+                await _until("the lapsed claim taken over",
+                             lambda: all(receiver.taken.get(p) for p in ("/slack", "/json")))
+                await asyncio.sleep(0.5)
+                assert {p: len(v) for p, v in receiver.posts.items()} == {"/slack": 1, "/json": 1}
+                evs = await _until_events(bus, lambda evs: sum(isinstance(e, AlertDelivered) for e in evs) >= 2)
+                claimed = sorted((e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed))
+                assert claimed == [(1, "gone"), (1, "gone"), (2, svc.me), (2, svc.me)]
+                assert svc.book.claims == {}
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
             await bus.close()
             receiver.close()
 
@@ -516,29 +531,20 @@ def test_a_stopping_instance_gives_up_its_claims_and_the_next_posts_at_once(nats
         bus = await connect_bus(nats_server)
         await bus.publish(_provisioned("gpubox", idle_minutes=5))
         await bus.publish(_gpu("gpubox"))
-        stop = asyncio.Event()
-        first = AlertsService(slow)
-        task = asyncio.create_task(first.run(bus, stop))
-        await asyncio.wait_for(first.serving(), 20)
-        await _until("the first attempt made", lambda: receiver.posts.get("/json"))
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        evs = await _alert_events(bus)
-        claimed = [(e.round, e.claimant, e.until > e.at) for e in evs if isinstance(e, AlertDeliveryClaimed)]
-        assert claimed == [(1, first.me, True), (2, first.me, False)]  # claimed, then given up, lapsed as made
-        # The next instance posts it in its first rounds, not a lease (~2 min with these settings) later.
-        stop = asyncio.Event()
-        second = AlertsService(quick)
-        task = asyncio.create_task(second.run(bus, stop))
+        first, second = AlertsService(slow), AlertsService(quick)
         try:
-            await asyncio.wait_for(second.serving(), 20)
-            await _until("the message taken", lambda: receiver.taken.get("/json"), timeout=10)
-            evs = await _until_events(bus, lambda evs: any(isinstance(e, AlertDelivered) for e in evs))
-            assert [(e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed)][-1] == (3, second.me)
-            assert len(receiver.taken["/json"]) == 1
+            async with _serving(bus, first):
+                await _until("the first attempt made", lambda: receiver.posts.get("/json"))
+            evs = await _alert_events(bus)
+            claimed = [(e.round, e.claimant, e.until > e.at) for e in evs if isinstance(e, AlertDeliveryClaimed)]
+            assert claimed == [(1, first.me, True), (2, first.me, False)]  # claimed, then given up, lapsed as made
+            # The next instance posts it in its first rounds, not a lease (~2 min with these settings) later.
+            async with _serving(bus, second):
+                await _until("the message taken", lambda: receiver.taken.get("/json"), timeout=10)
+                evs = await _until_events(bus, lambda evs: any(isinstance(e, AlertDelivered) for e in evs))
+                assert [(e.round, e.claimant) for e in evs if isinstance(e, AlertDeliveryClaimed)][-1] == (3, second.me)
+                assert len(receiver.taken["/json"]) == 1
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
             await bus.close()
             receiver.close()
 

@@ -31,6 +31,10 @@ from .settings import AlertSettings
 MessageKey = tuple[str, int, str, str]
 
 CLOCK_MARGIN_S = 30.0  # instances on other hosts: their clocks may differ this much
+# The longest any claim holds, whatever its `until` says: past the longest delivery the settings'
+# bounds allow (20 attempts of 60 s, back-offs capped at 300 s: ~2 h), so that a bogus `until` (a
+# clock years ahead) holds its message for hours, not for ever.
+MAX_CLAIM_S = 3 * 3600.0
 
 Step = Literal["done", "deliver", "claim", "wait"]
 
@@ -40,6 +44,11 @@ class Claim:
     claimant: str
     round: int
     until: datetime
+
+
+def claim_of(claimant: str, round_: int, at: datetime, until: datetime) -> Claim:
+    """A claim as the log states it, its hold bounded by MAX_CLAIM_S from when it was made."""
+    return Claim(claimant, round_, min(until, at + timedelta(seconds=MAX_CLAIM_S)))
 
 
 def next_step(claim: Claim | None, delivered: bool, me: str, now: datetime) -> tuple[Step, int]:

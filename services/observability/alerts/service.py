@@ -107,7 +107,7 @@ class Book:
         elif isinstance(event, AlertDeliveryClaimed):
             k = (event.key, event.occurrence, event.what, event.webhook_id)
             if k not in self.delivered and len(self.claims) < 1_000_000:
-                claims.fold(self.claims, k, claims.Claim(event.claimant, event.round, event.until))
+                claims.fold(self.claims, k, claims.claim_of(event.claimant, event.round, event.at, event.until))
 
 
 def message_of(stage: str, ev: AlertRaised | AlertResolved, raised: AlertRaised | None = None) -> delivery.Message:
@@ -192,18 +192,27 @@ class AlertsService:
         if self.bus is None:
             return
         now = self.clock.now()
-        for (key, occurrence, what, hook_id), claim in list(self.book.claims.items()):
+        for k, claim in list(self.book.claims.items()):
             if claim.claimant != self.me:
                 continue
-            ev = AlertDeliveryClaimed(key=key, occurrence=occurrence, what=what, webhook_id=hook_id,  # type: ignore[arg-type]
-                                      claimant=self.me, round=claim.round + 1, until=now, at=now)
             try:
-                await self.bus.publish(self.bus.envelope(
-                    ev, id=derive_id(key, CONTRACT.name, f"claim:{occurrence}:{what}:{hook_id}:{claim.round + 1}"),
-                    time=now), retries=1, timeout=RELEASE_TIMEOUT_S)
+                await self._append_claim(k, claim.round + 1, now, now, retries=1, timeout=RELEASE_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - stopping: the claim lapses at its until instead
-                log.warning("alerts: could not give up the claim on %s for %s: %r", key, hook_id, exc)
+                log.warning("alerts: could not give up the claim on %s for %s: %r", k[0], k[3], exc)
                 return
+
+    async def _append_claim(self, k: claims.MessageKey, round_: int, until: datetime, now: datetime,
+                            **publish_kw: Any) -> tuple[AlertDeliveryClaimed, Any]:
+        """This instance's claim of round `round_` on message `k`, its id derived from both (so of
+        several instances' appends of one round the log keeps the first), and the append's ack."""
+        assert self.bus is not None
+        key, occurrence, what, hook_id = k
+        ev = AlertDeliveryClaimed(key=key, occurrence=occurrence, what=what, webhook_id=hook_id,  # type: ignore[arg-type]
+                                  claimant=self.me, round=round_, until=until, at=now)
+        ack = await self.bus.publish(self.bus.envelope(
+            ev, id=derive_id(key, CONTRACT.name, f"claim:{occurrence}:{what}:{hook_id}:{round_}"), time=now),
+            **publish_kw)
+        return ev, ack
 
     # ------------------------------------------------------------ what the log says
 
@@ -315,10 +324,7 @@ class AlertsService:
         if step == "wait":
             self._wait_for(hook, m)
             return False
-        ev = AlertDeliveryClaimed(key=m.key, occurrence=m.occurrence, what=m.what, webhook_id=hook.id,  # type: ignore[arg-type]
-                                  claimant=self.me, round=round_, until=claims.lease(self.settings, now), at=now)
-        ack = await self.bus.publish(self.bus.envelope(
-            ev, id=derive_id(m.key, CONTRACT.name, f"claim:{m.occurrence}:{m.what}:{hook.id}:{round_}"), time=now))
+        ev, ack = await self._append_claim(k, round_, claims.lease(self.settings, now), now)
         if ack.duplicate:  # stored before: another instance's claim (or ours, whose first ack was lost)
             self._wait_for(hook, m)
             return False
