@@ -2,8 +2,10 @@
 measured in the same run (issue 21).
 
 Rows (medians of --runs):
-- cold commands: `spz --help`, `spz check-yaml f.yaml`, `spz launch --dryrun -o json f.yaml`,
-  beside Python's own start-up (`python -c pass`);
+- cold commands: `spz --help`, `spz check-yaml f.yaml`, `spz launch --dryrun -o json f.yaml`
+  (a plain task, placed without the pydantic models: events/taskspec/plaintask.py; and the same
+  task with a key only the models read, `resources.labels`), beside Python's own start-up
+  (`python -c pass`);
 - on the `local` infra with the control plane up (`spz api start`, real nats-server, services,
   node agents): `spz launch -c NEW 'echo hi'` (exit, and its first line of output), `spz exec
   CLUSTER 'echo hi'` (exit), `spz jobs launch 'echo hi'` to SUCCEEDED (exit);
@@ -59,6 +61,9 @@ from pathlib import Path
 from skypurza.events.natsserver import free_port
 
 TASK = "name: hi\nresources:\n  cpus: 1+\nrun: echo hi\n"
+# The same task with a key the plain loader leaves to the models (events/taskspec/plaintask.py):
+# the dry run of a task outside the plain subset, pydantic models and all.
+MODEL_TASK = "name: hi\nresources:\n  cpus: 1+\n  labels: {team: ml}\nrun: echo hi\n"
 COMMAND_TIMEOUT_S = 180
 NO_BYTECODE = False  # --no-bytecode: time the cold rows with PYTHONDONTWRITEBYTECODE as the shell has it
 SKY_PYTHON: str | None = None  # --sky-python: an interpreter with SkyPilot installed (its own virtualenv)
@@ -164,6 +169,8 @@ def start_cli_worker(stage: str, env: dict[str, str], work: Path) -> subprocess.
 def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str, dict]:
     task = work / "hi.yaml"
     task.write_text(TASK)
+    model_task = work / "labels.yaml"
+    model_task.write_text(MODEL_TASK)
     env = {**os.environ, "SKYPURZA_HOME": str(work / "cold-home"), "SKYPURZA_STAGE": "benchcold",
            "PYTHONPYCACHEPREFIX": str(work / "pycache")}
     env.pop("SKYPURZA_NATS_URL", None)
@@ -176,7 +183,9 @@ def cold_rows(runs: int, trees: dict[str, Path | None], work: Path) -> dict[str,
                                   lambda t: _env(env, t), work, runs, {"python": None}, warm_up=True),
     }
     for what, args in (("spz --help", ("--help",)), ("spz check-yaml f.yaml", ("check-yaml", str(task))),
-                       ("spz launch --dryrun -o json", ("launch", "--dryrun", "-o", "json", str(task)))):
+                       ("spz launch --dryrun -o json", ("launch", "--dryrun", "-o", "json", str(task))),
+                       ("spz launch --dryrun -o json, not plain", ("launch", "--dryrun", "-o", "json",
+                                                                   str(model_task)))):
         out[what] = measure(what, lambda _l, _i, a=args: _spz(*a), lambda t: _env(env, t), work, runs, trees,
                             warm_up=True)
     if SPZ_PYTHON:
@@ -474,6 +483,8 @@ def main() -> None:
                   f"{'' if cpu is None else f'{cpu:.3f}':>8}{'' if wcpu is None else f'{wcpu:.3f}':>14}")
     sky = result.get("SkyPilot 0.14.1 optimizer, cold")
     for key, label, what in (("spz launch --dryrun -o json", "spz", "spz's cold dry run"),
+                             ("spz launch --dryrun -o json, not plain", "spz",
+                              "spz's cold dry run of a task the models load"),
                              ("spz launch --dryrun -o json, own virtualenv", "venv",
                               "spz's cold dry run, each from its own virtualenv")):
         dry = result.get(key)

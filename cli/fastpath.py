@@ -145,6 +145,12 @@ def serve(argv: Sequence[str]) -> None:
 
 
 def _run(command: str, values: dict[str, Any]) -> int:
+    if command == "launch":
+        from .launchdry import plain_dryrun
+
+        code = plain_dryrun(values["entrypoint"], values["output"])  # no pydantic for a plain task
+        if code is not None:
+            return code
     from . import pydplugins
 
     pydplugins.install()  # no pydantic plug-in installed: no importlib.metadata to find none (cli/pydplugins.py)

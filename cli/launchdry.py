@@ -3,7 +3,8 @@ where it would run (cli/dryrun.py).
 
 Parsed by typer (cli/cmd_launch.py) or, in a cold process whose arguments are only `--dryrun`,
 `-o` and the entrypoint, by cli/fastpath.py: this module imports no typer (an error line does,
-through cli/context.py, when there is one to print).
+through cli/context.py, when there is one to print). There, a plain task (`plain_dryrun`) is
+placed without the pydantic models too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,20 @@ def idle_and_wait_for(task: Any, idle_minutes: int | None, wait_for: str | None)
 
         raise fail("--wait-for goes with -i/--idle-minutes-to-autostop (or the task's resources.autostop)", 2)
     return idle, wait_for
+
+
+def plain_dryrun(entrypoint: list[str], output: str) -> int | None:
+    """`spz launch --dryrun FILE` with no other flag, for a task the plain loader vouches for
+    (events/taskspec/plaintask.py): no pydantic model is made. None: nothing done, run
+    `launch_dryrun` (the models load the task and report what is wrong with it)."""
+    from skypurza.events.taskspec.plaintask import load_plain
+
+    task = load_plain(entrypoint)
+    if task is None:
+        return None
+    from .dryrun import dryrun_command
+
+    return dryrun_command(task, None, output)
 
 
 def launch_dryrun(entrypoint: list[str], overrides: Any, output: str, idle_minutes: int | None = None,

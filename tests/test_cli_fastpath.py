@@ -48,6 +48,8 @@ def files(tmp_path_factory) -> Path:
     (d / "pipeline.yaml").write_text("name: p\n---\nname: a\nrun: echo a\n---\nname: b\nrun: echo b\n")
     (d / "big.yaml").write_text("resources:\n  cpus: 4+\n  memory: 16+\n  accelerators: A100:1\nnum_nodes: 2\n"
                                 "run: echo hi\n")
+    (d / "anyof.yaml").write_text("name: a\nresources:\n  any_of:\n    - cpus: 2+\n    - cpus: 4+\nrun: echo hi\n")
+    (d / "zero.yaml").write_text("name: z\nresources:\n  cpus: 0\nrun: echo hi\n")
     (d / "sub").mkdir()
     (d / "sub" / "x.yaml").write_text(GOOD)
     for odd in ("a:smile:.yaml", "[bold]x.yaml", "café.yaml", "x:100:.yaml", "a\\b.yaml"):
@@ -110,6 +112,8 @@ CASES = [
     (["launch", "--dryrun", "needs.yaml"], {}, True),
     (["launch", "--dryrun", "pipeline.yaml"], {}, True),
     (["launch", "--dryrun", "-o", "json", "big.yaml"], {}, True),
+    (["launch", "--dryrun", "-o", "json", "anyof.yaml"], {}, True),  # not a plain task: the models load it
+    (["launch", "--dryrun", "zero.yaml"], {}, True),  # plain keys, a value refused: the models' error
     (["launch", "--dryrun", "-o", "json", "good.yaml"], {"SKYPURZA_STAGE": "Not A Stage!"}, False),
     (["launch", "--dryrun"], {}, False),
     (["launch", "--dryrun", "-o", "yaml", "good.yaml"], {}, False),

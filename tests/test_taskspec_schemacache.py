@@ -136,7 +136,8 @@ def test_unchanged_compares_mtime_and_size(tmp_path: Path) -> None:
 
 def test_the_dry_run_and_check_yaml_print_the_same_from_the_cache(tmp_path: Path) -> None:
     task = tmp_path / "t.yaml"
-    task.write_text("name: t\nresources:\n  cpus: 1+\n  infra: local\nrun: echo hi\n")
+    # labels: not a plain task (events/taskspec/plaintask.py), so the dry run loads it with the models
+    task.write_text("name: t\nresources:\n  cpus: 1+\n  infra: local\n  labels: {team: ml}\nrun: echo hi\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: t\nresources:\n  cpus: [1]\n  disk_tier: fastest\nnum_nodes: 0\nrun: echo hi\n")
     outs = {}

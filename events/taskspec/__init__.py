@@ -24,7 +24,7 @@ _EXPORTS = {
     "CliOverrides": "overrides",
     "apply_overrides": "overrides",
     "task_from_command": "overrides",
-    "is_yaml_entrypoint": "overrides",
+    "is_yaml_entrypoint": "source",
     "task_json_schema": "schema",
     "canonical_name": "accelerators",
 }
@@ -35,10 +35,11 @@ if TYPE_CHECKING:
     from .accelerators import canonical_name
     from .errors import Problem, TaskSpecError
     from .loader import TaskFile, load_tasks
-    from .overrides import CliOverrides, apply_overrides, is_yaml_entrypoint, task_from_command
+    from .overrides import CliOverrides, apply_overrides, task_from_command
     from .request import ResourceRequest
     from .resources import ResourceAlternative, Resources
     from .schema import task_json_schema
+    from .source import is_yaml_entrypoint
     from .service import Service
     from .storage import Storage
     from .task import Task

@@ -7,12 +7,16 @@ unordered choice, a list an order of preference; `ordered` entries are tried in 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .accelerators import canonical_name
 from .request import ResourceRequest
-from .resources import Resources, accelerator_choices
-from .values import normalize_ports, parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
+from .values import (accelerator_choices, normalize_ports, parse_accelerator, parse_cpus, parse_disk_size, parse_infra,
+                     parse_memory)
+
+if TYPE_CHECKING:  # the models import pydantic; the plain dry run (plaintask.py) expands without them
+    from .resources import Resources
 
 # Keys interpreted into ResourceRequest fields; everything else set goes to `extra`.
 _INTERPRETED = {
@@ -49,7 +53,13 @@ def resource_requests(resources: Resources | None) -> list[ResourceRequest]:
         return _unique(out)
     if resources.ordered:
         return _unique([r for i, entry in enumerate(resources.ordered) for r in _expand(_merge(base, _fields(entry)), i)])
-    return _unique(_expand(base, None))
+    return requests_of_fields(base)
+
+
+def requests_of_fields(fields: Mapping[str, Any]) -> list[ResourceRequest]:
+    """The requests of resources without `any_of`/`ordered`, given as the model dumps them in
+    JSON mode (the keys that were set, `gpus` as `accelerators`)."""
+    return _unique(_expand(dict(fields), None))
 
 
 def _unique(requests: list[ResourceRequest]) -> list[ResourceRequest]:

@@ -5,19 +5,18 @@ report every problem at once with its file, line, column and key path.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from skypurza.events.limits import MAX_NUM_JOBS, MAX_TIMEOUT_S, MAX_YAML_FILE_BYTES
+from skypurza.events.limits import MAX_NUM_JOBS, MAX_TIMEOUT_S
 
 from .errors import Problem, TaskSpecError
 from .jobgroup import delay_problems
 from .messages import describe, findings
+from .source import read_source
 from .task import Task
 from .values import JOB_GROUP_NAME_RE
 from .warnings import launch_checks, task_warnings
@@ -53,59 +52,6 @@ class TaskFile:
         return self.execution == "parallel"
 
 
-def _read(path_or_text: str | os.PathLike[str], filename: str | None) -> tuple[str, str | None]:
-    # A str is a path when it names a YAML file (existing or not: "file not found" helps more
-    # than parsing the name as YAML) or any existing file; otherwise it is the YAML text itself.
-    if isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text
-        and (path_or_text.lower().endswith((".yaml", ".yml")) or os.path.isfile(path_or_text))
-    ):
-        path = Path(path_or_text)
-        shown = filename or str(path)
-        try:
-            return _read_file(path), shown
-        except _NotReadable as exc:
-            raise TaskSpecError([Problem(shown, None, None, "", str(exc))]) from None
-        except FileNotFoundError:
-            raise TaskSpecError([Problem(shown, None, None, "", "file not found")]) from None
-        except UnicodeDecodeError as exc:
-            raise TaskSpecError([Problem(shown, None, None, "", f"not UTF-8 text: {exc.reason}")]) from None
-        except OSError as exc:
-            raise TaskSpecError([Problem(shown, None, None, "", f"cannot read: {exc.strerror or exc}")]) from None
-    if len(path_or_text) > MAX_YAML_FILE_BYTES:
-        raise TaskSpecError([Problem(filename, None, None, "",
-                                     f"the task is {len(path_or_text):,} characters; at most {MAX_YAML_FILE_BYTES:,}")])
-    return str(path_or_text), filename
-
-
-class _NotReadable(Exception):
-    pass
-
-
-def _read_file(path: Path) -> str:
-    """A regular file's text, at most MAX_YAML_FILE_BYTES. Opened without blocking, so that a named
-    pipe (or a device) is refused at once instead of waiting for a writer that never comes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
-            raise _NotReadable(f"not a regular file ({kind}): give a task YAML file")
-        if st.st_size > MAX_YAML_FILE_BYTES:
-            raise _NotReadable(f"the file is {st.st_size:,} bytes; a task file may have at most "
-                               f"{MAX_YAML_FILE_BYTES:,} ({MAX_YAML_FILE_BYTES // 2**20} MiB)")
-        with os.fdopen(fd, "rb", closefd=True) as f:
-            fd = -1
-            data = f.read(MAX_YAML_FILE_BYTES + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > MAX_YAML_FILE_BYTES:  # it grew while we read it
-        raise _NotReadable(f"the file has more than {MAX_YAML_FILE_BYTES:,} bytes; a task file may have at most that")
-    return data.decode("utf-8")
-
-
 def load_tasks(
     path_or_text: str | os.PathLike[str],
     *,
@@ -119,7 +65,7 @@ def load_tasks(
     every task's envs/secrets before anything else (so they fill null envs and `$VAR`s).
     Raises TaskSpecError with every problem found.
     """
-    text, shown = _read(path_or_text, filename)
+    text, shown = read_source(path_or_text, filename)
     docs, issues = parse_documents(text)
     multi = len(docs) + len(issues) > 1 or (len(docs) == 1 and docs[0].index > 0)
     problems = [Problem(shown, i.line, i.column, i.path, i.message, i.document if multi else None) for i in issues]

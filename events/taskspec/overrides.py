@@ -184,11 +184,6 @@ def task_from_command(cmd: str, overrides: CliOverrides | None = None) -> Task:
     return apply_overrides(task, overrides) if overrides else task
 
 
-def is_yaml_entrypoint(entrypoint: str) -> bool:
-    """A single argument naming a .yaml/.yml file is a task file; anything else is a command."""
-    return entrypoint.strip().lower().endswith((".yaml", ".yml")) and "\n" not in entrypoint
-
-
 def parse_var_flags(values: list[str], environ: Mapping[str, str], flag: str = "--env") -> dict[str, str]:
     """`--env K=V` / `--env K` (value from the local environment), as `sky launch` reads them."""
     out: dict[str, str] = {}

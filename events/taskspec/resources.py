@@ -41,6 +41,7 @@ from .values import (
     parse_infra,
     parse_local_disk,
     parse_memory,
+    accelerator_choices,
     autostop_minutes,
 )
 
@@ -377,17 +378,6 @@ def _parse_or_fail(text: str, *subpath: str | int) -> None:
         parse_accelerator(text)
     except ValueError as exc:
         raise spz_error(str(exc), *subpath) from None
-
-
-def accelerator_choices(v: Any) -> list[str]:
-    """Accelerators as NAME[:COUNT] strings, in the written order (empty when none)."""
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    if isinstance(v, list):
-        return list(v)
-    return [key if count is None else f"{key}:{count}" for key, count in v.items()]
 
 
 class ResourceAlternative(_ResourceKeys):

@@ -239,6 +239,17 @@ def parse_accelerator(text: str) -> tuple[str, int | float]:
 
 # -------------------------------------------------------------------------------------- autostop
 
+def accelerator_choices(v: Any) -> list[str]:
+    """Accelerators as NAME[:COUNT] strings, in the written order (empty when none)."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list):
+        return list(v)
+    return [key if count is None else f"{key}:{count}" for key, count in v.items()]
+
+
 @dataclass(frozen=True)
 class Autostop:
     enabled: bool

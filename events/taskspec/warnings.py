@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .accelerators import suggest
-from .resources import AutostopConfig, ResourceAlternative, Resources, accelerator_choices
-from .values import Infra, format_infra, parse_accelerator
+from .resources import AutostopConfig, ResourceAlternative, Resources
+from .values import Infra, accelerator_choices, format_infra, parse_accelerator
 
 if TYPE_CHECKING:
     from .task import Task

@@ -1,0 +1,158 @@
+"""The plain task: what `spz launch --dryrun FILE` needs of the common task, without pydantic
+(issue 21).
+
+A cold dry run spent most of its time making the task models: importing pydantic (~50 ms) and
+creating ~40 model classes (~35 ms) before it read a line of YAML. Most task files use a handful
+of keys with plain values (`name`, `run`, `setup`, `num_nodes`, `envs`, `workdir`, and
+`resources` with `infra`, `cpus`, `memory`, one accelerator, `use_spot`, `instance_type`,
+`disk_size`). For those, `plain_task` checks each value with the same parsers and bounds the
+models' validators use (values.py, events/limits.py) and gives what a dry run reads: the name,
+the node count and the resource requests, expanded by the same code (expand.py).
+
+It answers only where it is sure, and returns None otherwise: any other key, a null, a value of
+another type or form (an accelerator set, `any_of`), a value a check refuses, a string Python
+cannot encode, a number that is not finite, a file that is not one plain document. The caller
+then loads the task with the models, which say what is wrong or take what this leaves out — so
+every error a user sees still comes from the models. tests/test_taskspec_plain.py holds the two
+to each other: wherever this answers, the models accept the same document and give the same
+name, node count, requests and autostop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skypurza.events.limits import (
+    MAX_ENV_NAME_CHARS,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_ENV_VALUE_BYTES,
+    MAX_ENV_VARS,
+    MAX_NODES,
+    MAX_SCRIPT_BYTES,
+    MAX_TASK_NAME_CHARS,
+)
+
+from .envsubst import stringify
+from .values import ENV_NAME_RE, TASK_NAME_RE, parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
+
+if TYPE_CHECKING:
+    from .request import ResourceRequest
+
+TASK_KEYS = frozenset({"name", "run", "setup", "num_nodes", "envs", "workdir", "resources"})
+RESOURCE_KEYS = frozenset({"infra", "cpus", "memory", "accelerators", "use_spot", "instance_type", "disk_size"})
+
+
+@dataclass(frozen=True)
+class PlainTask:
+    """A task `plain_task` vouched for: what the dry run reads of a taskspec Task, the same way."""
+
+    name: str | None
+    num_nodes: int | None
+    resources: Mapping[str, Any] | None  # the keys given, as the Resources model dumps them
+
+    def resource_requests(self) -> list[ResourceRequest]:
+        from .expand import requests_of_fields
+        from .request import ResourceRequest
+
+        return [ResourceRequest()] if self.resources is None else requests_of_fields(self.resources)
+
+    def autostop(self) -> None:
+        return None  # `resources.autostop` is not a plain key
+
+
+def load_plain(entrypoint: list[str]) -> PlainTask | None:
+    """The plain task of a dry run's entrypoint (one YAML file), or None: load it with the models."""
+    from .source import is_yaml_entrypoint, read_source
+
+    words = [w for w in entrypoint if w.strip()]
+    if len(words) != 1 or not is_yaml_entrypoint(words[0]):
+        return None
+    try:
+        text, _ = read_source(words[0], None)
+    except Exception:  # noqa: BLE001 - unreadable: the models' loader reports it
+        return None
+    from .yamlsrc import parse_documents
+
+    docs, issues = parse_documents(text)
+    if issues or len(docs) != 1:
+        return None
+    return plain_task(docs[0].data)
+
+
+def plain_task(data: Any) -> PlainTask | None:
+    """`data` (one YAML document) as a PlainTask when every key and value is plain and valid; else None."""
+    if not isinstance(data, dict) or not data.keys() <= TASK_KEYS:
+        return None
+    name = data.get("name")
+    if "name" in data and not (_text(name) and len(name) <= MAX_TASK_NAME_CHARS and TASK_NAME_RE.match(name)):
+        return None
+    for key in ("run", "setup"):
+        if key in data and not (_text(data[key]) and len(data[key].encode()) <= MAX_SCRIPT_BYTES):
+            return None
+    if "workdir" in data and not _text(data["workdir"]):
+        return None
+    nodes = data.get("num_nodes")
+    if "num_nodes" in data and not (type(nodes) is int and 1 <= nodes <= MAX_NODES):
+        return None
+    if "envs" in data and not _plain_envs(data["envs"]):
+        return None
+    resources = data.get("resources")
+    if "resources" in data and not _plain_resources(resources):
+        return None
+    return PlainTask(name, nodes, dict(resources) if resources is not None else None)
+
+
+def _text(value: Any) -> bool:
+    """A str pydantic takes as one: UTF-8 encodable (a lone surrogate is not)."""
+    if type(value) is not str:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain_envs(envs: Any) -> bool:
+    # As the Task model: scalar values str()-ed first (SkyPilot's loader), then names, values and sizes.
+    envs = stringify(envs)
+    if type(envs) is not dict or len(envs) > MAX_ENV_VARS:
+        return False
+    total = 0
+    for key, value in envs.items():
+        if not (_text(key) and len(key) <= MAX_ENV_NAME_CHARS and ENV_NAME_RE.match(key) and _text(value)):
+            return False
+        size = len(value.encode())
+        if size > MAX_ENV_VALUE_BYTES:
+            return False
+        total += len(key.encode()) + size + 2
+    return total <= MAX_ENV_TOTAL_BYTES
+
+
+def _plain_resources(resources: Any) -> bool:
+    if type(resources) is not dict or not resources.keys() <= RESOURCE_KEYS:
+        return False
+    for key, value in resources.items():
+        if key in ("infra", "instance_type", "accelerators"):
+            if not _text(value):
+                return False
+        elif key == "use_spot":
+            if type(value) is not bool:
+                return False
+        elif key in ("cpus", "memory"):
+            if not (_text(value) or type(value) is int or (type(value) is float and math.isfinite(value))):
+                return False
+        elif not (_text(value) or type(value) is int):  # disk_size
+            return False
+    checks = {"infra": parse_infra, "cpus": parse_cpus, "memory": parse_memory, "accelerators": parse_accelerator,
+              "disk_size": parse_disk_size}
+    try:
+        for key, check in checks.items():
+            if key in resources:
+                check(resources[key])
+    except ValueError:
+        return False
+    return True
