@@ -24,20 +24,24 @@ def _problem_dict(p: Any) -> dict[str, Any]:
     return out
 
 
-def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str) -> int:
+def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str, *, plain: bool = False) -> int:
     """`spz check-yaml` once its arguments are parsed (by typer, or by cli/fastpath.py for a
     cold process): print each file's result, return the exit code. Imports no typer or rich
-    (cli/plainout.py prints through rich only what rich would print differently)."""
+    (cli/plainout.py prints through rich only what rich would print differently). `plain`: a file
+    that holds one plain task with nothing to warn about is found valid without the pydantic
+    models (events/taskspec/plaintask.py `plain_without_warnings`); the models load the rest."""
     from skypurza.events.taskspec.errors import Problem, TaskSpecError
-    from skypurza.events.taskspec.loader import load_tasks
-    from skypurza.events.taskspec.overrides import parse_var_flags
 
     from .plainout import Lines, escape
 
     console = Lines()
     try:
-        envs = parse_var_flags(env, os.environ, "--env")
-        secrets = parse_var_flags(secret, os.environ, "--secret")
+        envs = secrets = {}
+        if env or secret:  # --env/--secret: values fill the tasks' envs and secrets (the models' loader)
+            from skypurza.events.taskspec.overrides import parse_var_flags
+
+            envs = parse_var_flags(env, os.environ, "--env")
+            secrets = parse_var_flags(secret, os.environ, "--secret")
     except TaskSpecError as exc:
         for p in exc.problems:
             path, message = escape(p.path), escape(p.message)
@@ -51,8 +55,11 @@ def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str
         warnings: list[Problem] = []
         count = 0
         try:
-            loaded = load_tasks(path, env_overrides=envs, secret_overrides=secrets, filename=shown)
-            warnings, count = loaded.warnings, len(loaded.tasks)
+            if plain and not envs and not secrets and _plain_without_warnings(path):
+                count = 1
+            else:
+                loaded = _models_loader(plain)(path, env_overrides=envs, secret_overrides=secrets, filename=shown)
+                warnings, count = loaded.warnings, len(loaded.tasks)
         except TaskSpecError as exc:
             errors = exc.problems
         except Exception as exc:  # a bug of ours must still not hide the other files' results
@@ -74,6 +81,24 @@ def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str
             path_part = f" [cyan]{key}[/cyan]:" if p.path else ""
             console.print(f"  {where}:{path_part} [{style}]{label}:[/{style}] {message}", where, key, message)
     return 0 if all_valid else 1
+
+
+def _plain_without_warnings(path: Path) -> bool:
+    from skypurza.events.taskspec.plaintask import plain_without_warnings
+
+    return plain_without_warnings(path)
+
+
+def _models_loader(plain: bool) -> Any:
+    """The models' load_tasks; from the shortcut (`plain`), pydantic's plug-in lookup spared first,
+    as cli/fastpath.py does for every other path to the models."""
+    if plain:
+        from . import pydplugins
+
+        pydplugins.install()
+    from skypurza.events.taskspec.loader import load_tasks
+
+    return load_tasks
 
 
 def _echo(line: str) -> None:

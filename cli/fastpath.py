@@ -145,21 +145,25 @@ def serve(argv: Sequence[str]) -> None:
 
 
 def _run(command: str, values: dict[str, Any]) -> int:
-    if command == "launch":
-        from .launchdry import plain_dryrun
-
-        code = plain_dryrun(values["entrypoint"], values["output"])  # no pydantic for a plain task
-        if code is not None:
-            return code
     from . import pydplugins
 
-    pydplugins.install()  # no pydantic plug-in installed: no importlib.metadata to find none (cli/pydplugins.py)
+    # A plain task is read without the pydantic models (events/taskspec/plaintask.py), unless a
+    # pydantic plug-in is installed: it sees every task validated, as on typer's path.
+    plain = pydplugins.none_declared()
     if command == "check-yaml":
         from pathlib import Path
 
         from .checkyaml import check_yaml
 
-        return check_yaml([Path(f) for f in values["files"]], values["env"], values["secret"], values["output"])
+        return check_yaml([Path(f) for f in values["files"]], values["env"], values["secret"], values["output"],
+                          plain=plain)
+    if command == "launch" and plain:
+        from .launchdry import plain_dryrun
+
+        code = plain_dryrun(values["entrypoint"], values["output"])
+        if code is not None:
+            return code
+    pydplugins.install()  # no pydantic plug-in installed: no importlib.metadata to find none (cli/pydplugins.py)
     if command == "launch":
         from skypurza.events.taskspec.overrides import CliOverrides
 

@@ -74,9 +74,22 @@ class _StandIn(types.ModuleType):
         return getattr(importlib.import_module(TARGET), name)  # also the package's attribute again
 
 
+_scans: dict[tuple[str, ...], bool | None] = {}
+
+
+def none_declared() -> bool:
+    """True when this scan is sure that no distribution on sys.path declares a pydantic plug-in
+    (scanned once per sys.path). A plain task is then read without the models (cli/fastpath.py):
+    where a plug-in is installed, it sees every task validated, as it would on typer's path."""
+    key = tuple(sys.path)
+    if key not in _scans:
+        _scans[key] = declared(key)
+    return _scans[key] is False
+
+
 def install() -> bool:
     """The stand-in, when no plug-in is installed and pydantic has not looked yet; True when it did."""
-    if TARGET in sys.modules or declared(sys.path) is not False:
+    if TARGET in sys.modules or not none_declared():
         return False
     import pydantic.plugin  # the package (light: its protocol types), so the stand-in is its attribute too
 

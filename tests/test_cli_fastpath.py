@@ -49,6 +49,7 @@ def files(tmp_path_factory) -> Path:
     (d / "big.yaml").write_text("resources:\n  cpus: 4+\n  memory: 16+\n  accelerators: A100:1\nnum_nodes: 2\n"
                                 "run: echo hi\n")
     (d / "anyof.yaml").write_text("name: a\nresources:\n  any_of:\n    - cpus: 2+\n    - cpus: 4+\nrun: echo hi\n")
+    (d / "misspelt.yaml").write_text("resources:\n  accelerators: A10O:1\nrun: echo hi\n")
     (d / "zero.yaml").write_text("name: z\nresources:\n  cpus: 0\nrun: echo hi\n")
     (d / "sub").mkdir()
     (d / "sub" / "x.yaml").write_text(GOOD)
@@ -75,6 +76,8 @@ CASES = [
     (["check-yaml", "./good.yaml", "sub//x.yaml", "sub/../good.yaml"], {}, True),
     (["check-yaml", "a:smile:.yaml", "[bold]x.yaml", "café.yaml", "x:100:.yaml", "a\\b.yaml"], {}, True),
     (["check-yaml", "needs.yaml"], {}, True),
+    (["check-yaml", "big.yaml", "misspelt.yaml", "anyof.yaml", "zero.yaml"], {}, True),  # plain and the models'
+    (["check-yaml", "-o", "json", "good.yaml", "misspelt.yaml", "zero.yaml"], {}, True),
     (["check-yaml", "needs.yaml", "--env", "FOO=1", "--secret", "TOKEN=abc"], {}, True),
     (["check-yaml", "-e", "FOO", "--secret", "TOKEN", "needs.yaml"], {"TOKEN": "t"}, True),
     (["check-yaml", "-e", "1BAD=x", "good.yaml"], {}, True),
@@ -348,16 +351,18 @@ def test_the_stand_in_hands_every_other_name_to_the_real_loader() -> None:
 
 
 def test_an_installed_pydantic_plugin_still_sees_check_yamls_models(files: Path, tmp_path: Path) -> None:
-    """The shortcut skips pydantic's plug-in lookup only where none is installed: one that is
-    installed is loaded and sees the task model's validator, as on typer's path."""
+    """The shortcut skips pydantic's plug-in lookup, and reads a plain task without the models,
+    only where no plug-in is installed: one that is installed is loaded and sees the task model's
+    validator, as on typer's path."""
     site = _plugin_site(tmp_path)
     env = {**_base_env(tmp_path), "PYTHONPATH": str(site)}
     seen = []
-    for launcher in (SCRIPT, TYPER):
-        saw = tmp_path / "saw.txt"
-        code, out, err, typer_app = _run(launcher, ["check-yaml", "good.yaml"], files,
-                                         {**env, "PLUGIN_SAW": str(saw)})
-        assert code == 0 and "valid" in out, err
-        seen.append((typer_app, "Task" in saw.read_text().split()))
-        saw.unlink()
-    assert seen == [(False, True), (True, True)]
+    for args in (["check-yaml", "good.yaml"], ["launch", "--dryrun", "-o", "json", "good.yaml"]):
+        for launcher in (SCRIPT, TYPER):
+            saw = tmp_path / "saw.txt"
+            code, out, err, typer_app = _run(launcher, args, files, {**env, "PLUGIN_SAW": str(saw)})
+            assert code == 0 and ("valid" in out or '"chosen"' in out), err
+            # a plain task too: where a plug-in is installed, the models read every task
+            seen.append((typer_app, "Task" in saw.read_text().split()))
+            saw.unlink()
+    assert seen == [(False, True), (True, True)] * 2

@@ -23,8 +23,8 @@ from skypurza.events.limits import (
     MAX_TASK_NAME_CHARS,
 )
 from skypurza.events.taskspec import CliOverrides, apply_overrides
-from skypurza.events.taskspec.loader import load_document
-from skypurza.events.taskspec.plaintask import RESOURCE_KEYS, TASK_KEYS, load_plain, plain_task
+from skypurza.events.taskspec.loader import load_document, load_tasks
+from skypurza.events.taskspec.plaintask import RESOURCE_KEYS, TASK_KEYS, load_plain, plain_task, plain_without_warnings
 from skypurza.events.taskspec.yamlsrc import parse_documents
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +54,23 @@ def test_every_file_the_plain_loader_takes_reads_the_same_with_the_models(path: 
     if plain is None:
         return  # the models load it (what the corpus tests check)
     _same_reading(plain, load_task([str(path)], CliOverrides()))
+
+
+@pytest.mark.parametrize("path", CORPUS + EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_what_check_yaml_finds_valid_without_the_models_the_models_find_valid_without_a_word(path: Path) -> None:
+    if not plain_without_warnings(path):
+        return
+    loaded = load_tasks(path)
+    assert len(loaded.tasks) == 1 and loaded.warnings == []
+
+
+def test_a_plain_task_naming_an_accelerator_is_the_models_for_check_yaml(tmp_path: Path) -> None:
+    (tmp_path / "misspelt.yaml").write_text("resources:\n  accelerators: A10O:1\nrun: echo\n")
+    assert load_plain([str(tmp_path / "misspelt.yaml")]) is not None  # the dry run does not warn
+    assert not plain_without_warnings(tmp_path / "misspelt.yaml")
+    assert load_tasks(tmp_path / "misspelt.yaml").warnings  # check-yaml does
+    (tmp_path / "task.txt").write_text("run: echo\n")  # check-yaml reads any file it is given
+    assert plain_without_warnings(tmp_path / "task.txt") and load_plain([str(tmp_path / "task.txt")]) is None
 
 
 def test_the_plain_loader_takes_the_common_tasks() -> None:
@@ -218,6 +235,14 @@ def test_a_cold_dry_run_of_a_plain_task_makes_no_model_and_prints_what_the_model
     bad.write_text("resources:\n  cpus: 0\nrun: echo\n")
     code, out, err, pydantic = _probe(tmp_path, ["launch", "--dryrun", str(bad)])
     assert code == 1 and pydantic is True and "bad.yaml:2" in err and "cpus must be positive" in err, err
+    # check-yaml: a plain file without the models; one that gets a warning, with them
+    code, out, err, pydantic = _probe(tmp_path, ["check-yaml", str(plain)])
+    assert (code, err, pydantic) == (0, "", False) and "valid (1 task)" in out, (code, out, err)
+    warned = tmp_path / "warned.yaml"
+    warned.write_text("resources:\n  accelerators: A10O:1\nrun: echo\n")
+    code, out, err, pydantic = _probe(tmp_path, ["check-yaml", "-o", "json", str(plain), str(warned)])
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and pydantic is True and [len(doc["warnings"]) for doc in lines] == [0, 1], out
     with pytest.raises(SubmitError, match="cpus must be positive"):
         load_task([str(bad)], CliOverrides())
 

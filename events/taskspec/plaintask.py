@@ -21,6 +21,7 @@ name, node count, requests and autostop.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,13 +66,27 @@ class PlainTask:
 
 def load_plain(entrypoint: list[str]) -> PlainTask | None:
     """The plain task of a dry run's entrypoint (one YAML file), or None: load it with the models."""
-    from .source import is_yaml_entrypoint, read_source
+    from .source import is_yaml_entrypoint
 
     words = [w for w in entrypoint if w.strip()]
     if len(words) != 1 or not is_yaml_entrypoint(words[0]):
         return None
+    return _plain_file(words[0])
+
+
+def plain_without_warnings(path: os.PathLike[str]) -> bool:
+    """True when `path` holds one plain task the models would take without a warning (`spz
+    check-yaml`'s "valid (1 task)" and nothing more); False: ask the models. An accelerator can
+    be warned about (a name that looks misspelt: warnings.py), so a task naming one is the models'."""
+    task = _plain_file(path)
+    return task is not None and "accelerators" not in (task.resources or {})
+
+
+def _plain_file(source: str | os.PathLike[str]) -> PlainTask | None:
+    from .source import read_source
+
     try:
-        text, _ = read_source(words[0], None)
+        text, _ = read_source(source, None)
     except Exception:  # noqa: BLE001 - unreadable: the models' loader reports it
         return None
     from .yamlsrc import parse_documents
