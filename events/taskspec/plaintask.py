@@ -121,7 +121,8 @@ def plain_task(data: Any) -> PlainTask | None:
 
 
 def _text(value: Any) -> bool:
-    """A str pydantic takes as one: UTF-8 encodable (a lone surrogate is not)."""
+    """A str that encodes as UTF-8. One with a lone surrogate is left to the models: they take it
+    in some places (a script) and refuse it in others (an env value, when the sizes are summed)."""
     if type(value) is not str:
         return False
     try:
