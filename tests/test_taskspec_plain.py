@@ -77,7 +77,7 @@ def test_the_plain_loader_takes_the_common_tasks() -> None:
     """Not vacuous: the examples and the corpus's plain files are answered without the models."""
     assert load_plain([str(ROOT / "examples" / "hello.yaml")]) is not None
     assert load_plain([str(ROOT / "examples" / "distributed.yaml")]) is not None
-    assert load_plain([str(ROOT / "examples" / "envs_and_mounts.yaml")]) is None  # file_mounts: the models'
+    assert load_plain([str(ROOT / "examples" / "envs_and_mounts.yaml")]) is not None
     taken = [p.stem for p in CORPUS if load_plain([str(p)]) is not None]
     for stem in ("01_minimal", "02_name_workdir_setup", "04_num_nodes", "15_accelerators_string",
                  "23_cpus_memory_plus_units", "25_instance_type_spot"):
@@ -117,7 +117,11 @@ TOP = {
     "setup": ["pip install x", None, 2, {}],
     "workdir": [".", "~/code/$PROJ", "", None, {"url": "https://x/y.git"}, 1, "\udc80"],
     "num_nodes": [1, 2, MAX_NODES, MAX_NODES + 1, 0, -1, True, False, 1.0, "2", None, 2**70],
-    "envs": [{"A": "1"}, {"A": 1, "B": True, "C": 2.5}, {}, {"PROJ": "p"}, {1: "x"}, {True: "x"}, {"A": None},
+    "file_mounts": [{"/data": "."}, {"/data": "s3://bucket/x", "~/ckpt": "~/local"}, {}, {"/": "."},
+                    {"~/sky_workdir": "."}, {"~/sky_workdir/": "."}, {"/a/": "."}, {"$PROJ/x": "."}, {"/m": "$PROJ"},
+                    {"/${PROJ}": "."}, {"$A/": "."}, {"/a": {"source": "s3://b"}}, {"/a": None}, {"/a": 1},
+                    {1: "."}, {"/a": "\ud800"}, {f"/m{i}": "." for i in range(1001)}, None, [], "/a"],
+    "envs": [{"A": "1"}, {"A": 1, "B": True, "C": 2.5}, {}, {"PROJ": "p"}, {"PROJ": "/p/", "A": "/"}, {"A": "~/sky_workdir"}, {1: "x"}, {True: "x"}, {"A": None},
              {"A": [1]}, {"A": {"b": 1}}, {"1A": "x"}, {"A-B": "x"}, {"A" * MAX_ENV_NAME_CHARS: "x"},
              {"A" * (MAX_ENV_NAME_CHARS + 1): "x"}, {"A": "x" * MAX_ENV_VALUE_BYTES},
              {"A": "x" * (MAX_ENV_VALUE_BYTES + 1)}, {f"V{i}": "x" * (MAX_ENV_VALUE_BYTES - 10) for i in range(17)},
@@ -189,7 +193,7 @@ def test_every_value_alone_is_answered_where_it_is_plain_and_valid() -> None:
         task, plain = _models(doc), plain_task(doc)
         if task is None:
             assert plain is None, doc
-        elif (isinstance(value, (dict, list)) and not next(iter(doc)) == "envs") or _unencodable(value):
+        elif _other_form(next(iter(doc)), value) or _unencodable(value):
             # another form (a git workdir, an accelerator set), a lone surrogate: the models' own
             assert plain is None, doc
         else:
@@ -198,7 +202,34 @@ def test_every_value_alone_is_answered_where_it_is_plain_and_valid() -> None:
     assert RESOURCE_KEYS == set(RES) and TASK_KEYS == set(TOP) | {"resources"}
 
 
+def _other_form(key: str, value: Any) -> bool:
+    """A valid value in a form the plain reading leaves to the models (a git workdir, a storage
+    mount, an accelerator set or list)."""
+    if key == "file_mounts":
+        return isinstance(value, dict) and any(not isinstance(v, str) for v in value.values())
+    return key != "envs" and isinstance(value, (dict, list))
+
+
+def test_file_mounts_are_judged_after_their_variables_are_filled_in() -> None:
+    """The models fill `$VAR`s in from the envs before they check a destination: so does the
+    plain reading (a destination that only becomes the workdir's, or a directory, once filled)."""
+    for envs, mounts in (({"A": "~/sky_workdir"}, {"$A": "."}), ({"D": "/x/"}, {"${D}": "."}),
+                         ({"N": "1"}, {"/a$N": ".", "/a1": "."})):
+        doc = {"workdir": ".", "envs": envs, "file_mounts": mounts}
+        task, plain = _models(doc), plain_task(doc)
+        assert (task is None) == (plain is None), doc
+        if task is not None:
+            _same_reading(plain, task)
+    assert _models({"workdir": ".", "envs": {"A": "~/sky_workdir"}, "file_mounts": {"$A": "."}}) is None
+    assert plain_task({"envs": {"A": "~/sky_workdir"}, "file_mounts": {"$A": "."}}) is not None  # no workdir: fine
+
+
 def _unencodable(value: Any) -> bool:
+    """A string with a lone surrogate, anywhere in `value`."""
+    if isinstance(value, dict):
+        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unencodable(v) for v in value)
     try:
         str(value).encode()
     except UnicodeEncodeError:

@@ -41,3 +41,12 @@ def stringify(values: Any) -> Any:
         else:
             out[key] = str(val)
     return out
+
+
+def variables_of(envs: Any, secrets: Any) -> dict[str, str]:
+    """The `$VAR`s a task fills in: its envs' and secrets' string values (stringified first)."""
+    out: dict[str, str] = {}
+    for source in (envs, secrets):
+        if isinstance(source, dict):
+            out.update({k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, str)})
+    return out

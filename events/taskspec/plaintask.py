@@ -3,14 +3,14 @@
 
 A cold dry run spent most of its time making the task models: importing pydantic (~50 ms) and
 creating ~40 model classes (~35 ms) before it read a line of YAML. Most task files use a handful
-of keys with plain values (`name`, `run`, `setup`, `num_nodes`, `envs`, `workdir`, and
-`resources` with `infra`, `cpus`, `memory`, one accelerator, `use_spot`, `instance_type`,
-`disk_size`). For those, `plain_task` checks each value with the same parsers and bounds the
+of keys with plain values (`name`, `run`, `setup`, `num_nodes`, `envs`, `workdir`, `file_mounts`
+of paths and URLs, and `resources` with `infra`, `cpus`, `memory`, one accelerator, `use_spot`,
+`instance_type`, `disk_size`). For those, `plain_task` checks each value with the same parsers and bounds the
 models' validators use (values.py, events/limits.py) and gives what a dry run reads: the name,
 the node count and the resource requests, expanded by the same code (expand.py).
 
 It answers only where it is sure, and returns None otherwise: any other key, a null, a value of
-another type or form (an accelerator set, `any_of`), a value a check refuses, a string Python
+another type or form (an accelerator set, `any_of`, a storage mount), a value a check refuses, a string Python
 cannot encode, a number that is not finite, a file that is not one plain document. The caller
 then loads the task with the models, which say what is wrong or take what this leaves out — so
 every error a user sees still comes from the models. tests/test_taskspec_plain.py holds the two
@@ -31,18 +31,19 @@ from skypurza.events.limits import (
     MAX_ENV_TOTAL_BYTES,
     MAX_ENV_VALUE_BYTES,
     MAX_ENV_VARS,
+    MAX_MOUNTS,
     MAX_NODES,
     MAX_SCRIPT_BYTES,
     MAX_TASK_NAME_CHARS,
 )
 
-from .envsubst import stringify
-from .values import ENV_NAME_RE, TASK_NAME_RE, parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
+from .envsubst import stringify, substitute, variables_of
+from .values import ENV_NAME_RE, SKY_REMOTE_WORKDIR, TASK_NAME_RE, parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
 
 if TYPE_CHECKING:
     from .request import ResourceRequest
 
-TASK_KEYS = frozenset({"name", "run", "setup", "num_nodes", "envs", "workdir", "resources"})
+TASK_KEYS = frozenset({"name", "run", "setup", "num_nodes", "envs", "workdir", "file_mounts", "resources"})
 RESOURCE_KEYS = frozenset({"infra", "cpus", "memory", "accelerators", "use_spot", "instance_type", "disk_size"})
 
 
@@ -114,6 +115,9 @@ def plain_task(data: Any) -> PlainTask | None:
         return None
     if "envs" in data and not _plain_envs(data["envs"]):
         return None
+    if "file_mounts" in data and not _plain_mounts(data["file_mounts"], variables_of(stringify(data.get("envs")), None),
+                                                   workdir="workdir" in data):
+        return None
     resources = data.get("resources")
     if "resources" in data and not _plain_resources(resources):
         return None
@@ -146,6 +150,21 @@ def _plain_envs(envs: Any) -> bool:
             return False
         total += len(key.encode()) + size + 2
     return total <= MAX_ENV_TOTAL_BYTES
+
+
+def _plain_mounts(mounts: Any, variables: Mapping[str, str], *, workdir: bool) -> bool:
+    # As the Task model: `$VAR`s filled in from the envs first (keys and values), then each
+    # destination and source a plain path or URL (a storage mapping is the models').
+    if variables:
+        mounts = substitute(mounts, variables)
+    if type(mounts) is not dict or len(mounts) > MAX_MOUNTS:
+        return False
+    for dst, src in mounts.items():
+        if not (_text(dst) and _text(src)) or (dst.endswith("/") and dst != "/"):
+            return False
+        if workdir and dst.rstrip("/") == SKY_REMOTE_WORKDIR:
+            return False
+    return True
 
 
 def _plain_resources(resources: Any) -> bool:

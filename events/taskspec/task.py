@@ -18,11 +18,11 @@ from pydantic_core import core_schema
 from . import public
 from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
 from .config import TaskConfig
-from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute
+from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute, variables_of
 from .resources import AutostopConfig, Resources
 from .service import Service
 from .storage import Storage, VolumeMount
-from .values import ENV_NAME_RE, TASK_NAME_RE, parse_autostop
+from .values import ENV_NAME_RE, SKY_REMOTE_WORKDIR, TASK_NAME_RE, parse_autostop
 
 from skypurza.events.limits import (
     MAX_ENV_NAME_CHARS,
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from .values import Autostop
 
 Num = int | float
-SKY_REMOTE_WORKDIR = "~/sky_workdir"
 
 
 class WorkdirGit(Strict):
@@ -181,7 +180,7 @@ class Task(Strict):
         for key in ("envs", "secrets"):
             if key in data:
                 data[key] = stringify(data[key])
-        variables = _variables(data.get("envs"), data.get("secrets"))
+        variables = variables_of(data.get("envs"), data.get("secrets"))
         templates: dict[str, Any] = {}
         if variables:
             for key in SUBSTITUTED_FIELDS:
@@ -308,11 +307,3 @@ class Task(Strict):
         keys only the bus carries, `public.TRANSPORT_KEYS`, left out: they are not SkyPilot's)."""
         data = {k: v for k, v in data.items() if k not in public.TRANSPORT_KEYS}
         return cls.model_validate(public.merge_secrets(data, secrets or {}))
-
-
-def _variables(envs: Any, secrets: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for source in (envs, secrets):
-        if isinstance(source, dict):
-            out.update({k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, str)})
-    return out

@@ -30,6 +30,8 @@ RECOVERY_STRATEGIES: tuple[str, ...] = ("EAGER_NEXT_REGION", "FAILOVER")
 DEFAULT_RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 AUTOSTOP_WAIT_FOR: tuple[str, ...] = ("jobs_and_ssh", "jobs", "none")
 DEFAULT_AUTOSTOP_IDLE_MINUTES = 5
+# Where a task's workdir is synced on every node (no file mount may take it).
+SKY_REMOTE_WORKDIR = "~/sky_workdir"
 
 ENV_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Task names (sky/task.py _VALID_NAME_REGEX): alphanumerics joined by at most two of . _ -
