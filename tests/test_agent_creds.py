@@ -703,6 +703,8 @@ def test_a_deployments_pods_carry_their_clusters_own_credentials(kube, deploy_ho
             except nats.errors.Error as exc:
                 assert "Authorization Violation" in str(exc)
                 return
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the server resets the socket right after its -ERR: the client may read the reset first
             assert asyncio.get_running_loop().time() < deadline, "the torn-down cluster's user still connects"
             await asyncio.sleep(0.3)
 
