@@ -31,6 +31,7 @@ def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str
     that holds one plain task with nothing to warn about is found valid without the pydantic
     models (events/taskspec/plaintask.py `plain_without_warnings`); the models load the rest."""
     from skypurza.events.taskspec.errors import Problem, TaskSpecError
+    from skypurza.events.taskspec.plaintask import plain_without_warnings
 
     from .plainout import Lines, escape
 
@@ -55,7 +56,7 @@ def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str
         warnings: list[Problem] = []
         count = 0
         try:
-            if plain and not envs and not secrets and _plain_without_warnings(path):
+            if plain and not envs and not secrets and plain_without_warnings(path):
                 count = 1
             else:
                 loaded = _models_loader(plain)(path, env_overrides=envs, secret_overrides=secrets, filename=shown)
@@ -81,12 +82,6 @@ def check_yaml(files: list[Path], env: list[str], secret: list[str], output: str
             path_part = f" [cyan]{key}[/cyan]:" if p.path else ""
             console.print(f"  {where}:{path_part} [{style}]{label}:[/{style}] {message}", where, key, message)
     return 0 if all_valid else 1
-
-
-def _plain_without_warnings(path: Path) -> bool:
-    from skypurza.events.taskspec.plaintask import plain_without_warnings
-
-    return plain_without_warnings(path)
 
 
 def _models_loader(plain: bool) -> Any:

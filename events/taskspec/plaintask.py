@@ -5,9 +5,9 @@ A cold dry run spent most of its time making the task models: importing pydantic
 creating ~40 model classes (~35 ms) before it read a line of YAML. Most task files use a handful
 of keys with plain values (`name`, `run`, `setup`, `num_nodes`, `envs`, `workdir`, `file_mounts`
 of paths and URLs, and `resources` with `infra`, `cpus`, `memory`, one accelerator, `use_spot`,
-`instance_type`, `disk_size`). For those, `plain_task` checks each value with the same parsers and bounds the
-models' validators use (values.py, events/limits.py) and gives what a dry run reads: the name,
-the node count and the resource requests, expanded by the same code (expand.py).
+`instance_type`, `disk_size`). For those, `plain_task` checks each value with the very parsers
+and checks the models' validators call (values.py, checks.py) and gives what a dry run reads:
+the name, the node count and the resource requests, expanded by the same code (expand.py).
 
 It answers only where it is sure, and returns None otherwise: any other key, a null, a value of
 another type or form (an accelerator set, `any_of`, a storage mount), a value a check refuses, a string Python
@@ -26,19 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from skypurza.events.limits import (
-    MAX_ENV_NAME_CHARS,
-    MAX_ENV_TOTAL_BYTES,
-    MAX_ENV_VALUE_BYTES,
-    MAX_ENV_VARS,
-    MAX_MOUNTS,
-    MAX_NODES,
-    MAX_SCRIPT_BYTES,
-    MAX_TASK_NAME_CHARS,
-)
+from skypurza.events.limits import MAX_ENV_VARS, MAX_MOUNTS
 
+from . import checks
 from .envsubst import stringify, substitute, variables_of
-from .values import ENV_NAME_RE, SKY_REMOTE_WORKDIR, TASK_NAME_RE, parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
+from .values import parse_accelerator, parse_cpus, parse_disk_size, parse_infra, parse_memory
 
 if TYPE_CHECKING:
     from .request import ResourceRequest
@@ -103,15 +95,15 @@ def plain_task(data: Any) -> PlainTask | None:
     if not isinstance(data, dict) or not data.keys() <= TASK_KEYS:
         return None
     name = data.get("name")
-    if "name" in data and not (_text(name) and len(name) <= MAX_TASK_NAME_CHARS and TASK_NAME_RE.match(name)):
+    if "name" in data and not (_text(name) and checks.task_name_problem(name) is None):
         return None
     for key in ("run", "setup"):
-        if key in data and not (_text(data[key]) and len(data[key].encode()) <= MAX_SCRIPT_BYTES):
+        if key in data and not (_text(data[key]) and checks.script_problem(data[key]) is None):
             return None
     if "workdir" in data and not _text(data["workdir"]):
         return None
     nodes = data.get("num_nodes")
-    if "num_nodes" in data and not (type(nodes) is int and 1 <= nodes <= MAX_NODES):
+    if "num_nodes" in data and not (type(nodes) is int and checks.num_nodes_problem(nodes) is None):
         return None
     if "envs" in data and not _plain_envs(data["envs"]):
         return None
@@ -141,15 +133,10 @@ def _plain_envs(envs: Any) -> bool:
     envs = stringify(envs)
     if type(envs) is not dict or len(envs) > MAX_ENV_VARS:
         return False
-    total = 0
     for key, value in envs.items():
-        if not (_text(key) and len(key) <= MAX_ENV_NAME_CHARS and ENV_NAME_RE.match(key) and _text(value)):
+        if not (_text(key) and _text(value)) or checks.env_name_problem(key) or checks.env_value_problem(value):
             return False
-        size = len(value.encode())
-        if size > MAX_ENV_VALUE_BYTES:
-            return False
-        total += len(key.encode()) + size + 2
-    return total <= MAX_ENV_TOTAL_BYTES
+    return checks.environment_problem(envs) is None
 
 
 def _plain_mounts(mounts: Any, variables: Mapping[str, str], *, workdir: bool) -> bool:
@@ -160,9 +147,9 @@ def _plain_mounts(mounts: Any, variables: Mapping[str, str], *, workdir: bool) -
     if type(mounts) is not dict or len(mounts) > MAX_MOUNTS:
         return False
     for dst, src in mounts.items():
-        if not (_text(dst) and _text(src)) or (dst.endswith("/") and dst != "/"):
+        if not (_text(dst) and _text(src)) or checks.mount_destination_problem(dst):
             return False
-        if workdir and dst.rstrip("/") == SKY_REMOTE_WORKDIR:
+        if workdir and checks.workdir_mount_problem(dst):
             return False
     return True
 
@@ -182,12 +169,12 @@ def _plain_resources(resources: Any) -> bool:
                 return False
         elif not (_text(value) or type(value) is int):  # disk_size
             return False
-    checks = {"infra": parse_infra, "cpus": parse_cpus, "memory": parse_memory, "accelerators": parse_accelerator,
-              "disk_size": parse_disk_size}
+    parsers = {"infra": parse_infra, "cpus": parse_cpus, "memory": parse_memory, "accelerators": parse_accelerator,
+               "disk_size": parse_disk_size}
     try:
-        for key, check in checks.items():
+        for key, parse in parsers.items():
             if key in resources:
-                check(resources[key])
+                parse(resources[key])
     except ValueError:
         return False
     return True

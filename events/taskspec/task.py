@@ -17,22 +17,28 @@ from pydantic_core import core_schema
 
 from . import public
 from ._base import NotNull, Strict, choose, is_dict, is_list, is_str, spz_error, tag
+from .checks import (
+    env_name_problem,
+    env_value_problem,
+    environment_problem,
+    mount_destination_problem,
+    num_nodes_problem,
+    script_problem,
+    task_name_problem,
+    workdir_mount_problem,
+)
 from .config import TaskConfig
 from .envsubst import SUBSTITUTED_FIELDS, stringify, substitute, variables_of
 from .resources import AutostopConfig, Resources
 from .service import Service
 from .storage import Storage, VolumeMount
-from .values import ENV_NAME_RE, SKY_REMOTE_WORKDIR, TASK_NAME_RE, parse_autostop
+from .values import ENV_NAME_RE, parse_autostop
 
 from skypurza.events.limits import (
     MAX_ENV_NAME_CHARS,
-    MAX_ENV_TOTAL_BYTES,
-    MAX_ENV_VALUE_BYTES,
     MAX_ENV_VARS,
     MAX_MOUNTS,
     MAX_NODES,
-    MAX_SCRIPT_BYTES,
-    MAX_TASK_NAME_CHARS,
 )
 
 if TYPE_CHECKING:
@@ -78,17 +84,15 @@ def _check_env_value_given(value: Any) -> Any:
 
 
 def check_env_value(value: Any) -> None:
-    """At most MAX_ENV_VALUE_BYTES (UTF-8): every value is exported into every job's environment."""
-    if isinstance(value, str) and len(value) * 4 > MAX_ENV_VALUE_BYTES and len(value.encode()) > MAX_ENV_VALUE_BYTES:
-        raise spz_error(f"the value of {{key}} is {len(value.encode()):,} bytes; at most {MAX_ENV_VALUE_BYTES:,} "
-                        "(put large data in a file mount)")
+    problem = env_value_problem(value) if isinstance(value, str) else None
+    if problem:
+        raise spz_error(problem)
 
 
 def _check_env_name(name: str) -> str:
-    if len(name) > MAX_ENV_NAME_CHARS:
-        raise spz_error(f"environment variable name of {len(name):,} characters: at most {MAX_ENV_NAME_CHARS}")
-    if not ENV_NAME_RE.match(name):
-        raise spz_error(f"invalid environment variable name {name!r}: use letters, digits and _, not starting with a digit")
+    problem = env_name_problem(name)
+    if problem:
+        raise spz_error(problem)
     return name
 
 
@@ -196,28 +200,25 @@ class Task(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if len(v) > MAX_TASK_NAME_CHARS:
-            raise spz_error(f"task name of {len(v):,} characters: at most {MAX_TASK_NAME_CHARS}")
-        if not TASK_NAME_RE.match(v):
-            raise spz_error(f"invalid task name {v!r}: use letters and digits, joined by at most two of . _ - "
-                            "(starting and ending with a letter or digit)")
+        problem = task_name_problem(v)
+        if problem:
+            raise spz_error(problem)
         return v
 
     @field_validator("num_nodes")
     @classmethod
     def _num_nodes(cls, v: int) -> int:
-        if v < 1:
-            raise spz_error(f"num_nodes must be a positive integer, found {v}")
-        if v > MAX_NODES:
-            raise spz_error(f"num_nodes must be at most {MAX_NODES}, found {v}")
+        problem = num_nodes_problem(v)
+        if problem:
+            raise spz_error(problem)
         return v
 
     @field_validator("setup", "run")
     @classmethod
     def _script_size(cls, v: str) -> str:
-        if len(v) * 4 > MAX_SCRIPT_BYTES and len(v.encode()) > MAX_SCRIPT_BYTES:
-            raise spz_error(f"the script is {len(v.encode()):,} bytes; at most {MAX_SCRIPT_BYTES:,} "
-                            "(put a long script in the workdir and run it from there)")
+        problem = script_problem(v)
+        if problem:
+            raise spz_error(problem)
         return v
 
     @field_validator("secrets")
@@ -229,29 +230,27 @@ class Task(Strict):
 
     @model_validator(mode="after")
     def _environment_size(self) -> "Task":
-        total = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env_values().items())
-        total += sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.secret_values().items())
-        if total > MAX_ENV_TOTAL_BYTES:
-            raise spz_error(f"envs and secrets together are {total:,} bytes; at most {MAX_ENV_TOTAL_BYTES:,} "
-                            "(they are exported into every job's environment)",
-                            "envs" if self.envs else "secrets")
+        problem = environment_problem(self.env_values(), self.secret_values())
+        if problem:
+            raise spz_error(problem, "envs" if self.envs else "secrets")
         return self
 
     @field_validator("file_mounts")
     @classmethod
     def _destinations(cls, v: dict[str, Any]) -> dict[str, Any]:
         for dst in v:
-            if dst.endswith("/") and dst != "/":
-                raise spz_error(f"file mount destination {dst!r} must not end with '/'", dst)
+            problem = mount_destination_problem(dst)
+            if problem:
+                raise spz_error(problem, dst)
         return v
 
     @model_validator(mode="after")
     def _workdir_is_reserved(self) -> "Task":
         if self.workdir is not None and self.file_mounts:
             for dst in self.file_mounts:
-                if dst.rstrip("/") == SKY_REMOTE_WORKDIR:
-                    raise spz_error(f"{SKY_REMOTE_WORKDIR} is where the workdir is synced; mount elsewhere",
-                                    "file_mounts", dst)
+                problem = workdir_mount_problem(dst)
+                if problem:
+                    raise spz_error(problem, "file_mounts", dst)
         return self
 
     # --------------------------------------------------------------------------- reading
